@@ -1,0 +1,1 @@
+"""HTTP API of the training service (FastAPI). Never imports torch, transformers, accelerate or worker."""

@@ -1,0 +1,1 @@
+"""Celery workers that claim jobs and supervise the trainer."""
