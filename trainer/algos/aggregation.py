@@ -16,23 +16,10 @@ local loss by the number of processes before backward so that the average equals
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import torch
 from torch import Tensor
 
-
-class AggMode(StrEnum):
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
-
-
-def parse_agg_mode(value: str | AggMode) -> AggMode:
-    try:
-        return AggMode(value)
-    except ValueError:
-        raise ValueError(f"agg_mode {value!r} is not one of {', '.join(m.value for m in AggMode)}") from None
+from trainer.hyperparams import AggMode, parse_agg_mode
 
 
 def aggregate(

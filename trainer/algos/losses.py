@@ -31,15 +31,14 @@ Deliberate departures and choices:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from trainer.algos.aggregation import AggMode, aggregate, parse_agg_mode
+from trainer.algos.aggregation import aggregate
 from trainer.algos.registry import Registry
 from trainer.algos.selection import (
     broadcast_advantages,
@@ -51,6 +50,16 @@ from trainer.algos.selection import (
     top_entropy_mask,
     top_k_mask,
 )
+from trainer.hyperparams import (
+    LOSS_PARAMS,
+    ClipCovParams,
+    ClipLossParams,
+    ForkingParams,
+    KlCovParams,
+    RsiParams,
+    StareParams,
+)
+from trainer.hyperparams import make_loss_params as _make_params
 
 Metrics = dict[str, Tensor]
 LOG_RATIO_CLAMP = 20.0
@@ -87,148 +96,6 @@ class PolicyLossInputs:
             raise ValueError(f"global_sequence_count must be ≥ 0, got {self.global_sequence_count!r}")
 
 
-def _finite(name: str, value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-
-
-@dataclass(frozen=True)
-class ClipLossParams:
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    dual_clip_c: float | None = 10.0
-    agg_mode: str = AggMode.TOKEN_MEAN.value
-    kl_beta: float = 0.0
-
-    def __post_init__(self) -> None:
-        _finite("clip_low", self.clip_low)
-        _finite("clip_high", self.clip_high)
-        if not 0.0 <= self.clip_low < 1.0:
-            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low!r}")
-        if self.clip_high < 0.0:
-            raise ValueError(f"clip_high must be ≥ 0, got {self.clip_high!r}")
-        if self.dual_clip_c is not None:
-            _finite("dual_clip_c", self.dual_clip_c)
-            if self.dual_clip_c <= 1.0:
-                raise ValueError(f"dual_clip_c must be > 1 (or None), got {self.dual_clip_c!r}")
-        parse_agg_mode(self.agg_mode)
-        _finite("kl_beta", self.kl_beta)
-        if self.kl_beta < 0:
-            raise ValueError(f"kl_beta must be ≥ 0, got {self.kl_beta!r}")
-
-
-@dataclass(frozen=True)
-class GrpoParams(ClipLossParams):
-    clip_high: float = 0.2
-    dual_clip_c: float | None = None
-    agg_mode: str = AggMode.SEQ_MEAN_TOKEN_MEAN.value
-
-
-@dataclass(frozen=True)
-class DrGrpoParams(ClipLossParams):
-    clip_high: float = 0.2
-    dual_clip_c: float | None = None
-    agg_mode: str = AggMode.SEQ_MEAN_TOKEN_SUM_NORM.value
-
-
-@dataclass(frozen=True)
-class StareParams(ClipLossParams):
-    top_ratio: float = 0.1  # P
-    reweight_w: float = 1.1  # W
-    reweight_m: float = 0.9  # M (C2 only)
-    variant: Literal["O1", "C2"] = "O1"
-    scope: Literal["micro_batch", "step_batch"] = "micro_batch"
-    gate_on: bool = True  # set each step from the controller state
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _finite("top_ratio", self.top_ratio)
-        # P = 0 is accepted as "select nothing" (ALGORITHMS §7.9: P = 0 gives grpo_ds bit for bit).
-        if not 0.0 <= self.top_ratio <= 1.0:
-            raise ValueError(f"top_ratio (P) must be in (0, 1] (or 0 to disable), got {self.top_ratio!r}")
-        _finite("reweight_w", self.reweight_w)
-        if self.reweight_w < 1.0:
-            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
-        _finite("reweight_m", self.reweight_m)
-        if not 0.0 < self.reweight_m <= 1.0:
-            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
-        if self.variant not in ("O1", "C2"):
-            raise ValueError(f"variant must be 'O1' or 'C2', got {self.variant!r}")
-        if self.scope not in ("micro_batch", "step_batch"):
-            raise ValueError(f"scope must be 'micro_batch' or 'step_batch', got {self.scope!r}")
-
-
-@dataclass(frozen=True)
-class RsiParams(ClipLossParams):
-    bound_mode: Literal["fixed", "quantile"] = "fixed"
-    r_lo: float = 0.5  # fixed: RSI bound; quantile: quantile level
-    r_hi: float = 2.0
-    denominator: Literal["all", "kept"] = "all"
-    entropy_eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _finite("r_lo", self.r_lo)
-        _finite("r_hi", self.r_hi)
-        if self.r_lo > self.r_hi:
-            raise ValueError(f"r_lo must be ≤ r_hi, got r_lo={self.r_lo!r} > r_hi={self.r_hi!r}")
-        if self.r_lo < 0:
-            raise ValueError(f"r_lo must be ≥ 0, got {self.r_lo!r}")
-        if self.bound_mode not in ("fixed", "quantile"):
-            raise ValueError(f"bound_mode must be 'fixed' or 'quantile', got {self.bound_mode!r}")
-        if self.bound_mode == "quantile" and self.r_hi > 1.0:
-            raise ValueError(f"r_hi must be a quantile level in [0, 1] in quantile mode, got {self.r_hi!r}")
-        if self.denominator not in ("all", "kept"):
-            raise ValueError(f"denominator must be 'all' or 'kept', got {self.denominator!r}")
-        if not self.entropy_eps > 0:
-            raise ValueError(f"entropy_eps must be > 0, got {self.entropy_eps!r}")
-
-
-@dataclass(frozen=True)
-class ForkingParams(ClipLossParams):
-    top_entropy_ratio: float = 0.2
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _finite("top_entropy_ratio", self.top_entropy_ratio)
-        if not 0.0 < self.top_entropy_ratio <= 1.0:
-            raise ValueError(f"top_entropy_ratio must be in (0, 1], got {self.top_entropy_ratio!r}")
-
-
-@dataclass(frozen=True)
-class ClipCovParams(ClipLossParams):
-    clip_high: float = 0.2
-    dual_clip_c: float | None = None
-    clip_cov_ratio: float = 2e-4
-    cov_lower: float = 1.0
-    cov_upper: float = 5.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _finite("clip_cov_ratio", self.clip_cov_ratio)
-        if not 0.0 <= self.clip_cov_ratio <= 1.0:
-            raise ValueError(f"clip_cov_ratio must be in [0, 1], got {self.clip_cov_ratio!r}")
-        if self.cov_lower > self.cov_upper:
-            raise ValueError(f"cov_lower must be ≤ cov_upper, got {self.cov_lower!r} > {self.cov_upper!r}")
-
-
-@dataclass(frozen=True)
-class KlCovParams(ClipLossParams):
-    clip_high: float = 0.2
-    dual_clip_c: float | None = None
-    kl_cov_ratio: float = 2e-3
-    kl_cov_coef: float = 1.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _finite("kl_cov_ratio", self.kl_cov_ratio)
-        if not 0.0 <= self.kl_cov_ratio <= 1.0:
-            raise ValueError(f"kl_cov_ratio must be in [0, 1], got {self.kl_cov_ratio!r}")
-        _finite("kl_cov_coef", self.kl_cov_coef)
-        if self.kl_cov_coef < 0:
-            raise ValueError(f"kl_cov_coef must be ≥ 0, got {self.kl_cov_coef!r}")
-
-
 LossFn = Callable[[PolicyLossInputs, Any], tuple[Tensor, Metrics]]
 
 
@@ -242,11 +109,10 @@ class LossEntry:
 POLICY_LOSSES: Registry[LossEntry] = Registry("policy loss")
 
 
-def _register(
-    name: str, params_cls: type[ClipLossParams], advantage_estimator: str = "grpo"
-) -> Callable[[LossFn], LossFn]:
+def _register(name: str) -> Callable[[LossFn], LossFn]:
     def add(fn: LossFn) -> LossFn:
-        POLICY_LOSSES.register(name)(LossEntry(fn, params_cls, advantage_estimator))
+        params_cls, estimator = LOSS_PARAMS[name]
+        POLICY_LOSSES.register(name)(LossEntry(fn, params_cls, estimator))
         return fn
 
     return add
@@ -331,19 +197,19 @@ def _finish(
 # --------------------------------------------------------------------------- the losses
 
 
-@_register("grpo", GrpoParams)
-@_register("grpo_ds", ClipLossParams)
-@_register("dapo", ClipLossParams)
+@_register("grpo")
+@_register("grpo_ds")
+@_register("dapo")
 def clip_policy_loss(inputs: PolicyLossInputs, p: ClipLossParams) -> tuple[Tensor, Metrics]:
     logprob, old, adv, mask = _prepare(inputs)
     per_token, metrics, _ = clipped_surrogate(logprob, old, adv, mask, p)
     return _finish(per_token, inputs, p, metrics)
 
 
-POLICY_LOSSES.register("dr_grpo")(LossEntry(clip_policy_loss, DrGrpoParams, "dr_grpo"))
+_register("dr_grpo")(clip_policy_loss)
 
 
-@_register("stare", StareParams)
+@_register("stare")
 def stare_loss(inputs: PolicyLossInputs, p: StareParams) -> tuple[Tensor, Metrics]:
     logprob, old, adv, mask = _prepare(inputs)
     per_token, metrics, _ = clipped_surrogate(logprob, old, adv, mask, p)
@@ -369,7 +235,7 @@ def stare_loss(inputs: PolicyLossInputs, p: StareParams) -> tuple[Tensor, Metric
     return _finish(per_token, inputs, p, metrics)
 
 
-@_register("rsi_s", RsiParams)
+@_register("rsi_s")
 def rsi_s_loss(inputs: PolicyLossInputs, p: RsiParams) -> tuple[Tensor, Metrics]:
     if inputs.entropy is None:
         raise ValueError("rsi_s needs inputs.entropy (per-token entropy of the current pass)")
@@ -395,7 +261,7 @@ def rsi_s_loss(inputs: PolicyLossInputs, p: RsiParams) -> tuple[Tensor, Metrics]
     return _finish(per_token, inputs, p, metrics)
 
 
-@_register("forking_8020", ForkingParams)
+@_register("forking_8020")
 def forking_8020_loss(inputs: PolicyLossInputs, p: ForkingParams) -> tuple[Tensor, Metrics]:
     if inputs.entropy is None:
         raise ValueError("forking_8020 needs inputs.entropy (per-token entropy of the current pass)")
@@ -406,7 +272,7 @@ def forking_8020_loss(inputs: PolicyLossInputs, p: ForkingParams) -> tuple[Tenso
     return _finish(per_token * keep, inputs, p, metrics)
 
 
-@_register("clip_cov", ClipCovParams)
+@_register("clip_cov")
 def clip_cov_loss(inputs: PolicyLossInputs, p: ClipCovParams) -> tuple[Tensor, Metrics]:
     logprob, old, adv, mask = _prepare(inputs)
     per_token, metrics, already_clipped = clipped_surrogate(logprob, old, adv, mask, p)
@@ -421,7 +287,7 @@ def clip_cov_loss(inputs: PolicyLossInputs, p: ClipCovParams) -> tuple[Tensor, M
     return _finish(per_token, inputs, p, metrics)
 
 
-@_register("kl_cov", KlCovParams)
+@_register("kl_cov")
 def kl_cov_loss(inputs: PolicyLossInputs, p: KlCovParams) -> tuple[Tensor, Metrics]:
     logprob, old, adv, mask = _prepare(inputs)
     _, metrics, _ = clipped_surrogate(logprob, old, adv, mask, p)  # metrics only: kl_cov is unclipped
@@ -442,14 +308,8 @@ def kl_cov_loss(inputs: PolicyLossInputs, p: KlCovParams) -> tuple[Tensor, Metri
 
 def make_loss_params(name: str, **overrides: Any) -> ClipLossParams:
     """The named loss's parameters with overrides; an unknown parameter is an error naming it."""
-    entry = POLICY_LOSSES.get(name)
-    known = {f.name for f in dataclasses.fields(entry.params_cls)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) for loss {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
-        )
-    return entry.params_cls(**overrides)
+    POLICY_LOSSES.get(name)  # unknown names fail with the registry's message
+    return _make_params(name, **overrides)
 
 
 def compute_policy_loss(

@@ -14,32 +14,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-
-@dataclass(frozen=True)
-class StareGateParams:
-    target_entropy: float = 0.3
-    reweight_w: float = 1.1
-    reweight_m: float = 0.9
-    adaptive: bool = False
-    alpha: float = 0.01
-    w_max: float = 1.5
-    m_min: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.target_entropy) or self.target_entropy < 0:
-            raise ValueError(
-                f"target_entropy must be a finite non-negative number, got {self.target_entropy!r}"
-            )
-        if not (self.reweight_w >= 1.0) or not math.isfinite(self.reweight_w):
-            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
-        if not (0.0 < self.reweight_m <= 1.0):
-            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
-        if not (self.alpha >= 0.0) or not math.isfinite(self.alpha):
-            raise ValueError(f"alpha must be ≥ 0, got {self.alpha!r}")
-        if not (self.w_max >= 1.0) or not math.isfinite(self.w_max):
-            raise ValueError(f"w_max must be ≥ 1, got {self.w_max!r}")
-        if not (0.0 < self.m_min <= 1.0):
-            raise ValueError(f"m_min must be in (0, 1], got {self.m_min!r}")
+from trainer.hyperparams import StareGateParams
 
 
 @dataclass(frozen=True)

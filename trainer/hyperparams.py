@@ -1,0 +1,225 @@
+"""Hyperparameters of the policy losses and the STARE gate, as frozen dataclasses that validate themselves.
+
+This module imports no torch: the job-spec model (and through it the HTTP service) validates algorithm
+parameters with these same classes, so a bad value is rejected with the same message everywhere.
+Formulas and defaults: ALGORITHMS.md §4–6; the losses themselves live in trainer/algos/losses.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+
+class AggMode(StrEnum):
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+
+
+def parse_agg_mode(value: str | AggMode) -> AggMode:
+    try:
+        return AggMode(value)
+    except ValueError:
+        raise ValueError(f"agg_mode {value!r} is not one of {', '.join(m.value for m in AggMode)}") from None
+
+
+def _finite(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ClipLossParams:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip_c: float | None = 10.0
+    agg_mode: str = AggMode.TOKEN_MEAN.value
+    kl_beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        _finite("clip_low", self.clip_low)
+        _finite("clip_high", self.clip_high)
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low!r}")
+        if self.clip_high < 0.0:
+            raise ValueError(f"clip_high must be ≥ 0, got {self.clip_high!r}")
+        if self.dual_clip_c is not None:
+            _finite("dual_clip_c", self.dual_clip_c)
+            if self.dual_clip_c <= 1.0:
+                raise ValueError(f"dual_clip_c must be > 1 (or None), got {self.dual_clip_c!r}")
+        parse_agg_mode(self.agg_mode)
+        _finite("kl_beta", self.kl_beta)
+        if self.kl_beta < 0:
+            raise ValueError(f"kl_beta must be ≥ 0, got {self.kl_beta!r}")
+
+
+@dataclass(frozen=True)
+class GrpoParams(ClipLossParams):
+    clip_high: float = 0.2
+    dual_clip_c: float | None = None
+    agg_mode: str = AggMode.SEQ_MEAN_TOKEN_MEAN.value
+
+
+@dataclass(frozen=True)
+class DrGrpoParams(ClipLossParams):
+    clip_high: float = 0.2
+    dual_clip_c: float | None = None
+    agg_mode: str = AggMode.SEQ_MEAN_TOKEN_SUM_NORM.value
+
+
+@dataclass(frozen=True)
+class StareParams(ClipLossParams):
+    top_ratio: float = 0.1  # P
+    reweight_w: float = 1.1  # W
+    reweight_m: float = 0.9  # M (C2 only)
+    variant: Literal["O1", "C2"] = "O1"
+    scope: Literal["micro_batch", "step_batch"] = "micro_batch"
+    gate_on: bool = True  # set each step from the controller state
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("top_ratio", self.top_ratio)
+        # P = 0 is accepted as "select nothing" (ALGORITHMS §7.9: P = 0 gives grpo_ds bit for bit).
+        if not 0.0 <= self.top_ratio <= 1.0:
+            raise ValueError(f"top_ratio (P) must be in (0, 1] (or 0 to disable), got {self.top_ratio!r}")
+        _finite("reweight_w", self.reweight_w)
+        if self.reweight_w < 1.0:
+            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
+        _finite("reweight_m", self.reweight_m)
+        if not 0.0 < self.reweight_m <= 1.0:
+            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
+        if self.variant not in ("O1", "C2"):
+            raise ValueError(f"variant must be 'O1' or 'C2', got {self.variant!r}")
+        if self.scope not in ("micro_batch", "step_batch"):
+            raise ValueError(f"scope must be 'micro_batch' or 'step_batch', got {self.scope!r}")
+
+
+@dataclass(frozen=True)
+class RsiParams(ClipLossParams):
+    bound_mode: Literal["fixed", "quantile"] = "fixed"
+    r_lo: float = 0.5  # fixed: RSI bound; quantile: quantile level
+    r_hi: float = 2.0
+    denominator: Literal["all", "kept"] = "all"
+    entropy_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("r_lo", self.r_lo)
+        _finite("r_hi", self.r_hi)
+        if self.r_lo > self.r_hi:
+            raise ValueError(f"r_lo must be ≤ r_hi, got r_lo={self.r_lo!r} > r_hi={self.r_hi!r}")
+        if self.r_lo < 0:
+            raise ValueError(f"r_lo must be ≥ 0, got {self.r_lo!r}")
+        if self.bound_mode not in ("fixed", "quantile"):
+            raise ValueError(f"bound_mode must be 'fixed' or 'quantile', got {self.bound_mode!r}")
+        if self.bound_mode == "quantile" and self.r_hi > 1.0:
+            raise ValueError(f"r_hi must be a quantile level in [0, 1] in quantile mode, got {self.r_hi!r}")
+        if self.denominator not in ("all", "kept"):
+            raise ValueError(f"denominator must be 'all' or 'kept', got {self.denominator!r}")
+        if not self.entropy_eps > 0:
+            raise ValueError(f"entropy_eps must be > 0, got {self.entropy_eps!r}")
+
+
+@dataclass(frozen=True)
+class ForkingParams(ClipLossParams):
+    top_entropy_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("top_entropy_ratio", self.top_entropy_ratio)
+        if not 0.0 < self.top_entropy_ratio <= 1.0:
+            raise ValueError(f"top_entropy_ratio must be in (0, 1], got {self.top_entropy_ratio!r}")
+
+
+@dataclass(frozen=True)
+class ClipCovParams(ClipLossParams):
+    clip_high: float = 0.2
+    dual_clip_c: float | None = None
+    clip_cov_ratio: float = 2e-4
+    cov_lower: float = 1.0
+    cov_upper: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("clip_cov_ratio", self.clip_cov_ratio)
+        if not 0.0 <= self.clip_cov_ratio <= 1.0:
+            raise ValueError(f"clip_cov_ratio must be in [0, 1], got {self.clip_cov_ratio!r}")
+        if self.cov_lower > self.cov_upper:
+            raise ValueError(f"cov_lower must be ≤ cov_upper, got {self.cov_lower!r} > {self.cov_upper!r}")
+
+
+@dataclass(frozen=True)
+class KlCovParams(ClipLossParams):
+    clip_high: float = 0.2
+    dual_clip_c: float | None = None
+    kl_cov_ratio: float = 2e-3
+    kl_cov_coef: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("kl_cov_ratio", self.kl_cov_ratio)
+        if not 0.0 <= self.kl_cov_ratio <= 1.0:
+            raise ValueError(f"kl_cov_ratio must be in [0, 1], got {self.kl_cov_ratio!r}")
+        _finite("kl_cov_coef", self.kl_cov_coef)
+        if self.kl_cov_coef < 0:
+            raise ValueError(f"kl_cov_coef must be ≥ 0, got {self.kl_cov_coef!r}")
+
+
+@dataclass(frozen=True)
+class StareGateParams:
+    target_entropy: float = 0.3
+    reweight_w: float = 1.1
+    reweight_m: float = 0.9
+    adaptive: bool = False
+    alpha: float = 0.01
+    w_max: float = 1.5
+    m_min: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.target_entropy) or self.target_entropy < 0:
+            raise ValueError(
+                f"target_entropy must be a finite non-negative number, got {self.target_entropy!r}"
+            )
+        if not (self.reweight_w >= 1.0) or not math.isfinite(self.reweight_w):
+            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
+        if not (0.0 < self.reweight_m <= 1.0):
+            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
+        if not (self.alpha >= 0.0) or not math.isfinite(self.alpha):
+            raise ValueError(f"alpha must be ≥ 0, got {self.alpha!r}")
+        if not (self.w_max >= 1.0) or not math.isfinite(self.w_max):
+            raise ValueError(f"w_max must be ≥ 1, got {self.w_max!r}")
+        if not (0.0 < self.m_min <= 1.0):
+            raise ValueError(f"m_min must be in (0, 1], got {self.m_min!r}")
+
+
+# name → (parameter class, the advantage estimator the method is defined with)
+LOSS_PARAMS: dict[str, tuple[type[ClipLossParams], str]] = {
+    "grpo": (GrpoParams, "grpo"),
+    "grpo_ds": (ClipLossParams, "grpo"),
+    "dapo": (ClipLossParams, "grpo"),
+    "dr_grpo": (DrGrpoParams, "dr_grpo"),
+    "stare": (StareParams, "grpo"),
+    "rsi_s": (RsiParams, "grpo"),
+    "forking_8020": (ForkingParams, "grpo"),
+    "clip_cov": (ClipCovParams, "grpo"),
+    "kl_cov": (KlCovParams, "grpo"),
+}
+ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo")
+
+
+def make_loss_params(name: str, **overrides: Any) -> ClipLossParams:
+    """The named loss's parameters with overrides; an unknown loss or parameter is an error naming it."""
+    if name not in LOSS_PARAMS:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(LOSS_PARAMS))}")
+    params_cls = LOSS_PARAMS[name][0]
+    known = {f.name for f in dataclasses.fields(params_cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) for loss {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
+        )
+    return params_cls(**overrides)
