@@ -1,0 +1,742 @@
+"""The RL engine: a job spec in, a trained checkpoint, per-step events and an evaluation report out.
+
+One optimiser step k:
+  1. rollout: prompts from the data cursor, G samples each, verifier rewards (+ DAPO overlong shaping);
+     with dynamic sampling, regenerate (≤ max_gen_batches) until the batch holds enough informative groups;
+  2. advantages (registry), global token/sequence counts (all-reduced across processes);
+  3. π_old pass (no grad): log-probs, entropy and C(p) per token. Skipped when strictly on-policy and no
+     controller needs it before the update: the training pass then supplies the same numbers;
+  4. STARE gate update from H̄ (token-mean entropy of π_old), once, before the update;
+  5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
+  6. one event with every metric; checkpoint / evaluation at their intervals.
+Each step reseeds the RNGs from (seed, step), so a resumed run repeats the uninterrupted one exactly.
+
+Exit codes (trainer.engine.ExitCode): 0 done; 2 invalid spec or data (user error); 3 non-finite loss or
+entropy (the error names the step; the last checkpoint stays); 75 stopped by SIGTERM/SIGINT after writing
+a checkpoint (resume with --resume); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from torch import Tensor
+
+from trainer import checkpoints
+from trainer.algos import (
+    compute_advantages,
+    compute_policy_loss,
+    informative_groups,
+    make_loss_params,
+    quadrant_analysis,
+    stare_weights,
+    token_stats_from_logits,
+)
+from trainer.algos.losses import PolicyLossInputs
+from trainer.algos.stare import StareControllerState, initial_state, update
+from trainer.hyperparams import StareGateParams
+from trainer.models import apply_lora, load_model_and_tokenizer
+from trainer.report import write_report
+from trainer.rollout import Rollout, concat_rollouts, generate, reflection_rate, rollout
+from trainer.spec import TrainSpec
+from trainer.tasks import Example, make_examples, render_prompt, split_train_eval
+from trainer.verifiers import score
+
+EventCallback = Callable[[dict[str, Any]], None]
+NAN_STEP_ENV = "STARE_INJECT_NAN_STEP"  # fault injection for tests: the loss at this step becomes NaN
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1
+    USER_ERROR = 2
+    NON_FINITE = 3
+    INTERRUPTED = 75
+
+
+class NonFiniteError(RuntimeError):
+    def __init__(self, step: int, what: str) -> None:
+        self.step = step
+        super().__init__(f"non-finite {what} at step {step}")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7_919) % (2**63 - 1)
+
+
+# ------------------------------------------------------------------------------------------ scoring pass
+
+
+def response_stats(
+    model: torch.nn.Module, batch: Rollout, index: Tensor, temperature: float, *, with_entropy: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R)."""
+    input_ids = batch.input_ids[index]
+    attention_mask = batch.attention_mask[index]
+    r_len = input_ids.shape[1] - batch.prompt_length
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=batch.position_ids()[index],
+        logits_to_keep=r_len + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # (b, R, V): position t predicts response token t
+    stats = token_stats_from_logits(
+        logits,
+        input_ids[:, batch.prompt_length :],
+        temperature=temperature,
+        with_entropy=with_entropy,
+        with_correction=with_entropy,
+    )
+    return stats.logprob, stats.entropy, stats.correction
+
+
+def micro_batches(n: int, size: int) -> list[Tensor]:
+    return [torch.arange(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """What the update needs for one optimiser step on this process."""
+
+    rollout: Rollout
+    advantages: Tensor  # (B,)
+    old_logprob: Tensor | None  # (B, R) or None when on-policy
+    ref_logprob: Tensor | None
+    token_weights: Tensor | None  # STARE ω over the step batch (step scope)
+    global_tokens: float
+    global_sequences: float
+
+
+def policy_update(
+    model: torch.nn.Module,
+    accelerator: Accelerator,
+    batch: StepBatch,
+    *,
+    loss_name: str,
+    loss_params: Any,
+    temperature: float,
+    micro_batch_size: int,
+    max_response_length: int,
+    num_micro_batches: int | None = None,
+    nan_injection: bool = False,
+    step: int = 0,
+) -> tuple[dict[str, float], Tensor, Tensor, Tensor]:
+    """Forward/backward over micro-batches with step-global normalisers; no optimiser step here.
+
+    Returns (token-weighted metrics, logprob, entropy, correction) of the training pass. Every process runs
+    the same number of micro-batches (padded with zero-weight ones) so gradient synchronisation never hangs.
+    """
+    r = batch.rollout
+    rows = micro_batches(r.size, micro_batch_size)
+    total = num_micro_batches if num_micro_batches is not None else len(rows)
+    world = accelerator.num_processes
+    sums: dict[str, float] = {}
+    weight_total = 0.0
+    logprobs = torch.zeros_like(r.response_mask)
+    entropies = torch.zeros_like(r.response_mask)
+    corrections = torch.zeros_like(r.response_mask)
+    for i in range(total):
+        padding = i >= len(rows)
+        idx = rows[0][:1] if padding else rows[i]
+        sync = i == total - 1
+        ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
+        with ctx:
+            logprob, entropy, correction = response_stats(model, r, idx, temperature, with_entropy=True)
+            mask = r.response_mask[idx] * (0.0 if padding else 1.0)
+            old = batch.old_logprob[idx] if batch.old_logprob is not None else logprob.detach()
+            inputs = PolicyLossInputs(
+                logprob=logprob,
+                old_logprob=old,
+                advantages=batch.advantages[idx],
+                response_mask=mask,
+                entropy=entropy,
+                ref_logprob=batch.ref_logprob[idx] if batch.ref_logprob is not None else None,
+                token_weights=batch.token_weights[idx] if batch.token_weights is not None else None,
+                global_token_count=batch.global_tokens,
+                global_sequence_count=batch.global_sequences,
+                max_response_length=max_response_length,
+            )
+            loss, metrics = compute_policy_loss(loss_name, inputs, loss_params)
+            if nan_injection:
+                loss = loss * float("nan")
+            if not torch.isfinite(loss):
+                raise NonFiniteError(step, "loss")
+            # DDP averages gradients over processes; the local loss is a share of the global sum.
+            accelerator.backward(loss * world)
+        if padding:
+            continue
+        logprobs[idx] = logprob.detach()
+        assert entropy is not None and correction is not None
+        entropies[idx] = entropy
+        corrections[idx] = correction
+        w = float(metrics["tokens/active"])
+        weight_total += w
+        for key, value in metrics.items():
+            if key == "tokens/active":
+                continue
+            if key == "loss/policy":
+                sums[key] = sums.get(key, 0.0) + float(value)  # shares of the step loss add up
+            else:
+                sums[key] = sums.get(key, 0.0) + float(value) * w
+    merged = {
+        k: (v if k == "loss/policy" else v / max(weight_total, 1.0)) for k, v in sums.items()
+    }
+    return merged, logprobs, entropies, corrections
+
+
+# ------------------------------------------------------------------------------------------ the engine
+
+
+class Engine:
+    def __init__(
+        self,
+        spec: TrainSpec,
+        out_dir: str | Path,
+        *,
+        resume: bool = False,
+        callbacks: list[EventCallback] | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.spec = spec
+        self.out = Path(out_dir)
+        self.resume = resume
+        self.callbacks = list(callbacks or [])
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self._stop_signal: int | None = None
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=spec.distributed.mixed_precision)
+        self.rank = self.accelerator.process_index
+        self.world = self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        self.loss_params = make_loss_params(spec.algorithm.name, **spec.algorithm.params)
+        self.gate_params = StareGateParams(
+            target_entropy=spec.algorithm.gate.target_entropy,
+            reweight_w=getattr(self.loss_params, "reweight_w", 1.1),
+            reweight_m=getattr(self.loss_params, "reweight_m", 0.9),
+            adaptive=spec.algorithm.gate.adaptive,
+            alpha=spec.algorithm.gate.alpha,
+            w_max=spec.algorithm.gate.w_max,
+            m_min=spec.algorithm.gate.m_min,
+        )
+        self.controller: StareControllerState = initial_state(self.gate_params)
+        self.step = 0
+        self.cursor = 0
+        self.steps_out_of_band = 0
+        self.sft_done = False
+        self._events_file: Any = None
+
+    # ------------------------------------------------------------------ events
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        event = {"time": _now(), **event}
+        if self._events_file is not None:
+            self._events_file.write(json.dumps(event, sort_keys=True) + "\n")
+            self._events_file.flush()
+        for callback in self.callbacks:
+            callback(event)
+
+    def _open_events(self, resume_step: int | None) -> None:
+        if not self.is_main:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / "events.jsonl"
+        if resume_step is not None and path.exists():
+            # Drop what the interrupted run wrote after the checkpoint it resumes from.
+            kept = []
+            for line in path.read_text().splitlines():
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if ev.get("type") in ("step", "eval", "checkpoint") and ev.get("step", 0) > resume_step:
+                    continue
+                if ev.get("type") in ("finished", "error", "interrupted"):
+                    continue
+                kept.append(line)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in kept))
+            os.replace(tmp, path)
+        elif path.exists():
+            path.unlink()
+        self._events_file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    # ------------------------------------------------------------------ setup
+
+    def _load(self, checkpoint: Path | None) -> None:
+        spec = self.spec
+        dtype = torch.bfloat16 if spec.model.dtype == "bfloat16" else torch.float32
+        source = spec.model.name
+        if checkpoint is not None and (checkpoint / "model").is_dir() and spec.model.lora is None:
+            source = str(checkpoint / "model")
+        model, tokenizer = load_model_and_tokenizer(source, dtype=dtype, seed=spec.seed)
+        if spec.model.lora is not None:
+            lora = spec.model.lora
+            if checkpoint is not None and (checkpoint / "adapter").is_dir():
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, str(checkpoint / "adapter"), is_trainable=True)
+            else:
+                model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+        self.tokenizer = tokenizer
+        self.ref_model = None
+        params = [p for p in model.parameters() if p.requires_grad]
+        o = spec.optim
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
+        self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+
+    def _lr_lambda(self, step: int) -> float:
+        o = self.spec.optim
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - o.warmup_steps) / max(1, o.steps - o.warmup_steps))
+        if o.schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def _load_data(self) -> None:
+        t = self.spec.task
+        total = t.train_size + t.eval_size
+        examples = make_examples(t.source, name=t.name, path=t.path, size=total, seed=self.spec.seed, params=t.params)
+        self.train_examples, self.eval_examples = split_train_eval(examples, t.eval_size, self.spec.seed)
+        if not self.train_examples:
+            raise ValueError("task: no training examples")
+
+    def _take_prompts(self, n: int) -> tuple[list[Example], int]:
+        """The next n prompts of the seeded epoch order; returns them and the first one's global index."""
+        start = self.cursor
+        out = []
+        size = len(self.train_examples)
+        for pos in range(start, start + n):
+            epoch, offset = divmod(pos, size)
+            g = torch.Generator().manual_seed(self.spec.seed * 7_777 + epoch)
+            order = torch.randperm(size, generator=g)
+            out.append(self.train_examples[int(order[offset])])
+        self.cursor += n
+        return out, start
+
+    # ------------------------------------------------------------------ SFT warm-start
+
+    def _sft(self) -> None:
+        sft = self.spec.sft
+        assert sft is not None
+        model = self.model
+        tok = self.tokenizer
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sft.lr)
+        gen = torch.Generator().manual_seed(self.spec.seed + 11)
+        model.train()
+        loss_value = float("nan")
+        for i in range(sft.steps):
+            idx = torch.randint(len(self.train_examples), (sft.batch_size,), generator=gen).tolist()
+            idx = idx[self.rank :: self.world]
+            exs = [self.train_examples[j] for j in idx]
+            prompts = [render_prompt(e, self.spec.task.prompt_template, tok, self.spec.task.use_chat_template) for e in exs]
+            p_enc = tok(prompts, add_special_tokens=True)["input_ids"]
+            a_enc = tok([e.answer for e in exs], add_special_tokens=False)["input_ids"]
+            seqs = [p + a + [tok.eos_token_id] for p, a in zip(p_enc, a_enc)]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), tok.pad_token_id)
+            attn = torch.zeros((len(seqs), width), dtype=torch.long)
+            labels = torch.full((len(seqs), width), -100)
+            for row, (s, p) in enumerate(zip(seqs, p_enc)):
+                ids[row, width - len(s) :] = torch.tensor(s)
+                attn[row, width - len(s) :] = 1
+                labels[row, width - len(s) + len(p) :] = torch.tensor(s[len(p) :])
+            out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_min(0), labels=labels)
+            opt.zero_grad(set_to_none=True)
+            self.accelerator.backward(out.loss)
+            opt.step()
+            loss_value = float(out.loss)
+            if (i + 1) % 100 == 0 or i + 1 == sft.steps:
+                self.emit({"type": "sft", "step": i + 1, "total": sft.steps, "loss": loss_value})
+        self.sft_done = True
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        spec = self.spec
+        ev = spec.evaluation
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        examples = self.eval_examples[self.rank :: self.world]
+        k = 1 if ev.greedy else ev.k
+        correct_sum, pass_sum, length_sum, n_prompts = 0.0, 0.0, 0.0, 0
+        for s in range(0, len(examples), 128):
+            chunk = examples[s : s + 128]
+            prompts = [render_prompt(e, spec.task.prompt_template, self.tokenizer, spec.task.use_chat_template) for e in chunk]
+            ids, _, resp_mask, _, p_len = generate(
+                model,
+                self.tokenizer,
+                prompts,
+                num_samples=k,
+                temperature=ev.temperature,
+                top_p=ev.top_p,
+                max_new_tokens=spec.sampling.max_new_tokens,
+                greedy=ev.greedy,
+            )
+            for j, ex in enumerate(chunk):
+                scores = []
+                for t in range(k):
+                    row = j * k + t
+                    n = int(resp_mask[row].sum())
+                    text = self.tokenizer.decode(ids[row, p_len : p_len + n], skip_special_tokens=True)
+                    scores.append(score(spec.verifier.name, text, ex, spec.verifier.params))
+                    length_sum += n
+                correct_sum += sum(scores) / k
+                pass_sum += float(max(scores) >= 1.0)
+                n_prompts += 1
+        totals = torch.tensor([correct_sum, pass_sum, length_sum, float(n_prompts)], dtype=torch.float64)
+        totals = self.accelerator.reduce(totals, reduction="sum")
+        n = max(float(totals[3]), 1.0)
+        model.train()
+        return {
+            "eval/avg@k": float(totals[0]) / n,
+            "eval/pass@k": float(totals[1]) / n,
+            "eval/k": float(k),
+            "eval/response_length": float(totals[2]) / (n * k),
+            "eval/num_prompts": float(totals[3]),
+        }
+
+    def _run_eval(self) -> dict[str, float]:
+        if not self.eval_examples:
+            return {}
+        metrics = self.evaluate()
+        self.emit({"type": "eval", "step": self.step, "metrics": metrics})
+        return metrics
+
+    # ------------------------------------------------------------------ one step
+
+    def _collect(self) -> tuple[Rollout, int]:
+        """Rollout for this step on this process, with dynamic sampling. Returns (rollout, gen batches)."""
+        spec = self.spec
+        n_prompts = spec.optim.prompts_per_step
+        ds = spec.optim.dynamic_sampling
+        kept: list[Rollout] = []
+        kept_groups = 0
+        batches = 0
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        while True:
+            examples, first = self._take_prompts(n_prompts)
+            mine = list(range(self.rank, n_prompts, self.world))
+            r = rollout(model, self.tokenizer, [examples[i] for i in mine], first + self.rank, spec)
+            r.group_ids = torch.tensor([first + mine[i // spec.sampling.group_size] for i in range(r.size)])
+            batches += 1
+            if ds.enabled:
+                keep = informative_groups(r.rewards, r.group_ids, binary=spec.reward.overlong is None and spec.algorithm.name != "dapo")
+                r = r.select(torch.nonzero(keep).flatten())
+            kept.append(r)
+            kept_groups += int(torch.unique(r.group_ids).numel()) if r.size else 0
+            if not ds.enabled:
+                break
+            total = int(self.accelerator.reduce(torch.tensor(kept_groups), reduction="sum"))
+            if total >= n_prompts or batches >= ds.max_gen_batches:
+                break
+        model.train()
+        non_empty = [k for k in kept if k.size] or [kept[-1]]
+        batch = concat_rollouts(non_empty, self.tokenizer.pad_token_id)
+        if ds.enabled:  # at most this process's share of the target number of groups
+            share = len(range(self.rank, n_prompts, self.world))
+            groups = torch.unique_consecutive(batch.group_ids)[:share]
+            batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
+        return batch, batches
+
+    def train_step(self) -> dict[str, float]:
+        spec = self.spec
+        step = self.step + 1
+        seed_everything(step_seed(spec.seed, step))
+        t0 = time.perf_counter()
+        batch, gen_batches = self._collect()
+        t_gen = time.perf_counter() - t0
+
+        advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
+        mask = batch.response_mask
+        counts = self.accelerator.reduce(torch.tensor([mask.sum().item(), float(batch.size)], dtype=torch.float64), reduction="sum")
+        global_tokens, global_sequences = float(counts[0]), float(counts[1])
+        is_stare = spec.algorithm.name == "stare"
+        on_policy = spec.optim.ppo_epochs == 1
+        needs_old_pass = is_stare or not on_policy or spec.optim.kl_beta > 0
+
+        old_logprob = entropy = correction = None
+        if needs_old_pass and batch.size:
+            with torch.no_grad():
+                parts = [
+                    response_stats(self.model, batch, idx, spec.sampling.temperature, with_entropy=True)
+                    for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
+                ]
+            old_logprob = torch.cat([p[0] for p in parts])
+            entropy = torch.cat([p[1] for p in parts if p[1] is not None])
+            correction = torch.cat([p[2] for p in parts if p[2] is not None])
+
+        metrics: dict[str, float] = {}
+        params = self.loss_params
+        token_weights = None
+        if is_stare:
+            assert entropy is not None and old_logprob is not None or not batch.size
+            h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
+            sums = self.accelerator.reduce(torch.tensor([h_sum, global_tokens / self.world], dtype=torch.float64), reduction="sum")
+            h_bar = float(sums[0]) / max(global_tokens, 1.0)
+            if not math.isfinite(h_bar):
+                raise NonFiniteError(step, "entropy")
+            self.controller = update(self.controller, h_bar, self.gate_params)
+            params = dataclasses.replace(
+                params,
+                gate_on=self.controller.gate_on,
+                reweight_w=self.controller.reweight_w,
+                reweight_m=self.controller.reweight_m,
+            )
+            if params.scope == "step_batch" and old_logprob is not None:
+                token_weights, stare_m = stare_weights(
+                    -old_logprob, advantages, mask, top_ratio=params.top_ratio, reweight_w=params.reweight_w,
+                    reweight_m=params.reweight_m, variant=params.variant, gate_on=params.gate_on,
+                )
+                metrics.update({k: float(v) for k, v in stare_m.items()})
+
+        n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
+        n_micro = int(self.accelerator.reduce(torch.tensor(n_micro), reduction="max"))
+        step_batch = StepBatch(batch, advantages, old_logprob, None, token_weights, global_tokens, global_sequences)
+        t1 = time.perf_counter()
+        nan_step = os.environ.get(NAN_STEP_ENV)
+        for epoch in range(spec.optim.ppo_epochs):
+            update_metrics, lp, ent, corr = policy_update(
+                self.model,
+                self.accelerator,
+                step_batch,
+                loss_name=spec.algorithm.name,
+                loss_params=params,
+                temperature=spec.sampling.temperature,
+                micro_batch_size=spec.optim.micro_batch_size,
+                max_response_length=spec.sampling.max_new_tokens,
+                num_micro_batches=n_micro,
+                nan_injection=nan_step is not None and int(nan_step) == step,
+                step=step,
+            )
+            if epoch == 0 and entropy is None:
+                old_logprob, entropy, correction = lp, ent, corr
+            grad_norm = float("nan")
+            if spec.optim.grad_clip is not None:
+                grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        t_update = time.perf_counter() - t1
+
+        assert entropy is not None and correction is not None and old_logprob is not None
+        metrics.update(update_metrics)
+        metrics.update({k: float(v) for k, v in adv_metrics.items()})
+        quad = quadrant_analysis(advantages, old_logprob, entropy, correction, mask, global_token_count=global_tokens)
+        metrics.update({k: float(v) * (1.0 if k.endswith("drift") else 1.0) for k, v in quad.items()})
+        h_sum = float((entropy * mask).sum())
+        h_bar = float(self.accelerator.reduce(torch.tensor(h_sum, dtype=torch.float64), reduction="sum")) / max(global_tokens, 1.0)
+        if not math.isfinite(h_bar):
+            raise NonFiniteError(step, "entropy")
+        band = spec.entropy_band
+        state = -1.0 if h_bar < band.low else (1.0 if h_bar > band.high else 0.0)
+        self.steps_out_of_band = 0 if state == 0.0 else self.steps_out_of_band + 1
+        lengths = batch.response_lengths
+        elapsed = time.perf_counter() - t0
+        tokens = float(self.accelerator.reduce(torch.tensor(float(batch.attention_mask.sum())), reduction="sum"))
+        metrics.update(
+            {
+                "entropy/mean": h_bar,
+                "entropy/band_low": band.low,
+                "entropy/band_high": band.high,
+                "entropy/band_state": state,
+                "entropy/steps_out_of_band": float(self.steps_out_of_band),
+                "reward/mean": float(batch.rewards.mean()) if batch.size else 0.0,
+                "reward/std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
+                "reward/accuracy": float(batch.correct.mean()) if batch.size else 0.0,
+                "response/length_mean": float(lengths.mean()) if batch.size else 0.0,
+                "response/length_max": float(lengths.max()) if batch.size else 0.0,
+                "response/truncated_fraction": float(batch.truncated.float().mean()) if batch.size else 0.0,
+                "response/reflection_rate": reflection_rate(batch.texts),
+                "actor/grad_norm": grad_norm,
+                "actor/lr": float(self.scheduler.get_last_lr()[0]),
+                "perf/step_seconds": elapsed,
+                "perf/generation_seconds": t_gen,
+                "perf/update_seconds": t_update,
+                "perf/tokens_per_second": tokens / max(elapsed, 1e-9),
+                "perf/gen_batches": float(gen_batches),
+                "data/responses": global_sequences,
+            }
+        )
+        if is_stare:
+            metrics.update(
+                {
+                    "stare/gate_on": float(self.controller.gate_on),
+                    "stare/reweight_w": self.controller.reweight_w,
+                    "stare/reweight_m": self.controller.reweight_m,
+                    "stare/target_entropy": self.gate_params.target_entropy,
+                    "stare/batch_entropy": h_bar,
+                }
+            )
+        self.step = step
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "controller": self.controller.to_dict(),
+            "steps_out_of_band": self.steps_out_of_band,
+            "sft_done": self.sft_done,
+            "algorithm": self.spec.algorithm.name,
+            "model": self.spec.model.name,
+            "time": _now(),
+        }
+
+    def save(self) -> Path | None:
+        path = None
+        if self.is_main:
+            path = checkpoints.save_checkpoint(
+                self.out / "checkpoints",
+                self.step,
+                model=self.accelerator.unwrap_model(self.model),
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self._state(),
+                is_lora=self.spec.model.lora is not None,
+                merge_lora=self.spec.model.lora is not None and self.spec.model.lora.merge_on_save,
+                keep_last=self.spec.checkpoint.keep_last,
+            )
+            self.emit({"type": "checkpoint", "step": self.step, "path": str(path)})
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def _restore(self, path: Path) -> None:
+        state, trainer_state = checkpoints.load_state(path)
+        self.optimizer.load_state_dict(trainer_state["optimizer"])
+        self.scheduler.load_state_dict(trainer_state["scheduler"])
+        checkpoints.set_rng_state(trainer_state["rng"])
+        self.step = int(state["step"])
+        self.cursor = int(state["cursor"])
+        self.controller = StareControllerState.from_dict(state["controller"])
+        self.steps_out_of_band = int(state["steps_out_of_band"])
+        self.sft_done = bool(state["sft_done"])
+
+    # ------------------------------------------------------------------ run
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        def handler(signum: int, _frame: Any) -> None:
+            self._stop_signal = signum
+
+        previous = {}
+        if hasattr(signal, "SIGTERM"):
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(ValueError):  # not in the main thread
+                    previous[sig] = signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+    def run(self) -> ExitCode:
+        spec = self.spec
+        ckpt = checkpoints.latest_checkpoint(self.out / "checkpoints") if self.resume else None
+        seed_everything(spec.seed)
+        self._open_events(int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt else None)
+        try:
+            self._load_data()
+            self._load(ckpt)
+            if ckpt is not None:
+                self._restore(ckpt)
+                self.emit({"type": "resumed", "step": self.step, "checkpoint": str(ckpt)})
+            else:
+                self.emit({"type": "started", "spec": spec.resolved(), "total_steps": spec.optim.steps})
+            with self._signals():
+                return self._loop(ckpt is not None)
+        except NonFiniteError as err:
+            self.emit({"type": "error", "step": err.step, "code": "non_finite", "message": str(err)})
+            return ExitCode.NON_FINITE
+        except Interrupted:
+            return ExitCode.INTERRUPTED
+        finally:
+            if self._events_file is not None:
+                self._events_file.close()
+                self._events_file = None
+                self._write_report()
+
+    def _loop(self, resumed: bool) -> ExitCode:
+        spec = self.spec
+        if not resumed:
+            if spec.sft is not None and spec.sft.steps > 0 and not self.sft_done:
+                self._sft()
+            self._run_eval()
+            self.save()  # step 0: the starting point (after SFT), so every run has a resumable checkpoint
+        bar = None
+        if self.progress and self.is_main:
+            from tqdm import tqdm
+
+            bar = tqdm(total=spec.optim.steps, initial=self.step, unit="step", dynamic_ncols=True)
+        last_saved = self.step
+        while self.step < spec.optim.steps:
+            metrics = self.train_step()
+            self.emit({"type": "step", "step": self.step, "metrics": metrics})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(H=f"{metrics['entropy/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
+            if spec.evaluation.interval and self.step % spec.evaluation.interval == 0 and self.step < spec.optim.steps:
+                self._run_eval()
+            if self.step % spec.checkpoint.interval == 0:
+                self.save()
+                last_saved = self.step
+            if self._stop_signal is not None:
+                if last_saved != self.step:
+                    self.save()
+                self.emit({"type": "interrupted", "step": self.step, "signal": int(self._stop_signal)})
+                raise Interrupted
+        if bar is not None:
+            bar.close()
+        final = self._run_eval()
+        if last_saved != self.step:
+            self.save()
+        self.emit({"type": "finished", "step": self.step, "status": "succeeded", "final_eval": final})
+        return ExitCode.OK
+
+    def _write_report(self) -> None:
+        if not self.is_main:
+            return
+        from trainer.report import load_events
+
+        with contextlib.suppress(Exception):
+            write_report(load_events(self.out / "events.jsonl"), self.out)

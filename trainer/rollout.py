@@ -1,0 +1,203 @@
+"""Rollouts: sample G responses per prompt with HF generate, score them, and lay them out for training.
+
+Layout of a batch of B responses: `input_ids` (B, P + R) = left-padded prompt (P) followed by the
+response (R, right-padded after EOS). `response_mask` (B, R) is 1 on generated tokens up to and including
+the first EOS. Position ids are derived from the attention mask, the way generate derives them, so the
+training forward scores exactly the tokens generate sampled.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from trainer.algos.shaping import overlong_penalty
+from trainer.spec import TrainSpec
+from trainer.tasks import Example, render_prompt
+from trainer.verifiers import score, shape_reward
+
+REFLECTION_PATTERN = re.compile(r"\b(wait|however|let me check|let me verify|alternatively|double-check)\b", re.I)
+
+
+@dataclass
+class Rollout:
+    input_ids: Tensor  # (B, P + R) long
+    attention_mask: Tensor  # (B, P + R) long
+    response_mask: Tensor  # (B, R) float
+    prompt_length: int  # P
+    rewards: Tensor  # (B,) float
+    correct: Tensor  # (B,) float in [0, 1]
+    group_ids: Tensor  # (B,) long, global prompt index
+    truncated: Tensor  # (B,) bool: no EOS within the budget
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def response_lengths(self) -> Tensor:
+        return self.response_mask.sum(-1)
+
+    def position_ids(self) -> Tensor:
+        return position_ids_from_mask(self.attention_mask)
+
+    def select(self, index: Tensor) -> Rollout:
+        return Rollout(
+            input_ids=self.input_ids[index],
+            attention_mask=self.attention_mask[index],
+            response_mask=self.response_mask[index],
+            prompt_length=self.prompt_length,
+            rewards=self.rewards[index],
+            correct=self.correct[index],
+            group_ids=self.group_ids[index],
+            truncated=self.truncated[index],
+            texts=[self.texts[i] for i in index.tolist()],
+        )
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
+    """Joins rollouts whose prompt/response widths differ by re-padding prompts left and responses right."""
+    if len(parts) == 1:
+        return parts[0]
+    p_max = max(r.prompt_length for r in parts)
+    r_max = max(r.response_mask.shape[1] for r in parts)
+    ids, attn, resp = [], [], []
+    for r in parts:
+        p_pad, r_pad = p_max - r.prompt_length, r_max - r.response_mask.shape[1]
+        ids.append(torch.nn.functional.pad(r.input_ids, (p_pad, r_pad), value=pad_token_id))
+        attn.append(torch.nn.functional.pad(r.attention_mask, (p_pad, r_pad), value=0))
+        resp.append(torch.nn.functional.pad(r.response_mask, (0, r_pad), value=0.0))
+    return Rollout(
+        input_ids=torch.cat(ids),
+        attention_mask=torch.cat(attn),
+        response_mask=torch.cat(resp),
+        prompt_length=p_max,
+        rewards=torch.cat([r.rewards for r in parts]),
+        correct=torch.cat([r.correct for r in parts]),
+        group_ids=torch.cat([r.group_ids for r in parts]),
+        truncated=torch.cat([r.truncated for r in parts]),
+        texts=[t for r in parts for t in r.texts],
+    )
+
+
+def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
+    """(B, R) ids → (mask up to and including the first EOS, truncated flag)."""
+    eos_ids = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+    is_eos = torch.isin(responses, eos_ids)  # (B, R)
+    seen_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS strictly before t
+    mask = (seen_before == 0).float()
+    truncated = ~is_eos.any(-1)
+    return mask, truncated
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    tokenizer: object,
+    prompts: list[str],
+    *,
+    num_samples: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    greedy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)  # type: ignore[operator]
+    prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0)
+    prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0)
+    gen_config = model.generation_config  # type: ignore[union-attr]
+    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id  # type: ignore[attr-defined]
+    kwargs: dict[str, object] = {
+        "max_new_tokens": max_new_tokens,
+        "pad_token_id": tokenizer.pad_token_id,  # type: ignore[attr-defined]
+        "eos_token_id": eos,
+        "use_cache": True,
+    }
+    if greedy:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)  # type: ignore[operator]
+    p_len = prompt_ids.shape[1]
+    responses = out[:, p_len:]
+    response_mask, truncated = response_mask_from_eos(responses, eos)
+    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    return out, attention_mask, response_mask, truncated, p_len
+
+
+def rollout(
+    model: torch.nn.Module,
+    tokenizer: object,
+    examples: list[Example],
+    group_offset: int,
+    spec: TrainSpec,
+) -> Rollout:
+    """Samples spec.sampling.group_size responses per example and scores them."""
+    g = spec.sampling.group_size
+    prompts = [
+        render_prompt(ex, spec.task.prompt_template, tokenizer, spec.task.use_chat_template) for ex in examples
+    ]
+    input_ids, attention_mask, response_mask, truncated, p_len = generate(
+        model,
+        tokenizer,
+        prompts,
+        num_samples=g,
+        temperature=spec.sampling.temperature,
+        top_p=spec.sampling.top_p,
+        max_new_tokens=spec.sampling.max_new_tokens,
+    )
+    responses = input_ids[:, p_len:]
+    texts = [
+        tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)  # type: ignore[attr-defined]
+        for row, m in zip(responses, response_mask)
+    ]
+    correct = torch.tensor(
+        [
+            score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
+            for i, text in enumerate(texts)
+        ],
+        dtype=torch.float32,
+    )
+    rewards = torch.tensor([shape_reward(float(c), spec.reward.style) for c in correct], dtype=torch.float32)
+    overlong = resolved_overlong(spec)
+    if overlong is not None:
+        rewards = rewards + overlong_penalty(
+            response_mask.sum(-1), max_length=spec.sampling.max_new_tokens, cache_length=overlong
+        )
+    group_ids = torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g)
+    return Rollout(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        prompt_length=p_len,
+        rewards=rewards,
+        correct=correct,
+        group_ids=group_ids,
+        truncated=truncated,
+        texts=texts,
+    )
+
+
+def resolved_overlong(spec: TrainSpec) -> int | None:
+    """DAPO's overlong buffer length: the spec's, or a quarter of the budget for dapo by default."""
+    if spec.reward.overlong is not None:
+        return spec.reward.overlong.cache_length
+    if spec.algorithm.name == "dapo":
+        return max(1, spec.sampling.max_new_tokens // 4)
+    return None
+
+
+def reflection_rate(texts: list[str]) -> float:
+    """Mean number of reflection phrases ("wait", "however", "let me check", ...) per response."""
+    if not texts:
+        return 0.0
+    return sum(len(REFLECTION_PATTERN.findall(t)) for t in texts) / len(texts)

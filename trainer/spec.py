@@ -1,0 +1,256 @@
+"""The job spec: one pydantic model shared by the engine, the worker and the HTTP service.
+
+This module imports no torch (the service validates jobs with it). Unknown fields are rejected and every
+out-of-range value fails with a message whose location names the field. Algorithm parameters are checked
+with the same dataclasses the losses use (trainer.hyperparams), so the service and the engine agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainer.hyperparams import ADVANTAGE_ESTIMATOR_NAMES, LOSS_PARAMS, StareGateParams, make_loss_params
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class LoraSpec(_Strict):
+    r: Annotated[int, Field(ge=1, le=1024)] = 8
+    alpha: Annotated[int, Field(ge=1)] = 16
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: list[str] | None = None
+    merge_on_save: bool = False
+
+
+class ModelSpec(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=512)] = "tiny-arith"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraSpec | None = None
+
+
+class TaskSpec(_Strict):
+    source: Literal["arithmetic", "reasoning_gym", "jsonl"] = "arithmetic"
+    name: str | None = None  # reasoning-gym dataset name
+    path: str | None = None  # JSONL file (the service fills it from an uploaded file id)
+    params: dict[str, Any] = Field(default_factory=dict)
+    train_size: Annotated[int, Field(ge=1, le=10_000_000)] = 2000
+    eval_size: Annotated[int, Field(ge=0, le=100_000)] = 64
+    prompt_template: Annotated[str, Field(max_length=10_000)] = "{prompt}"
+    use_chat_template: bool = False
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_has_prompt(cls, value: str) -> str:
+        if "{prompt}" not in value:
+            raise ValueError("prompt_template must contain '{prompt}'")
+        return value
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> TaskSpec:
+        if self.source == "reasoning_gym" and not self.name:
+            raise ValueError("task.name is required when task.source is 'reasoning_gym'")
+        if self.source == "jsonl" and not self.path:
+            raise ValueError("task.path is required when task.source is 'jsonl'")
+        return self
+
+
+class VerifierSpec(_Strict):
+    name: str = "exact"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class OverlongSpec(_Strict):
+    cache_length: PositiveInt = 4
+
+
+class RewardSpec(_Strict):
+    style: Literal["binary", "pm1"] = "binary"
+    overlong: OverlongSpec | None = None  # DAPO soft overlong penalty; on by default for dapo
+
+
+class GateSpec(_Strict):
+    """STARE's target-entropy gate and optional adaptive W/M (ALGORITHMS §5)."""
+
+    target_entropy: Annotated[float, Field(ge=0.0, le=100.0)] = 0.3
+    adaptive: bool = False
+    alpha: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
+    w_max: Annotated[float, Field(ge=1.0, le=100.0)] = 1.5
+    m_min: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+
+
+class AlgorithmSpec(_Strict):
+    name: str = "stare"
+    advantage: str | None = None  # default: the estimator the method is defined with
+    params: dict[str, Any] = Field(default_factory=dict)
+    gate: GateSpec = Field(default_factory=GateSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        if value not in LOSS_PARAMS:
+            raise ValueError(f"unknown algorithm {value!r}; valid: {', '.join(sorted(LOSS_PARAMS))}")
+        return value
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_estimator(cls, value: str | None) -> str | None:
+        if value is not None and value not in ADVANTAGE_ESTIMATOR_NAMES:
+            raise ValueError(f"unknown advantage estimator {value!r}; valid: {', '.join(ADVANTAGE_ESTIMATOR_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _params_valid(self) -> AlgorithmSpec:
+        if "gate_on" in self.params:
+            raise ValueError("algorithm.params.gate_on is set by the entropy gate, not by the spec")
+        make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
+        if self.name == "stare":
+            StareGateParams(
+                target_entropy=self.gate.target_entropy,
+                reweight_w=self.params.get("reweight_w", 1.1),
+                reweight_m=self.params.get("reweight_m", 0.9),
+                adaptive=self.gate.adaptive,
+                alpha=self.gate.alpha,
+                w_max=self.gate.w_max,
+                m_min=self.gate.m_min,
+            )
+        return self
+
+    @property
+    def estimator(self) -> str:
+        return self.advantage or LOSS_PARAMS[self.name][1]
+
+    def resolved_params(self) -> dict[str, Any]:
+        return dataclasses.asdict(make_loss_params(self.name, **self.params))
+
+
+class SamplingSpec(_Strict):
+    group_size: Annotated[int, Field(ge=1, le=512)] = 8
+    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    max_new_tokens: Annotated[int, Field(ge=1, le=65_536)] = 16
+
+
+class DynamicSamplingSpec(_Strict):
+    enabled: bool = False
+    max_gen_batches: Annotated[int, Field(ge=1, le=100)] = 3
+
+
+class OptimSpec(_Strict):
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 2e-4
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
+    prompts_per_step: Annotated[int, Field(ge=1, le=100_000)] = 8
+    micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] = 64  # responses per forward/backward
+    grad_clip: Annotated[float, Field(gt=0.0)] | None = 1.0
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
+    kl_beta: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
+    dynamic_sampling: DynamicSamplingSpec = Field(default_factory=DynamicSamplingSpec)
+
+
+class SftSpec(_Strict):
+    steps: Annotated[int, Field(ge=0, le=1_000_000)] = 800
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 3e-3
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 128
+
+
+class EntropyBandSpec(_Strict):
+    low: Annotated[float, Field(ge=0.0)] = 0.1
+    high: Annotated[float, Field(ge=0.0)] = 1.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> EntropyBandSpec:
+        if self.low > self.high:
+            raise ValueError(f"entropy_band.low ({self.low}) must be ≤ entropy_band.high ({self.high})")
+        return self
+
+
+class CheckpointSpec(_Strict):
+    interval: Annotated[int, Field(ge=1)] = 50
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
+
+
+class EvaluationSpec(_Strict):
+    interval: Annotated[int, Field(ge=0)] = 0  # 0: only before and after training
+    k: Annotated[int, Field(ge=1, le=256)] = 1  # samples per prompt for avg@k / pass@k
+    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    greedy: bool = True  # k = 1 and greedy: plain accuracy
+
+
+class DistributedSpec(_Strict):
+    num_processes: Annotated[int, Field(ge=1, le=4096)] = 1
+    mixed_precision: Literal["no", "bf16"] = "no"
+
+
+class TrainSpec(_Strict):
+    """A whole RL fine-tuning job."""
+
+    name: Annotated[str, Field(max_length=200)] | None = None
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    task: TaskSpec = Field(default_factory=TaskSpec)
+    verifier: VerifierSpec = Field(default_factory=VerifierSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec)
+    sft: SftSpec | None = None
+    entropy_band: EntropyBandSpec = Field(default_factory=EntropyBandSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec)
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TrainSpec:
+        from trainer.catalog import BUILTIN_MODELS  # torch-free
+
+        if self.sft is not None and self.sft.steps > 0 and self.model.name not in BUILTIN_MODELS:
+            raise ValueError("sft warm-start is only offered for built-in models (model.name)")
+        if self.sft is not None and self.sft.steps > 0 and self.model.name != "tiny-arith":
+            raise ValueError("sft warm-start is only offered for the built-in tiny model 'tiny-arith'")
+        if self.evaluation.greedy and self.evaluation.k != 1:
+            raise ValueError("evaluation.k must be 1 when evaluation.greedy is true")
+        if self.reward.overlong is not None and self.reward.overlong.cache_length > self.sampling.max_new_tokens:
+            raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
+        _check_verifier(self.verifier)
+        return self
+
+    @property
+    def responses_per_step(self) -> int:
+        return self.optim.prompts_per_step * self.sampling.group_size
+
+    def resolved(self) -> dict[str, Any]:
+        """The spec with every default filled in, plus the loss parameters the engine will use."""
+        data = self.model_dump(mode="json")
+        data["algorithm"]["advantage"] = self.algorithm.estimator
+        data["algorithm"]["params"] = self.algorithm.resolved_params()
+        return data
+
+
+def _check_verifier(spec: VerifierSpec) -> None:
+    from trainer import verifiers  # torch-free
+
+    try:
+        verifiers.validate_params(spec.name, spec.params)
+    except ValueError as err:
+        raise ValueError(f"verifier: {err}") from None
+
+
+def load_spec(path: str | Path) -> TrainSpec:
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a job spec must be a mapping")
+    return TrainSpec.model_validate(data)
