@@ -38,7 +38,9 @@ def _load(path: str) -> TrainSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Entropy-stable RL fine-tuning engine")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer", description="Entropy-stable RL fine-tuning engine"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job spec")
     run.add_argument("spec")

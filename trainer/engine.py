@@ -55,7 +55,7 @@ from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.report import write_report
 from trainer.rollout import Rollout, concat_rollouts, generate, reflection_rate, rollout
 from trainer.spec import TrainSpec
-from trainer.tasks import Example, make_examples, render_prompt, split_train_eval
+from trainer.tasks import Example, make_train_eval, render_prompt
 from trainer.verifiers import score
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -210,9 +210,7 @@ def policy_update(
                 sums[key] = sums.get(key, 0.0) + float(value)  # shares of the step loss add up
             else:
                 sums[key] = sums.get(key, 0.0) + float(value) * w
-    merged = {
-        k: (v if k == "loss/policy" else v / max(weight_total, 1.0)) for k, v in sums.items()
-    }
+    merged = {k: (v if k == "loss/policy" else v / max(weight_total, 1.0)) for k, v in sums.items()}
     return merged, logprobs, entropies, corrections
 
 
@@ -235,7 +233,13 @@ class Engine:
         self.callbacks = list(callbacks or [])
         self.progress = sys.stderr.isatty() if progress is None else progress
         self._stop_signal: int | None = None
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=spec.distributed.mixed_precision)
+        if not self.progress:
+            import transformers
+
+            transformers.utils.logging.disable_progress_bar()
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(), mixed_precision=spec.distributed.mixed_precision
+        )
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
@@ -309,7 +313,13 @@ class Engine:
 
                 model = PeftModel.from_pretrained(model, str(checkpoint / "adapter"), is_trainable=True)
             else:
-                model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules)
+                model = apply_lora(
+                    model,
+                    r=lora.r,
+                    alpha=lora.alpha,
+                    dropout=lora.dropout,
+                    target_modules=lora.target_modules,
+                )
         self.tokenizer = tokenizer
         self.ref_model = None
         params = [p for p in model.parameters() if p.requires_grad]
@@ -331,9 +341,15 @@ class Engine:
 
     def _load_data(self) -> None:
         t = self.spec.task
-        total = t.train_size + t.eval_size
-        examples = make_examples(t.source, name=t.name, path=t.path, size=total, seed=self.spec.seed, params=t.params)
-        self.train_examples, self.eval_examples = split_train_eval(examples, t.eval_size, self.spec.seed)
+        self.train_examples, self.eval_examples = make_train_eval(
+            t.source,
+            name=t.name,
+            path=t.path,
+            size=t.train_size,
+            eval_size=t.eval_size,
+            seed=self.spec.seed,
+            params=t.params,
+        )
         if not self.train_examples:
             raise ValueError("task: no training examples")
 
@@ -365,8 +381,13 @@ class Engine:
             idx = torch.randint(len(self.train_examples), (sft.batch_size,), generator=gen).tolist()
             idx = idx[self.rank :: self.world]
             exs = [self.train_examples[j] for j in idx]
-            prompts = [render_prompt(e, self.spec.task.prompt_template, tok, self.spec.task.use_chat_template) for e in exs]
-            p_enc = tok(prompts, add_special_tokens=True)["input_ids"]
+            prompts = [
+                render_prompt(
+                    e, self.spec.task.prompt_template, tok, use_chat_template=self.spec.task.use_chat_template
+                )
+                for e in exs
+            ]
+            p_enc = tok(prompts, add_special_tokens=not self.spec.task.use_chat_template)["input_ids"]
             a_enc = tok([e.answer for e in exs], add_special_tokens=False)["input_ids"]
             seqs = [p + a + [tok.eos_token_id] for p, a in zip(p_enc, a_enc)]
             width = max(len(s) for s in seqs)
@@ -377,7 +398,12 @@ class Engine:
                 ids[row, width - len(s) :] = torch.tensor(s)
                 attn[row, width - len(s) :] = 1
                 labels[row, width - len(s) + len(p) :] = torch.tensor(s[len(p) :])
-            out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_min(0), labels=labels)
+            out = model(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=(attn.cumsum(-1) - 1).clamp_min(0),
+                labels=labels,
+            )
             opt.zero_grad(set_to_none=True)
             self.accelerator.backward(out.loss)
             opt.step()
@@ -399,7 +425,15 @@ class Engine:
         correct_sum, pass_sum, length_sum, n_prompts = 0.0, 0.0, 0.0, 0
         for s in range(0, len(examples), 128):
             chunk = examples[s : s + 128]
-            prompts = [render_prompt(e, spec.task.prompt_template, self.tokenizer, spec.task.use_chat_template) for e in chunk]
+            prompts = [
+                render_prompt(
+                    e,
+                    spec.task.prompt_template,
+                    self.tokenizer,
+                    use_chat_template=spec.task.use_chat_template,
+                )
+                for e in chunk
+            ]
             ids, _, resp_mask, _, p_len = generate(
                 model,
                 self.tokenizer,
@@ -409,6 +443,7 @@ class Engine:
                 top_p=ev.top_p,
                 max_new_tokens=spec.sampling.max_new_tokens,
                 greedy=ev.greedy,
+                add_special_tokens=not spec.task.use_chat_template,
             )
             for j, ex in enumerate(chunk):
                 scores = []
@@ -459,7 +494,11 @@ class Engine:
             r.group_ids = torch.tensor([first + mine[i // spec.sampling.group_size] for i in range(r.size)])
             batches += 1
             if ds.enabled:
-                keep = informative_groups(r.rewards, r.group_ids, binary=spec.reward.overlong is None and spec.algorithm.name != "dapo")
+                keep = informative_groups(
+                    r.rewards,
+                    r.group_ids,
+                    binary=spec.reward.overlong is None and spec.algorithm.name != "dapo",
+                )
                 r = r.select(torch.nonzero(keep).flatten())
             kept.append(r)
             kept_groups += int(torch.unique(r.group_ids).numel()) if r.size else 0
@@ -487,7 +526,9 @@ class Engine:
 
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
         mask = batch.response_mask
-        counts = self.accelerator.reduce(torch.tensor([mask.sum().item(), float(batch.size)], dtype=torch.float64), reduction="sum")
+        counts = self.accelerator.reduce(
+            torch.tensor([mask.sum().item(), float(batch.size)], dtype=torch.float64), reduction="sum"
+        )
         global_tokens, global_sequences = float(counts[0]), float(counts[1])
         is_stare = spec.algorithm.name == "stare"
         on_policy = spec.optim.ppo_epochs == 1
@@ -508,9 +549,11 @@ class Engine:
         params = self.loss_params
         token_weights = None
         if is_stare:
-            assert entropy is not None and old_logprob is not None or not batch.size
+            assert (entropy is not None and old_logprob is not None) or not batch.size
             h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
-            sums = self.accelerator.reduce(torch.tensor([h_sum, global_tokens / self.world], dtype=torch.float64), reduction="sum")
+            sums = self.accelerator.reduce(
+                torch.tensor([h_sum, global_tokens / self.world], dtype=torch.float64), reduction="sum"
+            )
             h_bar = float(sums[0]) / max(global_tokens, 1.0)
             if not math.isfinite(h_bar):
                 raise NonFiniteError(step, "entropy")
@@ -523,14 +566,22 @@ class Engine:
             )
             if params.scope == "step_batch" and old_logprob is not None:
                 token_weights, stare_m = stare_weights(
-                    -old_logprob, advantages, mask, top_ratio=params.top_ratio, reweight_w=params.reweight_w,
-                    reweight_m=params.reweight_m, variant=params.variant, gate_on=params.gate_on,
+                    -old_logprob,
+                    advantages,
+                    mask,
+                    top_ratio=params.top_ratio,
+                    reweight_w=params.reweight_w,
+                    reweight_m=params.reweight_m,
+                    variant=params.variant,
+                    gate_on=params.gate_on,
                 )
                 metrics.update({k: float(v) for k, v in stare_m.items()})
 
         n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
         n_micro = int(self.accelerator.reduce(torch.tensor(n_micro), reduction="max"))
-        step_batch = StepBatch(batch, advantages, old_logprob, None, token_weights, global_tokens, global_sequences)
+        step_batch = StepBatch(
+            batch, advantages, old_logprob, None, token_weights, global_tokens, global_sequences
+        )
         t1 = time.perf_counter()
         nan_step = os.environ.get(NAN_STEP_ENV)
         for epoch in range(spec.optim.ppo_epochs):
@@ -551,7 +602,9 @@ class Engine:
                 old_logprob, entropy, correction = lp, ent, corr
             grad_norm = float("nan")
             if spec.optim.grad_clip is not None:
-                grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
+                grad_norm = float(
+                    self.accelerator.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip)
+                )
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -560,10 +613,14 @@ class Engine:
         assert entropy is not None and correction is not None and old_logprob is not None
         metrics.update(update_metrics)
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
-        quad = quadrant_analysis(advantages, old_logprob, entropy, correction, mask, global_token_count=global_tokens)
-        metrics.update({k: float(v) * (1.0 if k.endswith("drift") else 1.0) for k, v in quad.items()})
+        quad = quadrant_analysis(
+            advantages, old_logprob, entropy, correction, mask, global_token_count=global_tokens
+        )
+        metrics.update({k: float(v) for k, v in quad.items()})
         h_sum = float((entropy * mask).sum())
-        h_bar = float(self.accelerator.reduce(torch.tensor(h_sum, dtype=torch.float64), reduction="sum")) / max(global_tokens, 1.0)
+        h_bar = float(
+            self.accelerator.reduce(torch.tensor(h_sum, dtype=torch.float64), reduction="sum")
+        ) / max(global_tokens, 1.0)
         if not math.isfinite(h_bar):
             raise NonFiniteError(step, "entropy")
         band = spec.entropy_band
@@ -571,7 +628,9 @@ class Engine:
         self.steps_out_of_band = 0 if state == 0.0 else self.steps_out_of_band + 1
         lengths = batch.response_lengths
         elapsed = time.perf_counter() - t0
-        tokens = float(self.accelerator.reduce(torch.tensor(float(batch.attention_mask.sum())), reduction="sum"))
+        tokens = float(
+            self.accelerator.reduce(torch.tensor(float(batch.attention_mask.sum())), reduction="sum")
+        )
         metrics.update(
             {
                 "entropy/mean": h_bar,
@@ -715,7 +774,11 @@ class Engine:
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(H=f"{metrics['entropy/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
-            if spec.evaluation.interval and self.step % spec.evaluation.interval == 0 and self.step < spec.optim.steps:
+            if (
+                spec.evaluation.interval
+                and self.step % spec.evaluation.interval == 0
+                and self.step < spec.optim.steps
+            ):
                 self._run_eval()
             if self.step % spec.checkpoint.interval == 0:
                 self.save()

@@ -19,7 +19,9 @@ from trainer.spec import TrainSpec
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score, shape_reward
 
-REFLECTION_PATTERN = re.compile(r"\b(wait|however|let me check|let me verify|alternatively|double-check)\b", re.I)
+REFLECTION_PATTERN = re.compile(
+    r"\b(wait|however|let me check|let me verify|alternatively|double-check)\b", re.I
+)
 
 
 @dataclass
@@ -109,9 +111,10 @@ def generate(
     top_p: float,
     max_new_tokens: int,
     greedy: bool = False,
+    add_special_tokens: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)  # type: ignore[operator]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)  # type: ignore[operator]
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0)
     gen_config = model.generation_config  # type: ignore[union-attr]
@@ -144,7 +147,8 @@ def rollout(
     """Samples spec.sampling.group_size responses per example and scores them."""
     g = spec.sampling.group_size
     prompts = [
-        render_prompt(ex, spec.task.prompt_template, tokenizer, spec.task.use_chat_template) for ex in examples
+        render_prompt(ex, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
+        for ex in examples
     ]
     input_ids, attention_mask, response_mask, truncated, p_len = generate(
         model,
@@ -154,6 +158,7 @@ def rollout(
         temperature=spec.sampling.temperature,
         top_p=spec.sampling.top_p,
         max_new_tokens=spec.sampling.max_new_tokens,
+        add_special_tokens=not spec.task.use_chat_template,
     )
     responses = input_ids[:, p_len:]
     texts = [

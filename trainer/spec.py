@@ -105,7 +105,9 @@ class AlgorithmSpec(_Strict):
     @classmethod
     def _known_estimator(cls, value: str | None) -> str | None:
         if value is not None and value not in ADVANTAGE_ESTIMATOR_NAMES:
-            raise ValueError(f"unknown advantage estimator {value!r}; valid: {', '.join(ADVANTAGE_ESTIMATOR_NAMES)}")
+            raise ValueError(
+                f"unknown advantage estimator {value!r}; valid: {', '.join(ADVANTAGE_ESTIMATOR_NAMES)}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -222,7 +224,10 @@ class TrainSpec(_Strict):
             raise ValueError("sft warm-start is only offered for the built-in tiny model 'tiny-arith'")
         if self.evaluation.greedy and self.evaluation.k != 1:
             raise ValueError("evaluation.k must be 1 when evaluation.greedy is true")
-        if self.reward.overlong is not None and self.reward.overlong.cache_length > self.sampling.max_new_tokens:
+        if (
+            self.reward.overlong is not None
+            and self.reward.overlong.cache_length > self.sampling.max_new_tokens
+        ):
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
         _check_verifier(self.verifier)
         return self

@@ -47,33 +47,92 @@ def _check_chunk(chunk_rows: int) -> None:
         raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
 
 
-def _fp32_scaled_copy(chunk: Tensor, temperature: float) -> Tensor:
-    """A fresh fp32 buffer holding chunk / T (callers modify it in place; fp32 .float() would alias)."""
-    if chunk.dtype == torch.float32:
-        return chunk.div(temperature)
-    return chunk.float().div_(temperature)
+class _ChunkBuffers:
+    """(rows, V) work buffers made on first use and reused by every chunk of one call.
+
+    Allocating per chunk would, on CPU, map and fault in fresh pages for every chunk (blocks this large
+    bypass the allocator's free lists) and costs as much time as the arithmetic; one set of buffers keeps
+    the working set at a few chunks whatever the number of chunks. (On CUDA the caching allocator would
+    reuse the blocks anyway.)
+    """
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self._shape = (rows, vocab)
+        self._device = device
+        self._buffers: dict[str, Tensor] = {}
+
+    def get(self, name: str, rows: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype:
+            buffer = torch.empty(self._shape, dtype=dtype, device=self._device)
+            self._buffers[name] = buffer
+        return buffer[:rows]
+
+
+def _scaled_fp32(chunk: Tensor, temperature: float, buffers: _ChunkBuffers) -> Tensor:
+    """chunk / T in fp32 with the values `logits.float() / T` has. The chunk itself when it is fp32 and
+    T = 1 (it is only read, never modified); otherwise the "spare" buffer."""
+    if chunk.dtype == torch.float32 and temperature == 1.0:
+        return chunk
+    z = buffers.get("spare", chunk.shape[0])
+    z.copy_(chunk)
+    return z.div_(temperature) if temperature != 1.0 else z
 
 
 def _chunk_reductions(
-    z: Tensor, targets: Tensor, want_entropy: bool, want_correction: bool
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """z: fp32 (n, V) already divided by T; modified in place. Returns (logprob, lse, H, C)."""
-    lse = torch.logsumexp(z, dim=-1)  # (n,)
-    logprob = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (n,)
+    z: Tensor, targets: Tensor, buffers: _ChunkBuffers, want_entropy: bool, want_correction: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """z: fp32 (n, V), already divided by T; only read. Returns (logprob, H, C), each (n,) fp32.
+
+    The operations and their order are those of `token_stats_reference` (log_softmax, exp, elementwise
+    products, row sums), so on CPU the results equal it bit for bit: rows are independent and a row's
+    reduction does not depend on how many rows share the call. (A BLAS row-dot would save one buffer
+    but loses ~1e-4 relative accuracy in H at V ≈ 150k.) z may be the "spare" buffer: it is dead once
+    the log-softmax is taken, and "spare" is reused for the products.
+    """
+    n = z.shape[0]
+    logp = torch.log_softmax(z, dim=-1, out=buffers.get("log_probs", n))  # (n, V)
+    logprob = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
     if not (want_entropy or want_correction):
-        return logprob, lse, None, None
-    logp = z.sub_(lse.unsqueeze(-1))  # (n, V) log-probabilities, in place of z
-    p = logp.exp()  # (n, V)
-    # Row-wise dot products through bmm: no (n, V) temporary for the products.
-    neg_entropy = torch.bmm(p.unsqueeze(1), logp.unsqueeze(2)).view(-1)  # Σ p log p
-    entropy = -neg_entropy
+        return logprob, None, None
+    p = torch.exp(logp, out=buffers.get("probs", n))  # (n, V)
+    spare = buffers.get("spare", n)
+    entropy = torch.mul(p, logp, out=spare).sum(-1).neg_()  # H = −Σ p log p
     correction = None
     if want_correction:
-        # C = Σ p² (−log p − H) = −Σ p² log p − H Σ p²
-        p_sq = p.mul_(p)  # reuse p's storage
-        sum_p_sq_logp = torch.bmm(p_sq.unsqueeze(1), logp.unsqueeze(2)).view(-1)
-        correction = -sum_p_sq_logp - entropy * p_sq.sum(-1)
-    return logprob, lse, (entropy if want_entropy else None), correction
+        # C = Σ p² (−log p − H), multiplied in the reference's order: (p·p)·((−log p) − H). The deviation
+        # is formed as (−H) − log p in one pass: the same rounded value, as negation is exact.
+        deviation = torch.sub(entropy.neg().unsqueeze(-1), logp, out=spare)
+        correction = p.mul_(p).mul_(deviation).sum(-1)
+    return logprob, entropy, correction
+
+
+def _logprob_grad_chunk(
+    z: Tensor,
+    targets: Tensor,
+    grad_logprob: Tensor,
+    temperature: float,
+    buffers: _ChunkBuffers,
+    out: Tensor | None = None,
+) -> Tensor:
+    """∂(Σ g·log p_a)/∂(logits) = g·(e_a − p)/T for one chunk: fp32 (n, V), written into `out` (an fp32
+    slice of the gradient) or else the "log_probs" buffer.
+
+    p is rebuilt as autograd of the reference builds it (exp of the log-softmax) and the terms are formed
+    in the same order, so the gradient equals autograd of the naive version to the last bit or two (the
+    two use different vectorised exp routines).
+    """
+    g = grad_logprob.to(torch.float32).unsqueeze(-1)  # (n, 1)
+    if out is None:
+        out = buffers.get("log_probs", z.shape[0])
+    grad = torch.log_softmax(z, dim=-1, out=out).exp_().mul_(g.neg())  # −p·g (negation is exact)
+    grad.scatter_add_(-1, targets.unsqueeze(-1), g)  # + g at the sampled token
+    return grad.div_(temperature) if temperature != 1.0 else grad
+
+
+def _store(out: Tensor, start: int, value: Tensor | None) -> None:
+    if value is not None and out.numel():
+        out[start : start + value.shape[0]] = value
 
 
 class _ChunkedLogProb(torch.autograd.Function):
@@ -89,22 +148,20 @@ class _ChunkedLogProb(torch.autograd.Function):
         want_entropy: bool,
         want_correction: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        n = logits.shape[0]
-        logprob = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-        entropy = torch.empty(n if want_entropy else 0, dtype=torch.float32, device=logits.device)
-        correction = torch.empty(n if want_correction else 0, dtype=torch.float32, device=logits.device)
+        n, vocab = logits.shape
+        device = logits.device
+        logprob = torch.empty(n, dtype=torch.float32, device=device)
+        entropy = torch.empty(n if want_entropy else 0, dtype=torch.float32, device=device)
+        correction = torch.empty(n if want_correction else 0, dtype=torch.float32, device=device)
+        buffers = _ChunkBuffers(min(chunk_rows, n), vocab, device)
         for start in range(0, n, chunk_rows):
             stop = min(start + chunk_rows, n)
-            z = _fp32_scaled_copy(logits[start:stop], temperature)
-            lp, ls, h, c = _chunk_reductions(z, targets[start:stop], want_entropy, want_correction)
-            logprob[start:stop] = lp
-            lse[start:stop] = ls
-            if h is not None:
-                entropy[start:stop] = h
-            if c is not None:
-                correction[start:stop] = c
-        ctx.save_for_backward(logits, targets, lse)
+            z = _scaled_fp32(logits[start:stop], temperature, buffers)
+            lp, h, c = _chunk_reductions(z, targets[start:stop], buffers, want_entropy, want_correction)
+            _store(logprob, start, lp)
+            _store(entropy, start, h)
+            _store(correction, start, c)
+        ctx.save_for_backward(logits, targets)
         ctx.temperature = temperature
         ctx.chunk_rows = chunk_rows
         ctx.mark_non_differentiable(entropy, correction)
@@ -114,18 +171,21 @@ class _ChunkedLogProb(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logprob: Tensor, _grad_entropy: Tensor, _grad_correction: Tensor
     ) -> tuple[Tensor | None, ...]:
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets = ctx.saved_tensors
         temperature: float = ctx.temperature
+        n, vocab = logits.shape
         grad_logits = torch.empty_like(logits)
-        n = logits.shape[0]
+        buffers = _ChunkBuffers(min(ctx.chunk_rows, n), vocab, logits.device)
         for start in range(0, n, ctx.chunk_rows):
             stop = min(start + ctx.chunk_rows, n)
-            g = grad_logprob[start:stop].to(torch.float32)  # (n,)
-            # d log p_a / d z_k = (1[k=a] − p_k) / T
-            p = _fp32_scaled_copy(logits[start:stop], temperature).sub_(lse[start:stop].unsqueeze(-1)).exp_()
-            grad = p.mul_(-(g / temperature).unsqueeze(-1))
-            grad.scatter_add_(-1, targets[start:stop].unsqueeze(-1), (g / temperature).unsqueeze(-1))
-            grad_logits[start:stop] = grad
+            z = _scaled_fp32(logits[start:stop], temperature, buffers)
+            # fp32 logits: the gradient is built in place in its slice of grad_logits (no copy).
+            direct = grad_logits[start:stop] if grad_logits.dtype == torch.float32 else None
+            grad = _logprob_grad_chunk(
+                z, targets[start:stop], grad_logprob[start:stop], temperature, buffers, out=direct
+            )
+            if direct is None:
+                grad_logits[start:stop] = grad
         return grad_logits, None, None, None, None, None
 
 
@@ -161,6 +221,14 @@ def token_stats_from_logits(
     )
 
 
+def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, buffers: _ChunkBuffers) -> Tensor:
+    """One chunk of logits, F.linear's values, written into the reused "head_logits" buffer."""
+    out = buffers.get("head_logits", hidden.shape[0], dtype=torch.result_type(hidden, weight))
+    if bias is None:
+        return torch.mm(hidden, weight.t(), out=out)
+    return torch.addmm(bias, hidden, weight.t(), out=out)
+
+
 class _FusedHeadLogProb(torch.autograd.Function):
     """log p_a from hidden states and the LM head, never holding more than one chunk of logits."""
 
@@ -177,22 +245,20 @@ class _FusedHeadLogProb(torch.autograd.Function):
         want_correction: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
         n = hidden.shape[0]
-        logprob = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty(n if want_entropy else 0, dtype=torch.float32, device=hidden.device)
-        correction = torch.empty(n if want_correction else 0, dtype=torch.float32, device=hidden.device)
+        device = hidden.device
+        logprob = torch.empty(n, dtype=torch.float32, device=device)
+        entropy = torch.empty(n if want_entropy else 0, dtype=torch.float32, device=device)
+        correction = torch.empty(n if want_correction else 0, dtype=torch.float32, device=device)
+        buffers = _ChunkBuffers(min(chunk_rows, n), weight.shape[0], device)
         for start in range(0, n, chunk_rows):
             stop = min(start + chunk_rows, n)
-            z = torch.nn.functional.linear(hidden[start:stop], weight, bias).to(torch.float32)
-            z = z.div_(temperature)
-            lp, ls, h, c = _chunk_reductions(z, targets[start:stop], want_entropy, want_correction)
-            logprob[start:stop] = lp
-            lse[start:stop] = ls
-            if h is not None:
-                entropy[start:stop] = h
-            if c is not None:
-                correction[start:stop] = c
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+            logits = _head_logits(hidden[start:stop], weight, bias, buffers)
+            z = _scaled_fp32(logits, temperature, buffers)
+            lp, h, c = _chunk_reductions(z, targets[start:stop], buffers, want_entropy, want_correction)
+            _store(logprob, start, lp)
+            _store(entropy, start, h)
+            _store(correction, start, c)
+        ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature = temperature
         ctx.chunk_rows = chunk_rows
         ctx.mark_non_differentiable(entropy, correction)
@@ -202,7 +268,7 @@ class _FusedHeadLogProb(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logprob: Tensor, _grad_entropy: Tensor, _grad_correction: Tensor
     ) -> tuple[Tensor | None, ...]:
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets = ctx.saved_tensors
         temperature: float = ctx.temperature
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -215,16 +281,19 @@ class _FusedHeadLogProb(torch.autograd.Function):
             else None
         )
         n = hidden.shape[0]
+        buffers = _ChunkBuffers(min(ctx.chunk_rows, n), weight.shape[0], hidden.device)
         for start in range(0, n, ctx.chunk_rows):
             stop = min(start + ctx.chunk_rows, n)
             h = hidden[start:stop]
-            g = grad_logprob[start:stop].to(torch.float32) / temperature  # (n,)
-            z = torch.nn.functional.linear(h, weight, bias).to(torch.float32)
-            p = z.div_(temperature).sub_(lse[start:stop].unsqueeze(-1)).exp_()
-            grad_z = p.mul_(-g.unsqueeze(-1))
-            grad_z.scatter_add_(-1, targets[start:stop].unsqueeze(-1), g.unsqueeze(-1))  # (n, V) fp32
+            logits = _head_logits(h, weight, bias, buffers)
+            z = _scaled_fp32(logits, temperature, buffers)
+            grad_z = _logprob_grad_chunk(
+                z, targets[start:stop], grad_logprob[start:stop], temperature, buffers
+            )
             if grad_hidden is not None:
-                grad_hidden[start:stop] = (grad_z.to(weight.dtype) @ weight).to(hidden.dtype)
+                # The logits buffer is dead: it takes grad_z in the head's dtype (a no-op copy for fp32).
+                grad_z_head = logits.copy_(grad_z) if logits.dtype != torch.float32 else grad_z
+                grad_hidden[start:stop] = (grad_z_head @ weight).to(hidden.dtype)
             if grad_weight is not None:
                 grad_weight.addmm_(grad_z.t(), h.to(torch.float32))
             if grad_bias is not None:

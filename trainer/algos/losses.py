@@ -170,17 +170,25 @@ def _prepare(inputs: PolicyLossInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return logprob, old, adv, mask
 
 
+def _kl_penalty(inputs: PolicyLossInputs, p: ClipLossParams, metrics: Metrics) -> Tensor | None:
+    """β·k3 per token (B, T), or None when β = 0; records kl/ref_k3."""
+    if p.kl_beta <= 0:
+        return None
+    if inputs.ref_logprob is None:
+        raise ValueError("ref_logprob is required when kl_beta > 0")
+    k3 = kl_k3(inputs.logprob.float(), inputs.ref_logprob.float())
+    metrics["kl/ref_k3"] = _active_mean(k3, inputs.response_mask.float())
+    return p.kl_beta * k3
+
+
 def _finish(
     per_token: Tensor, inputs: PolicyLossInputs, p: ClipLossParams, metrics: Metrics
 ) -> tuple[Tensor, Metrics]:
     """Adds the optional KL penalty, aggregates, and fills the shared metrics."""
     mask = inputs.response_mask.float()
-    if p.kl_beta > 0:
-        if inputs.ref_logprob is None:
-            raise ValueError("ref_logprob is required when kl_beta > 0")
-        k3 = kl_k3(inputs.logprob.float(), inputs.ref_logprob.float())
-        per_token = per_token + p.kl_beta * k3
-        metrics["kl/ref_k3"] = _active_mean(k3, mask)
+    penalty = _kl_penalty(inputs, p, metrics)
+    if penalty is not None:
+        per_token = per_token + penalty
     loss = aggregate(
         per_token,
         mask,
@@ -255,6 +263,16 @@ def rsi_s_loss(inputs: PolicyLossInputs, p: RsiParams) -> tuple[Tensor, Metrics]
             else n_active
         ).clamp_min(1.0)
         loss = (per_token * mask).sum() / n_kept.clamp_min(1.0) * share
+        penalty = _kl_penalty(inputs, p, metrics)
+        if penalty is not None:  # the KL term is not RSI-masked: normalised as in the "all" mode
+            loss = loss + aggregate(
+                penalty,
+                mask,
+                p.agg_mode,
+                global_token_count=inputs.global_token_count,
+                global_sequence_count=inputs.global_sequence_count,
+                max_response_length=inputs.max_response_length,
+            )
         metrics["loss/policy"] = loss.detach()
         metrics["tokens/active"] = n_active.detach()
         return loss, metrics

@@ -11,6 +11,8 @@ of these functions forces a host sync. Ties in a ranking are broken by position 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -28,15 +30,49 @@ def floor_count(n: Tensor, ratio: float) -> Tensor:
     return torch.floor(n.to(torch.float64) * ratio).to(torch.int64)
 
 
-def top_k_mask(scores: Tensor, candidates: Tensor, k: Tensor) -> Tensor:
-    """Marks the k candidates with the largest scores (all candidates if fewer). Shapes: any, equal."""
+def _sort_keys(scores: Tensor, candidates: Tensor) -> Tensor:
+    """int32 keys ordered as a descending torch.sort orders the fp32 scores with non-candidates at −inf:
+    −0 equals +0, and every NaN ranks above +inf (all NaNs equal). Flipping the low 31 bits of negative
+    floats makes the signed integer order the float order."""
+    ranked = torch.where(candidates, scores + 0.0, float("-inf"))  # + 0.0 turns −0 into +0
+    ranked = torch.where(torch.isnan(ranked), float("nan"), ranked)  # one NaN bit pattern
+    bits = ranked.view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def top_k_mask(scores: Tensor, candidates: Tensor, k: Tensor, *, max_k: int | None = None) -> Tensor:
+    """Marks the k candidates with the largest scores (all candidates if fewer). Shapes: any, equal.
+
+    The ranking is that of a stable descending sort of the scores with non-candidates at −inf: ties are
+    broken by position, NaN ranks first. `max_k`, when given, must bound k (callers derive it from shapes,
+    never by reading k, so there is no host sync). The k-th largest score then comes from a top-max_k
+    instead of a full sort, every token above it is chosen, and the tokens tied with it are taken in
+    position order until there are k. Both paths choose the same tokens.
+    """
     flat_scores = scores.reshape(-1).to(torch.float32)
     flat_cand = candidates.reshape(-1)
-    ranked = torch.where(flat_cand, flat_scores, torch.full_like(flat_scores, float("-inf")))
-    order = torch.argsort(ranked, descending=True, stable=True)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device)
-    return ((rank < k) & flat_cand).view(candidates.shape)
+    n = flat_scores.numel()
+    if max_k is None or n == 0:
+        ranked = torch.where(flat_cand, flat_scores, torch.full_like(flat_scores, float("-inf")))
+        order = torch.argsort(ranked, descending=True, stable=True)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel(), device=order.device)
+        return ((rank < k) & flat_cand).view(candidates.shape)
+    bound = min(max(int(max_k), 1), n)
+    keys = _sort_keys(flat_scores, flat_cand)  # (n,) int32
+    top = torch.topk(keys, bound, sorted=True).values  # (bound,) descending
+    kth = top.gather(0, (k.clamp(1, bound) - 1).view(1).to(torch.int64))  # the k-th largest key, (1,)
+    n_above = (top > kth).sum()  # every key above the k-th largest is in `top`
+    tied = keys == kth
+    # k ≤ 0 chooses nothing: kth is then the largest key and the running tie count starts at 1.
+    chosen = (keys > kth) | (tied & (torch.cumsum(tied, 0) <= k - n_above))
+    return (chosen & flat_cand).view(candidates.shape)
+
+
+def ceil_count_bound(n: int, ratio: float) -> int:
+    """An upper bound, from a size alone, on `ceil_count(c, ratio)` (clamped to ≥ 1) for any count c ≤ n:
+    the same float64 arithmetic, which is monotone in c."""
+    return max(1, min(n, math.floor(float(n) * ratio + 0.999999)))
 
 
 def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
@@ -50,6 +86,24 @@ def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
     )
 
 
+def _signed_candidates(
+    advantages: Tensor, response_mask: Tensor, like: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(active, T⁺, T⁻) boolean masks: active tokens with Â > 0 and with Â < 0."""
+    active = response_mask.bool()
+    adv = broadcast_advantages(advantages, like)
+    return active, active & (adv > 0), active & (adv < 0)
+
+
+def _pick_top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:
+    """The max(1, ⌈P·|T|⌉) candidates with the highest surprisal; nothing if T is empty or P = 0."""
+    n = torch.count_nonzero(candidates)
+    k = ceil_count(n, top_ratio)
+    if top_ratio > 0:
+        k = torch.where(n > 0, k.clamp(min=1), k)
+    return top_k_mask(surprisal, candidates, k, max_k=ceil_count_bound(candidates.numel(), top_ratio))
+
+
 def stare_selection(
     surprisal: Tensor, advantages: Tensor, response_mask: Tensor, *, top_ratio: float, negative: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -58,21 +112,10 @@ def stare_selection(
     T± are the active tokens with Â ≷ 0; L± the max(1, ⌈P·|T±|⌉) of them with the highest surprisal,
     pooled over every row of the scope. An empty T selects nothing; P = 0 selects nothing.
     """
-    active = response_mask.bool()
-    adv = broadcast_advantages(advantages, surprisal)
-    pos = active & (adv > 0)
-    neg = active & (adv < 0)
+    _, pos, neg = _signed_candidates(advantages, response_mask, surprisal)
     s = surprisal.detach()
-
-    def pick(cand: Tensor) -> Tensor:
-        n = cand.sum()
-        k = ceil_count(n, top_ratio)
-        if top_ratio > 0:
-            k = torch.where(n > 0, k.clamp(min=1), k)
-        return top_k_mask(s, cand, k)
-
-    chosen_pos = pick(pos)
-    chosen_neg = pick(neg) if negative else torch.zeros_like(neg)
+    chosen_pos = _pick_top_surprisal(s, pos, top_ratio)
+    chosen_neg = _pick_top_surprisal(s, neg, top_ratio) if negative else torch.zeros_like(neg)
     return chosen_pos, chosen_neg, pos, neg
 
 
@@ -87,26 +130,36 @@ def stare_weights(
     variant: str,
     gate_on: bool,
 ) -> tuple[Tensor, Metrics]:
-    """ω over the scope (B, T) fp32: W on L⁺ (and M on L⁻ for C2) when the gate is on, 1 elsewhere."""
-    active = response_mask.bool()
-    n_active = active.sum().clamp_min(1).to(torch.float32)
-    chosen_pos, chosen_neg, pos, neg = stare_selection(
-        surprisal, advantages, response_mask, top_ratio=top_ratio, negative=(variant == "C2")
-    )
-    weights = torch.ones(surprisal.shape, dtype=torch.float32, device=surprisal.device)
+    """ω over the scope (B, T) fp32: W on L⁺ (and M on L⁻ for C2) when the gate is on, 1 elsewhere.
+
+    With the gate off nothing is selected (the candidate ratios are still reported) and no ranking runs.
+    """
+    active, pos, neg = _signed_candidates(advantages, response_mask, surprisal)
+    n_active_raw = torch.count_nonzero(active)
+    n_active = n_active_raw.clamp_min(1).to(torch.float32)
+    device = surprisal.device
     if gate_on:
-        weights = torch.where(chosen_pos, torch.full_like(weights, reweight_w), weights)
-        weights = torch.where(chosen_neg, torch.full_like(weights, reweight_m), weights)
+        s = surprisal.detach()
+        chosen_pos = _pick_top_surprisal(s, pos, top_ratio)
+        w = torch.tensor(reweight_w, dtype=torch.float32, device=device)
+        weights = torch.where(chosen_pos, w, torch.ones((), dtype=torch.float32, device=device))
+        if variant == "C2":
+            chosen_neg = _pick_top_surprisal(s, neg, top_ratio)
+            m = torch.tensor(reweight_m, dtype=torch.float32, device=device)
+            weights = torch.where(chosen_neg, m, weights)
+        else:
+            chosen_neg = torch.zeros_like(neg)
     else:
-        chosen_pos = torch.zeros_like(chosen_pos)
-        chosen_neg = torch.zeros_like(chosen_neg)
+        weights = torch.ones(surprisal.shape, dtype=torch.float32, device=device)
+        chosen_pos = torch.zeros_like(pos)
+        chosen_neg = torch.zeros_like(neg)
     metrics = {
-        "stare/positive_candidate_ratio": pos.sum() / n_active,
-        "stare/negative_candidate_ratio": neg.sum() / n_active,
-        "stare/positive_reweight_ratio": chosen_pos.sum() / n_active,
-        "stare/negative_reweight_ratio": chosen_neg.sum() / n_active,
+        "stare/positive_candidate_ratio": torch.count_nonzero(pos) / n_active,
+        "stare/negative_candidate_ratio": torch.count_nonzero(neg) / n_active,
+        "stare/positive_reweight_ratio": torch.count_nonzero(chosen_pos) / n_active,
+        "stare/negative_reweight_ratio": torch.count_nonzero(chosen_neg) / n_active,
         "stare/mean_weight": torch.where(
-            active.any(), (weights * active).sum() / n_active, weights.new_ones(())
+            n_active_raw > 0, torch.where(active, weights, 0.0).sum() / n_active, weights.new_ones(())
         ),
     }
     return weights, metrics
@@ -157,7 +210,7 @@ def top_entropy_mask(entropy: Tensor, response_mask: Tensor, *, top_ratio: float
     """The ⌈ρ·N⌉ active tokens of highest entropy (the 80/20 rule's forking tokens)."""
     active = response_mask.bool()
     k = ceil_count(active.sum(), top_ratio)
-    return top_k_mask(entropy.detach(), active, k)
+    return top_k_mask(entropy.detach(), active, k, max_k=ceil_count_bound(active.numel(), top_ratio))
 
 
 def token_covariance(advantages: Tensor, logprob: Tensor, response_mask: Tensor) -> Tensor:

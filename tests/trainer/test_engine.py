@@ -1,0 +1,261 @@
+"""The engine end to end on the tiny model: events and metrics, checkpoints, exact resume, signals, NaN."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from trainer.engine import Engine, ExitCode
+from trainer.spec import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+REQUIRED_STEP_METRICS = [
+    "entropy/mean",
+    "entropy/band_low",
+    "entropy/band_high",
+    "entropy/band_state",
+    "entropy/steps_out_of_band",
+    "stare/gate_on",
+    "stare/reweight_w",
+    "stare/reweight_m",
+    "stare/positive_candidate_ratio",
+    "stare/negative_candidate_ratio",
+    "stare/positive_reweight_ratio",
+    "stare/negative_reweight_ratio",
+    "stare/mean_weight",
+    "quadrant/pos_low_fraction",
+    "quadrant/pos_high_fraction",
+    "quadrant/neg_low_fraction",
+    "quadrant/neg_high_fraction",
+    "quadrant/pos_low_drift",
+    "quadrant/neg_high_drift",
+    "quadrant/predicted_drift",
+    "reward/mean",
+    "reward/std",
+    "reward/accuracy",
+    "reward/zero_std_fraction",
+    "response/length_mean",
+    "response/reflection_rate",
+    "clip/low_fraction",
+    "clip/high_fraction",
+    "clip/dual_fraction",
+    "kl/approx_old",
+    "loss/policy",
+    "perf/step_seconds",
+    "perf/tokens_per_second",
+]
+
+
+def small_spec(**overrides) -> dict:
+    data = {
+        "seed": 3,
+        "model": {"name": "tiny-arith"},
+        "task": {"source": "arithmetic", "train_size": 64, "eval_size": 8},
+        # A loose numeric verifier gives an untrained model mixed rewards, so every step really updates.
+        "verifier": {"name": "numeric", "params": {"abs_tol": 60}},
+        "algorithm": {"name": "stare", "gate": {"target_entropy": 5.0}},
+        "sampling": {"group_size": 4, "max_new_tokens": 5},
+        "optim": {"lr": 1e-3, "steps": 4, "prompts_per_step": 3, "micro_batch_size": 5},
+        "checkpoint": {"interval": 2, "keep_last": 5},
+        "evaluation": {"interval": 0},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+def read_events(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def step_metrics(events: list[dict]) -> dict[int, dict]:
+    return {
+        e["step"]: {k: v for k, v in e["metrics"].items() if not k.startswith("perf/")}
+        for e in events
+        if e["type"] == "step"
+    }
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    latest = sorted((out / "checkpoints").glob("step-*"))[-1]
+    return load_file(str(latest / "model" / "model.safetensors"))
+
+
+def test_run_writes_events_checkpoints_and_report(tmp_path):
+    out = tmp_path / "run"
+    events_seen: list[dict] = []
+    code = Engine(TrainSpec.model_validate(small_spec()), out, callbacks=[events_seen.append]).run()
+    assert code == ExitCode.OK
+    events = read_events(out)
+    assert events == events_seen
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "started" and kinds[-1] == "finished"
+    assert [e["step"] for e in events if e["type"] == "step"] == [1, 2, 3, 4]
+    for e in events:
+        if e["type"] == "step":
+            missing = [m for m in REQUIRED_STEP_METRICS if m not in e["metrics"]]
+            assert not missing, missing
+            assert e["metrics"]["reward/zero_std_fraction"] < 1.0
+            fractions = sum(
+                e["metrics"][f"quadrant/{q}_fraction"] for q in ("pos_low", "pos_high", "neg_low", "neg_high")
+            )
+            assert 0.0 <= fractions <= 1.0 + 1e-6
+    evals = [e for e in events if e["type"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 4]
+    assert {"eval/avg@k", "eval/pass@k"} <= set(evals[0]["metrics"])
+    assert [e["step"] for e in events if e["type"] == "checkpoint"] == [0, 2, 4]
+    assert (out / "report.json").is_file() and (out / "report.html").is_file()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = out / "checkpoints" / "step-000004" / "model"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert tok.padding_side == "left"
+    reloaded = {k: v for k, v in model.state_dict().items()}
+    saved = final_weights(out)
+    for name, tensor in saved.items():
+        assert torch.equal(reloaded[name], tensor), name
+    state = json.loads((ckpt.parent / "state.json").read_text())
+    assert state["step"] == 4 and state["cursor"] == 4 * 3
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    out = tmp_path / "run"
+    spec = small_spec(checkpoint={"interval": 1, "keep_last": 2})
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000003", "step-000004"]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+class _StopAfter:
+    """A callback that asks the engine to stop after a given step, as SIGTERM would."""
+
+    def __init__(self, step: int, hard: bool) -> None:
+        self.step, self.hard, self.engine = step, hard, None
+
+    def __call__(self, event: dict) -> None:
+        if event["type"] == "step" and event["step"] == self.step:
+            if self.hard:
+                raise KeyboardInterrupt  # a crash: no checkpoint of this step
+            self.engine._stop_signal = signal.SIGTERM
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["graceful", "crash"])
+@pytest.mark.parametrize("algorithm", ["stare", "grpo"])
+def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path, hard, algorithm):
+    spec = TrainSpec.model_validate(small_spec(algorithm={"name": algorithm}))
+    full = tmp_path / "full"
+    assert Engine(spec, full).run() == ExitCode.OK
+
+    part = tmp_path / "part"
+    stopper = _StopAfter(3, hard)
+    engine = Engine(spec, part, callbacks=[stopper])
+    stopper.engine = engine
+    if hard:
+        with pytest.raises(KeyboardInterrupt):
+            engine.run()
+        assert json.loads((part / "checkpoints" / "step-000002" / "state.json").read_text())["step"] == 2
+    else:
+        assert engine.run() == ExitCode.INTERRUPTED
+        assert (part / "checkpoints" / "step-000003").is_dir()
+    assert Engine(spec, part, resume=True).run() == ExitCode.OK
+
+    a, b = step_metrics(read_events(full)), step_metrics(read_events(part))
+    assert sorted(b) == [1, 2, 3, 4]
+    assert a == b
+    wa, wb = final_weights(full), final_weights(part)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+def _write_spec(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _cli(args: list[str], env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def test_sigterm_checkpoints_and_exits_75(tmp_path):
+    spec = _write_spec(tmp_path, small_spec(optim={"steps": 10_000}, checkpoint={"interval": 1000}))
+    out = tmp_path / "run"
+    proc = _cli(["run", str(spec), "--out", str(out), "--no-progress"])
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        events = (out / "events.jsonl").read_text().splitlines() if (out / "events.jsonl").exists() else []
+        if any(json.loads(line)["type"] == "step" for line in events if line.strip()):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    events = read_events(out)
+    stop = [e for e in events if e["type"] == "interrupted"]
+    assert len(stop) == 1
+    ckpts = [e["step"] for e in events if e["type"] == "checkpoint"]
+    assert ckpts[-1] == stop[0]["step"] >= 1
+    assert (out / "checkpoints" / f"step-{stop[0]['step']:06d}" / "model" / "model.safetensors").is_file()
+
+
+def test_non_finite_loss_stops_with_the_step_named(tmp_path):
+    spec = _write_spec(tmp_path, small_spec(checkpoint={"interval": 1}))
+    out = tmp_path / "run"
+    proc = _cli(["run", str(spec), "--out", str(out), "--no-progress"], env={"STARE_INJECT_NAN_STEP": "3"})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.NON_FINITE, err
+    events = read_events(out)
+    error = [e for e in events if e["type"] == "error"]
+    assert error and error[0]["step"] == 3 and "step 3" in error[0]["message"]
+    assert [e["step"] for e in events if e["type"] == "step"] == [1, 2]
+    assert (out / "checkpoints" / "step-000002" / "model" / "model.safetensors").is_file()
+    assert not (out / "checkpoints" / "step-000003").exists()
+
+
+def test_cli_rejects_bad_spec_naming_the_field(tmp_path):
+    spec = _write_spec(tmp_path, small_spec(optim={"lr": -1.0}))
+    proc = _cli(["run", str(spec), "--out", str(tmp_path / "run")])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "optim.lr" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_lora_run_saves_adapter_and_merged_model(tmp_path):
+    out = tmp_path / "run"
+    spec = small_spec(
+        model={"name": "tiny-arith", "lora": {"r": 4, "alpha": 8, "merge_on_save": True}},
+        optim={"steps": 2},
+    )
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    ckpt = out / "checkpoints" / "step-000002"
+    assert (ckpt / "adapter" / "adapter_config.json").is_file()
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(ckpt / "model")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
