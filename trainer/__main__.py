@@ -16,6 +16,12 @@ from pydantic import ValidationError
 from trainer.spec import TrainSpec, load_spec
 
 EXIT_USER_ERROR = 2
+EVENT_PREFIX = "@@event "
+
+
+def _print_event(event: dict) -> None:
+    sys.stdout.write(EVENT_PREFIX + json.dumps(event, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def _format_validation(err: ValidationError) -> str:
@@ -47,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", required=True, help="output directory (events, checkpoints, report)")
     run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument(
+        "--events-stdout",
+        action="store_true",
+        help=f"also print each event to stdout as one line '{EVENT_PREFIX}<json>' (for a supervising worker)",
+    )
     val = sub.add_parser("validate", help="validate a job spec and print it with defaults resolved")
     val.add_argument("spec")
     rep = sub.add_parser("report", help="(re)build report.json and report.html from OUT/events.jsonl")
@@ -65,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = _load(args.spec)
     from trainer.engine import Engine  # heavy imports only when training
 
-    engine = Engine(spec, args.out, resume=args.resume, progress=False if args.no_progress else None)
+    callbacks = [_print_event] if args.events_stdout else []
+    engine = Engine(
+        spec, args.out, resume=args.resume, callbacks=callbacks, progress=False if args.no_progress else None
+    )
     try:
         code = engine.run()
     except ValueError as err:  # bad task data or parameters discovered at load time

@@ -72,7 +72,7 @@ def save_checkpoint(
     root: Path,
     step: int,
     *,
-    model: torch.nn.Module,
+    model: Any,
     tokenizer: Any,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
@@ -88,14 +88,14 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     if is_lora:
-        model.save_pretrained(tmp / "adapter")  # type: ignore[operator]
+        model.save_pretrained(tmp / "adapter")
         if merge_lora:
             merged = _merged_copy(model)
             merged.save_pretrained(tmp / "model", safe_serialization=True)
             tokenizer.save_pretrained(tmp / "model")
         tokenizer.save_pretrained(tmp / "adapter")
     else:
-        model.save_pretrained(tmp / "model", safe_serialization=True)  # type: ignore[operator]
+        model.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
     torch.save(
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
@@ -110,11 +110,11 @@ def save_checkpoint(
     return final
 
 
-def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+def _merged_copy(model: Any) -> Any:
     """A merged full model from a peft model, leaving the training model's adapters in place."""
     import copy
 
-    return copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
+    return copy.deepcopy(model).merge_and_unload()
 
 
 def prune(root: Path, keep_last: int) -> None:

@@ -305,6 +305,7 @@ class Engine:
         source = spec.model.name
         if checkpoint is not None and (checkpoint / "model").is_dir() and spec.model.lora is None:
             source = str(checkpoint / "model")
+        model: Any
         model, tokenizer = load_model_and_tokenizer(source, dtype=dtype, seed=spec.seed)
         if spec.model.lora is not None:
             lora = spec.model.lora
@@ -450,21 +451,21 @@ class Engine:
                 for t in range(k):
                     row = j * k + t
                     n = int(resp_mask[row].sum())
-                    text = self.tokenizer.decode(ids[row, p_len : p_len + n], skip_special_tokens=True)
+                    text = str(self.tokenizer.decode(ids[row, p_len : p_len + n], skip_special_tokens=True))
                     scores.append(score(spec.verifier.name, text, ex, spec.verifier.params))
-                    length_sum += n
+                    length_sum += float(n)
                 correct_sum += sum(scores) / k
                 pass_sum += float(max(scores) >= 1.0)
                 n_prompts += 1
         totals = torch.tensor([correct_sum, pass_sum, length_sum, float(n_prompts)], dtype=torch.float64)
         totals = self.accelerator.reduce(totals, reduction="sum")
-        n = max(float(totals[3]), 1.0)
+        n_total = max(float(totals[3]), 1.0)
         model.train()
         return {
-            "eval/avg@k": float(totals[0]) / n,
-            "eval/pass@k": float(totals[1]) / n,
+            "eval/avg@k": float(totals[0]) / n_total,
+            "eval/pass@k": float(totals[1]) / n_total,
             "eval/k": float(k),
-            "eval/response_length": float(totals[2]) / (n * k),
+            "eval/response_length": float(totals[2]) / (n_total * k),
             "eval/num_prompts": float(totals[3]),
         }
 
@@ -546,7 +547,7 @@ class Engine:
             correction = torch.cat([p[2] for p in parts if p[2] is not None])
 
         metrics: dict[str, float] = {}
-        params = self.loss_params
+        params: Any = self.loss_params
         token_weights = None
         if is_stare:
             assert (entropy is not None and old_logprob is not None) or not batch.size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,8 +103,8 @@ def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> 
 
 @torch.no_grad()
 def generate(
-    model: torch.nn.Module,
-    tokenizer: object,
+    model: Any,
+    tokenizer: Any,
     prompts: list[str],
     *,
     num_samples: int,
@@ -114,14 +115,14 @@ def generate(
     add_special_tokens: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)  # type: ignore[operator]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0)
-    gen_config = model.generation_config  # type: ignore[union-attr]
-    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id  # type: ignore[attr-defined]
+    gen_config = model.generation_config
+    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
     kwargs: dict[str, object] = {
         "max_new_tokens": max_new_tokens,
-        "pad_token_id": tokenizer.pad_token_id,  # type: ignore[attr-defined]
+        "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": eos,
         "use_cache": True,
     }
@@ -129,7 +130,7 @@ def generate(
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)  # type: ignore[operator]
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     p_len = prompt_ids.shape[1]
     responses = out[:, p_len:]
     response_mask, truncated = response_mask_from_eos(responses, eos)
@@ -138,8 +139,8 @@ def generate(
 
 
 def rollout(
-    model: torch.nn.Module,
-    tokenizer: object,
+    model: Any,
+    tokenizer: Any,
     examples: list[Example],
     group_offset: int,
     spec: TrainSpec,
@@ -162,7 +163,7 @@ def rollout(
     )
     responses = input_ids[:, p_len:]
     texts = [
-        tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)  # type: ignore[attr-defined]
+        tokenizer.decode(row[: int(m.sum())], skip_special_tokens=True)
         for row, m in zip(responses, response_mask)
     ]
     correct = torch.tensor(

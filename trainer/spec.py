@@ -132,7 +132,10 @@ class AlgorithmSpec(_Strict):
         return self.advantage or LOSS_PARAMS[self.name][1]
 
     def resolved_params(self) -> dict[str, Any]:
-        return dataclasses.asdict(make_loss_params(self.name, **self.params))
+        """Every loss parameter with its default; the gate's per-step state is not a parameter."""
+        params = dataclasses.asdict(make_loss_params(self.name, **self.params))
+        params.pop("gate_on", None)
+        return params
 
 
 class SamplingSpec(_Strict):

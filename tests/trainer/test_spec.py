@@ -99,3 +99,9 @@ def test_spec_module_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout) == []
+
+
+def test_resolved_spec_validates_again():
+    for name in ("stare", "grpo", "rsi_s", "dr_grpo"):
+        resolved = TrainSpec.model_validate({"algorithm": {"name": name}}).resolved()
+        assert TrainSpec.model_validate(resolved).resolved() == resolved

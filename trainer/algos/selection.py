@@ -60,8 +60,10 @@ def top_k_mask(scores: Tensor, candidates: Tensor, k: Tensor, *, max_k: int | No
         return ((rank < k) & flat_cand).view(candidates.shape)
     bound = min(max(int(max_k), 1), n)
     keys = _sort_keys(flat_scores, flat_cand)  # (n,) int32
-    top = torch.topk(keys, bound, sorted=True).values  # (bound,) descending
-    kth = top.gather(0, (k.clamp(1, bound) - 1).view(1).to(torch.int64))  # the k-th largest key, (1,)
+    # An unsorted top-bound (a selection, O(n)) and an ascending sort of those `bound` keys are several
+    # times faster on CPU than a sorted (descending) topk.
+    top = torch.sort(torch.topk(keys, bound, sorted=False).values).values  # (bound,) ascending
+    kth = top.gather(0, (bound - k.clamp(1, bound)).view(1).to(torch.int64))  # the k-th largest key, (1,)
     n_above = (top > kth).sum()  # every key above the k-th largest is in `top`
     tied = keys == kth
     # k ≤ 0 chooses nothing: kth is then the largest key and the running tie count starts at 1.

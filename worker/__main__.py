@@ -1,0 +1,71 @@
+"""Worker processes.
+
+  python -m worker run [--queues training] [--sweep]   a Celery worker: one training job at a time
+  python -m worker sweeper                             the periodic repair pass (stale leases, lost messages)
+
+Settings come from STARE_* environment variables (worker/settings.py). On a GPU host, start one worker per
+GPU: `CUDA_VISIBLE_DEVICES=0 python -m worker run`, `CUDA_VISIBLE_DEVICES=1 python -m worker run`, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+
+from worker.settings import WorkerSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start a Celery training worker")
+    run.add_argument("--queues", default=None, help="comma-separated queues (default: the training queue)")
+    run.add_argument("--sweep", action="store_true", help="also run the sweeper in this process")
+    run.add_argument("--loglevel", default="INFO")
+    sweeper = sub.add_parser("sweeper", help="run the sweeper loop")
+    sweeper.add_argument("--once", action="store_true")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = WorkerSettings()
+    from worker.celery_app import create_celery
+    from worker.sweeper import sweep_forever, sweep_once
+
+    app = create_celery(settings)
+    if args.command == "sweeper":
+        db = app.conf.stare_database()
+        if args.once:
+            print(sweep_once(db, settings, app.conf.stare_resend))
+            return 0
+        sweep_forever(db, settings, app.conf.stare_resend, threading.Event())
+        return 0
+    if args.sweep:
+        stop = threading.Event()
+        threading.Thread(
+            target=sweep_forever,
+            args=(app.conf.stare_database(), settings, app.conf.stare_resend, stop),
+            name="sweeper",
+            daemon=True,
+        ).start()
+    queues = args.queues or settings.training_queue
+    app.worker_main(
+        [
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            f"--queues={queues}",
+            f"--loglevel={args.loglevel}",
+            f"--hostname=worker-{os.getpid()}@{socket.gethostname()}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

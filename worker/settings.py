@@ -1,0 +1,23 @@
+"""The worker's settings: the service's (database, broker, artifact root, queue) plus supervision timings.
+
+Read from the environment (prefix STARE_) when built, never at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from service.settings import Settings
+
+
+class WorkerSettings(Settings):
+    heartbeat_s: Annotated[float, Field(gt=0)] = 10.0  # how often a running job's lease is renewed
+    lease_s: Annotated[float, Field(gt=0)] = 60.0  # lease length written at each heartbeat
+    stale_after_s: Annotated[float, Field(gt=0)] = 30.0  # the sweeper's "worker lost" threshold (~3 beats)
+    sweep_interval_s: Annotated[float, Field(gt=0)] = 10.0
+    unclaimed_after_s: Annotated[float, Field(gt=0)] = 30.0  # re-ring the doorbell of queued jobs after this
+    db_retry_max_s: Annotated[float, Field(gt=0)] = 300.0  # ride out a database outage this long
+    cancel_grace_s: Annotated[float, Field(gt=0)] = 120.0  # SIGTERM → SIGKILL for a trainer that won't stop
+    python: str = ""  # interpreter for the trainer child; empty: this one

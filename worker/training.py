@@ -1,0 +1,300 @@
+"""One training job on this worker: claim → run the trainer as a child → record → finish.
+
+Every database write goes through `Recorder`, which retries with exponential backoff while the database is
+unreachable (events wait in memory meanwhile, in order) and stops the run the moment the lease is lost
+(another worker owns the job: write nothing more). Writes are idempotent (metrics per (job, step),
+checkpoints per (job, step)), so a resumed attempt that redoes steps after its checkpoint leaves no
+duplicates and no gaps.
+
+How the run ends, by the trainer's exit code (trainer.engine.ExitCode):
+  0 → succeeded; 2 → failed (user: bad spec or data, never retried); 3 → failed (user: non-finite loss or
+  entropy at step k; the last checkpoint stays downloadable); 75 after our cancel/pause → cancelled/paused;
+  anything else (a crash, a kill, 75 from a shutdown we did not ask for) → system error: recovering and
+  re-sent, resuming from the latest checkpoint, until max_attempts, then failed (system).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy.exc
+import yaml
+
+from service import repository
+from service.database import Database
+from service.repository import Claim, JobError
+from worker.settings import WorkerSettings
+from worker.supervisor import TrainerProcess, log_tail, trainer_command
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 75
+TRANSIENT_DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
+
+
+class LeaseLost(Exception):
+    pass
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def with_db_retry(db: Database, max_wait_s: float, fn: Callable[[Any], T]) -> T:
+    """Runs fn(session) in a transaction, retrying with exponential backoff while the database is away."""
+    delay, waited = 0.2, 0.0
+    while True:
+        try:
+            with db.transaction() as session:
+                return fn(session)
+        except TRANSIENT_DB_ERRORS:
+            if waited >= max_wait_s:
+                raise
+            logger.warning("database unavailable; retrying in %.1f s", delay)
+            time.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 5.0)
+
+
+class Recorder:
+    """Fenced, retried writes for one claimed job."""
+
+    def __init__(self, db: Database, claim: Claim, settings: WorkerSettings) -> None:
+        self.db, self.claim, self.settings = db, claim, settings
+        self.last_error: str | None = None
+
+    def _retry(self, fn: Callable[[Any], T]) -> T:
+        return with_db_retry(self.db, self.settings.db_retry_max_s, fn)
+
+    def _fenced(self, fn: Callable[[Any], Any]) -> Any:
+        result = self._retry(fn)
+        if result is None or result is False:
+            raise LeaseLost(self.claim.job_id)
+        return result
+
+    def heartbeat(self) -> str:
+        c = self.claim
+        return str(
+            self._fenced(
+                lambda s: repository.heartbeat(s, c.job_id, c.lease_token, lease_s=self.settings.lease_s)
+            )
+        )
+
+    def record(self, event: dict[str, Any]) -> None:
+        c = self.claim
+        kind = event.get("type")
+        if kind == "step":
+            self._fenced(
+                lambda s: repository.record_step_metrics(
+                    s, c.job_id, c.lease_token, int(event["step"]), event["metrics"]
+                )
+            )
+        elif kind == "eval":
+            self._fenced(
+                lambda s: repository.record_eval(
+                    s, c.job_id, c.lease_token, int(event["step"]), event["metrics"]
+                )
+            )
+        elif kind == "checkpoint":
+            relative = self._relative(event["path"])
+            size = _folder_size(Path(event["path"]))
+            self._fenced(
+                lambda s: repository.add_checkpoint(
+                    s, c.job_id, c.lease_token, int(event["step"]), relative, size=size
+                )
+            )
+            self._event(
+                "checkpoint.created",
+                f"Checkpoint at step {event['step']}",
+                {"step": event["step"], "path": relative},
+            )
+        elif kind == "sft":
+            self._event(
+                "sft.progress",
+                f"SFT warm-start step {event['step']}/{event['total']}",
+                {k: event[k] for k in ("step", "total", "loss")},
+            )
+        elif kind == "resumed":
+            self._event(
+                "trainer.resumed",
+                f"Resumed from the checkpoint at step {event['step']}",
+                {"step": event["step"]},
+            )
+        elif kind == "error":
+            self.last_error = str(event.get("message", ""))
+            self._event(
+                "trainer.error",
+                str(event.get("message", "trainer error")),
+                {"step": event.get("step")},
+                level="error",
+            )
+
+    def _event(self, kind: str, message: str, data: dict[str, Any], level: str = "info") -> None:
+        c = self.claim
+        self._fenced(
+            lambda s: (
+                repository.append_event(
+                    s, c.job_id, kind, message, data=data, level=level, lease_token=c.lease_token
+                )
+                or True
+            )
+        )
+
+    def _relative(self, path: str) -> str:
+        root = Path(self.settings.artifact_root).resolve()
+        return Path(path).resolve().relative_to(root).as_posix()
+
+    def finish(self, status: str, error: JobError | None = None) -> None:
+        c = self.claim
+        self._fenced(lambda s: repository.finish_job(s, c.job_id, c.lease_token, status, error=error))
+
+    def retry(self, error: JobError) -> str:
+        c = self.claim
+        return str(self._fenced(lambda s: repository.retry_job(s, c.job_id, c.lease_token, error)))
+
+
+def _folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def prepare_run(claim: Claim, settings: WorkerSettings) -> tuple[Path, Path, bool]:
+    """Writes the resolved spec next to the run's output; returns (spec path, out dir, resume?)."""
+    root = Path(settings.artifact_root).resolve()
+    out_dir = root / claim.run_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = dict(claim.resolved_spec)
+    task = dict(spec.get("task") or {})
+    if task.get("path"):
+        task["path"] = str(root / task["path"])  # stored relative to the artifact root
+        spec["task"] = task
+    spec_path = out_dir / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=True))
+    resume = claim.latest_checkpoint_step is not None or any((out_dir / "checkpoints").glob("step-*"))
+    return spec_path, out_dir, resume
+
+
+def run_claimed(
+    db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
+) -> str:
+    """Supervises the trainer for a claimed job; returns the job's final status for this attempt."""
+    recorder = Recorder(db, claim, settings)
+    spec_path, out_dir, resume = prepare_run(claim, settings)
+    num_processes = int(claim.resolved_spec.get("distributed", {}).get("num_processes", 1))
+    command = trainer_command(
+        settings.python or sys.executable, spec_path, out_dir, resume=resume, num_processes=num_processes
+    )
+    log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
+    child = TrainerProcess(command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"})
+    stop_reason: str | None = None
+    stop_sent_at = 0.0
+    last_beat = time.monotonic()
+    try:
+        finished_output = False
+        while not finished_output:
+            try:
+                event = child.events.get(timeout=min(1.0, settings.heartbeat_s))
+            except queue.Empty:
+                event = {}
+            if event is None:
+                finished_output = True
+            elif event:
+                recorder.record(event)
+            if time.monotonic() - last_beat >= settings.heartbeat_s:
+                status = recorder.heartbeat()
+                last_beat = time.monotonic()
+                if status in ("cancelling", "pausing") and stop_reason is None:
+                    stop_reason = "cancelled" if status == "cancelling" else "paused"
+                    stop_sent_at = time.monotonic()
+                    child.request_stop()
+            if (
+                stop_reason
+                and child.poll() is None
+                and time.monotonic() - stop_sent_at > settings.cancel_grace_s
+            ):
+                child.kill()
+        code = child.wait(timeout=60)
+    except LeaseLost:
+        logger.warning("lease lost for job %s; stopping its trainer", claim.job_id)
+        child.kill()
+        child.wait(timeout=60)
+        return "lease_lost"
+    except BaseException:
+        child.kill()
+        child.wait(timeout=60)
+        raise
+
+    return _conclude(recorder, claim, code, stop_reason, log_path, resend)
+
+
+def _conclude(
+    recorder: Recorder,
+    claim: Claim,
+    code: int,
+    stop_reason: str | None,
+    log_path: Path,
+    resend: Callable[[str, str], None],
+) -> str:
+    tail = log_tail(log_path)
+    try:
+        if code == EXIT_OK:
+            recorder.finish("succeeded")
+            return "succeeded"
+        if code == EXIT_INTERRUPTED and stop_reason is not None:
+            recorder.finish(stop_reason)
+            return stop_reason
+        if code == EXIT_USER_ERROR:
+            recorder.finish(
+                "failed", JobError("invalid_job", _last_line(tail) or "the trainer rejected the job", "user")
+            )
+            return "failed"
+        if code == EXIT_NON_FINITE:
+            message = recorder.last_error or _non_finite_message(tail)
+            recorder.finish("failed", JobError("non_finite", message, "user"))
+            return "failed"
+        if stop_reason is not None:  # we asked it to stop and it died instead: still honour the request
+            recorder.finish(stop_reason)
+            return stop_reason
+        error = JobError(
+            "trainer_crashed", f"trainer exited with code {code}: {_last_line(tail)}"[:1000], "system"
+        )
+        status = recorder.retry(error)
+        if status == "recovering":
+            resend(claim.job_id, claim.queue)
+        return status
+    except LeaseLost:
+        return "lease_lost"
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""
+
+
+def _non_finite_message(tail: str) -> str:
+    for line in reversed(tail.splitlines()):
+        if "non-finite" in line:
+            return line.strip()[:500]
+    return "non-finite loss or entropy"
+
+
+def run_job(job_id: str, settings: WorkerSettings, db: Database, resend: Callable[[str, str], None]) -> str:
+    """The task body: claim (one conditional UPDATE) or drop the message, then supervise."""
+
+    def claim_fn(session: Any) -> Claim | None:
+        return repository.claim_job(session, job_id, owner=worker_name(), lease_s=settings.lease_s)
+
+    claim = with_db_retry(db, settings.db_retry_max_s, claim_fn)
+    if claim is None:
+        logger.info("job %s not claimable (owned, finished, paused or cancelled); message dropped", job_id)
+        return "not_claimed"
+    logger.info("claimed job %s (attempt %d)", job_id, claim.attempt)
+    return run_claimed(db, claim, settings, resend)
