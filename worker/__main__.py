@@ -2,6 +2,7 @@
 
   python -m worker run [--queues training] [--sweep]   a Celery worker: one training job at a time
   python -m worker sweeper                             the periodic repair pass (stale leases, lost messages)
+  python -m worker exporter [--port 9464]              Prometheus metrics of active jobs, workers, queues
 
 Settings come from STARE_* environment variables (worker/settings.py). On a GPU host, start one worker per
 GPU: `CUDA_VISIBLE_DEVICES=0 python -m worker run`, `CUDA_VISIBLE_DEVICES=1 python -m worker run`, ...
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--loglevel", default="INFO")
     sweeper = sub.add_parser("sweeper", help="run the sweeper loop")
     sweeper.add_argument("--once", action="store_true")
+    exporter = sub.add_parser("exporter", help="serve Prometheus metrics of active jobs, workers and queues")
+    exporter.add_argument("--port", type=int, default=9464)
+    exporter.add_argument("--addr", default="127.0.0.1")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.sweeper import sweep_forever, sweep_once
 
     app = create_celery(settings)
+    if args.command == "exporter":
+        return _serve_exporter(app.conf.stare_database(), settings, args.addr, args.port)
     if args.command == "sweeper":
         db = app.conf.stare_database()
         if args.once:
@@ -65,6 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     return 0
+
+
+def _serve_exporter(db: object, settings: WorkerSettings, addr: str, port: int) -> int:
+    import time
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from worker.metrics import FleetCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(db, settings.broker_url, (settings.training_queue,)))  # type: ignore[arg-type]
+    start_http_server(port, addr=addr, registry=registry)
+    logging.getLogger(__name__).info("exporter on http://%s:%d/metrics", addr, port)
+    while True:
+        time.sleep(3600)
 
 
 if __name__ == "__main__":
