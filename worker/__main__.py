@@ -2,6 +2,7 @@
 
   python -m worker run [--queues training] [--sweep]   a Celery worker: one training job at a time
   python -m worker sweeper                             the periodic repair pass (stale leases, lost messages)
+  python -m worker embedded [--spec S] [--home .stare] one job over HTTP on the embedded stack (SQLite)
   python -m worker exporter [--port 9464]              Prometheus metrics of active jobs, workers, queues
 
 Settings come from STARE_* environment variables (worker/settings.py). On a GPU host, start one worker per
@@ -29,12 +30,23 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--loglevel", default="INFO")
     sweeper = sub.add_parser("sweeper", help="run the sweeper loop")
     sweeper.add_argument("--once", action="store_true")
+    embedded = sub.add_parser(
+        "embedded", help="run one job spec over HTTP on the embedded stack (SQLite, no Redis)"
+    )
+    embedded.add_argument("--spec", default="trainer/specs/demo.yaml")
+    embedded.add_argument("--home", default=".stare")
+    embedded.add_argument("--port", type=int, default=None)
     exporter = sub.add_parser("exporter", help="serve Prometheus metrics of active jobs, workers and queues")
     exporter.add_argument("--port", type=int, default=9464)
     exporter.add_argument("--addr", default="127.0.0.1")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "embedded":
+        from worker.embedded import main as embedded_main
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        return embedded_main(args.spec, args.home, args.port)
     settings = WorkerSettings()
     from worker.celery_app import create_celery
     from worker.sweeper import sweep_forever, sweep_once

@@ -19,6 +19,7 @@ from typing import Any
 from celery import Celery
 
 from service.database import Database
+from service.queue import broker_transport_options
 from worker.settings import WorkerSettings
 from worker.training import run_job
 
@@ -38,6 +39,12 @@ def create_celery(settings: WorkerSettings) -> Celery:
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
+    if settings.broker_url.startswith("filesystem://"):  # the embedded mode: messages are files
+        app.conf.broker_transport_options = broker_transport_options(
+            settings.broker_url,
+            str(settings.broker_folder) if settings.broker_folder else None,
+            settings.broker_timeout_s,
+        )
     state: dict[str, Any] = {}
     lock = threading.Lock()
 

@@ -2,7 +2,8 @@
 
 - Running (or pausing/cancelling) jobs whose heartbeat is older than stale_after_s: recovering (re-sent;
   they resume from their latest checkpoint) or failed when attempts are used up; pausing → paused,
-  cancelling → cancelled.
+  cancelling → cancelled. Not within stale_after_s of the database coming back after an outage (nobody
+  could heartbeat during it).
 - Queued/recovering jobs whose message is older than unclaimed_after_s (lost in a Redis restart, say): re-sent.
 Every change is a conditional UPDATE, so any number of sweepers may run at once.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from service import repository
@@ -21,9 +23,13 @@ from worker.training import TRANSIENT_DB_ERRORS
 logger = logging.getLogger(__name__)
 
 
-def sweep_once(db: Database, settings: WorkerSettings, send: Callable[[str, str], None]) -> dict[str, int]:
-    with db.transaction() as session:
-        recovered = repository.recover_stale_jobs(session, stale_after_s=settings.stale_after_s)
+def sweep_once(
+    db: Database, settings: WorkerSettings, send: Callable[[str, str], None], *, recover_stale: bool = True
+) -> dict[str, int]:
+    recovered: list[tuple[str, str, str]] = []
+    if recover_stale:
+        with db.transaction() as session:
+            recovered = repository.recover_stale_jobs(session, stale_after_s=settings.stale_after_s)
     with db.transaction() as session:
         unclaimed = repository.unclaimed_jobs(session, older_than_s=settings.unclaimed_after_s)
     to_send = {(job_id, queue) for job_id, queue, status in recovered if status == "recovering"}
@@ -44,12 +50,22 @@ def sweep_once(db: Database, settings: WorkerSettings, send: Callable[[str, str]
 def sweep_forever(
     db: Database, settings: WorkerSettings, send: Callable[[str, str], None], stop: threading.Event
 ) -> None:
+    # While the database is unreachable, no worker can write its heartbeat either: a stale heartbeat then says
+    # nothing about the worker. After an outage, give every worker a full stale period to heartbeat again
+    # before declaring any of them lost (else one restart of PostgreSQL would bounce every running job).
+    db_was_down = False
+    hold_recovery_until = 0.0
     while not stop.is_set():
         try:
-            counts = sweep_once(db, settings, send)
+            recover = not db_was_down and time.monotonic() >= hold_recovery_until
+            counts = sweep_once(db, settings, send, recover_stale=recover)
+            if db_was_down:
+                db_was_down = False
+                hold_recovery_until = time.monotonic() + settings.stale_after_s
             if counts["recovered"] or counts["resent"]:
                 logger.info("sweep: %s", counts)
         except TRANSIENT_DB_ERRORS:
+            db_was_down = True
             logger.warning("sweep skipped: database unavailable")
         except Exception:
             logger.exception("sweep failed")

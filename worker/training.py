@@ -49,9 +49,10 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def with_db_retry(db: Database, max_wait_s: float, fn: Callable[[Any], T]) -> T:
-    """Runs fn(session) in a transaction, retrying with exponential backoff while the database is away."""
-    delay, waited = 0.2, 0.0
+def with_db_retry(db: Database, max_wait_s: float, fn: Callable[[Any], T], max_delay_s: float = 5.0) -> T:
+    """Runs fn(session) in a transaction, retrying with exponential backoff (at most max_delay_s between
+    tries) while the database is away."""
+    delay, waited = min(0.2, max_delay_s), 0.0
     while True:
         try:
             with db.transaction() as session:
@@ -62,7 +63,7 @@ def with_db_retry(db: Database, max_wait_s: float, fn: Callable[[Any], T]) -> T:
             logger.warning("database unavailable; retrying in %.1f s", delay)
             time.sleep(delay)
             waited += delay
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, max_delay_s)
 
 
 class Recorder:
@@ -73,7 +74,10 @@ class Recorder:
         self.last_error: str | None = None
 
     def _retry(self, fn: Callable[[Any], T]) -> T:
-        return with_db_retry(self.db, self.settings.db_retry_max_s, fn)
+        # Back off at most one heartbeat period: the heartbeat is renewed soon after the database returns.
+        return with_db_retry(
+            self.db, self.settings.db_retry_max_s, fn, max_delay_s=min(5.0, self.settings.heartbeat_s)
+        )
 
     def _fenced(self, fn: Callable[[Any], Any]) -> Any:
         result = self._retry(fn)

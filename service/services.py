@@ -1,0 +1,64 @@
+"""What one API process holds: settings, database, artifact storage, job queue, rate limiter, telemetry.
+
+Built by create_app from a Settings object (nothing is built at import time) and closed on shutdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.database import Database
+from service.job_specs import model_catalogue
+from service.principals import PrincipalCache
+from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
+from service.ratelimit import TokenBucketLimiter
+from service.settings import Settings
+from service.storage import LocalArtifactStorage
+from service.telemetry import Telemetry
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    storage: LocalArtifactStorage
+    queue: JobQueue
+    limiter: TokenBucketLimiter
+    principals: PrincipalCache
+    telemetry: Telemetry
+    models: dict[str, tuple[str, bool]]
+
+    @classmethod
+    def build(cls, settings: Settings) -> Services:
+        db = Database(settings.database_url, pool_size=settings.database_pool_size)
+        queue: JobQueue
+        if settings.queue_backend == "celery":
+            queue = CeleryJobQueue(
+                settings.broker_url,
+                settings.train_task_name,
+                timeout_s=settings.broker_timeout_s,
+                broker_folder=str(settings.broker_folder) if settings.broker_folder else None,
+            )
+        else:
+            queue = RecordingJobQueue()
+        return cls(
+            settings=settings,
+            db=db,
+            storage=LocalArtifactStorage(settings.artifact_root),
+            queue=queue,
+            limiter=TokenBucketLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+            principals=PrincipalCache(settings.auth_cache_ttl_s),
+            telemetry=Telemetry(db),
+            models=model_catalogue(settings.extra_models),
+        )
+
+    def enqueue(self, job_id: str, queue: str) -> bool:
+        """Ring the doorbell for a committed job; a failure is counted, not raised (the sweeper re-sends)."""
+        sent = self.queue.enqueue(job_id, queue)
+        if not sent:
+            self.telemetry.enqueue_failures.inc()
+        return sent
+
+    def close(self) -> None:
+        self.queue.close()
+        self.db.dispose()
