@@ -63,7 +63,7 @@ def _tenant_key(database_url: str) -> str:
 
 
 @contextlib.contextmanager
-def embedded_stack(home: Path, port: int | None = None, log: Any = None) -> Iterator[tuple[str, str]]:
+def embedded_stack(home: Path, port: int | None = None) -> Iterator[tuple[str, str]]:
     """Starts API + worker under `home`; yields (base URL, API key); stops both on exit."""
     env_vars = embedded_env(home)
     for key in ("STARE_ARTIFACT_ROOT", "STARE_BROKER_FOLDER"):
@@ -78,20 +78,25 @@ def embedded_stack(home: Path, port: int | None = None, log: Any = None) -> Iter
     }
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=open(logs / "api.log", "ab"),
-            stderr=subprocess.STDOUT,
-        ),
-        subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", "--sweep"],
-            env=env,
-            stdout=open(logs / "worker.log", "ab"),
-            stderr=subprocess.STDOUT,
-        ),
-    ]
+    with contextlib.ExitStack() as stack:
+        api_log = stack.enter_context(open(logs / "api.log", "ab"))
+        worker_log = stack.enter_context(open(logs / "worker.log", "ab"))
+        api = [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        procs = [
+            subprocess.Popen(api, env=env, stdout=api_log, stderr=subprocess.STDOUT),
+            subprocess.Popen(
+                [sys.executable, "-m", "worker", "run", "--sweep"],
+                env=env,
+                stdout=worker_log,
+                stderr=subprocess.STDOUT,
+            ),
+        ]
+        yield from _serve(procs, port, logs, api_key)
+
+
+def _serve(
+    procs: list[subprocess.Popen[bytes]], port: int, logs: Path, api_key: str
+) -> Iterator[tuple[str, str]]:
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
