@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,7 +20,7 @@ EXIT_USER_ERROR = 2
 EVENT_PREFIX = "@@event "
 
 
-def _print_event(event: dict) -> None:
+def _print_event(event: dict[str, Any]) -> None:
     sys.stdout.write(EVENT_PREFIX + json.dumps(event, sort_keys=True) + "\n")
     sys.stdout.flush()
 

@@ -79,7 +79,6 @@ def save_checkpoint(
     state: dict[str, Any],
     is_lora: bool,
     merge_lora: bool,
-    keep_last: int,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
@@ -106,7 +105,6 @@ def save_checkpoint(
     if final.exists():  # a re-run of the same step after a resume: replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
-    prune(root, keep_last)
     return final
 
 
@@ -117,13 +115,17 @@ def _merged_copy(model: Any) -> Any:
     return copy.deepcopy(model).merge_and_unload()
 
 
-def prune(root: Path, keep_last: int) -> None:
+def prune(root: Path, keep_last: int) -> list[int]:
+    """Deletes all but the newest `keep_last` checkpoints (and stale temp folders); returns deleted steps."""
     found = list_checkpoints(root)
-    for _, path in found[: max(0, len(found) - keep_last)]:
+    deleted = []
+    for step, path in found[: max(0, len(found) - keep_last)]:
         shutil.rmtree(path, ignore_errors=True)
+        deleted.append(step)
     for stale in root.glob(".tmp-*"):
         if stale.is_dir() and not stale.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)
+    return deleted
 
 
 def load_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

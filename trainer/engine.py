@@ -27,7 +27,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from enum import IntEnum
 from pathlib import Path
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from torch import Tensor
+from transformers import DynamicCache
 
 from trainer import checkpoints
 from trainer.algos import (
@@ -53,7 +54,15 @@ from trainer.algos.stare import StareControllerState, initial_state, update
 from trainer.hyperparams import StareGateParams
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.report import write_report
-from trainer.rollout import Rollout, concat_rollouts, generate, reflection_rate, rollout
+from trainer.rollout import (
+    Rollout,
+    cache_argument,
+    concat_rollouts,
+    generate,
+    hf_model,
+    reflection_rate,
+    rollout,
+)
 from trainer.spec import TrainSpec
 from trainer.tasks import Example, make_train_eval, render_prompt
 from trainer.verifiers import score
@@ -102,16 +111,9 @@ def response_stats(
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R)."""
     input_ids = batch.input_ids[index]
-    attention_mask = batch.attention_mask[index]
-    r_len = input_ids.shape[1] - batch.prompt_length
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=batch.position_ids()[index],
-        logits_to_keep=r_len + 1,
-        use_cache=False,
+    logits = response_logits(
+        model, input_ids, batch.attention_mask[index], batch.position_ids()[index], batch.prompt_length
     )
-    logits = out.logits[:, :-1, :]  # (b, R, V): position t predicts response token t
     stats = token_stats_from_logits(
         logits,
         input_ids[:, batch.prompt_length :],
@@ -120,6 +122,63 @@ def response_stats(
         with_correction=with_entropy,
     )
     return stats.logprob, stats.entropy, stats.correction
+
+
+def response_logits(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, p_len: int
+) -> Tensor:
+    """(b, R, V) logits of rows (b, P + R): position t predicts response token t.
+
+    Rows that share a prompt (the G samples of a group) run it once: a forward over the distinct prompts
+    fills a KV cache (and gives the logits for response token 0), the cache is gathered back to the rows
+    and the responses run on top of it. Same values as one forward over the whole rows up to float rounding
+    (the matmuls have other shapes); the gradient reaches the shared prompt through the gather. The last
+    response token only ever serves as a target, so it is not run. One process only: under DDP every
+    forward call syncs buffers, so all ranks must make the same number of calls, whatever their prompts.
+    """
+    b, width = input_ids.shape
+    r_len = width - p_len
+    prompts = torch.cat([input_ids[:, :p_len], attention_mask[:, :p_len]], dim=1)  # (b, 2P)
+    distinct, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    if ddp or distinct.shape[0] == b or r_len < 2:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=r_len + 1,
+            use_cache=False,
+        )
+        return out.logits[:, :-1, :]
+    first = torch.full((distinct.shape[0],), b).scatter_reduce(0, inverse, torch.arange(b), "amin")  # (u,)
+    cache = DynamicCache(config=hf_model(model).config)
+    cache_kw = cache_argument(model)
+    head = model(
+        input_ids=input_ids[first, :p_len],
+        attention_mask=attention_mask[first, :p_len],
+        position_ids=position_ids[first, :p_len],
+        logits_to_keep=1,
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    cache.batch_select_indices(inverse)
+    tail = model(
+        input_ids=input_ids[:, p_len:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, p_len:-1],
+        logits_to_keep=r_len - 1,
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    return torch.cat([head.logits[inverse], tail.logits], dim=1)
+
+
+def forward_is_deterministic(model: torch.nn.Module) -> bool:
+    """No dropout in train mode: no dropout module with p > 0 (LoRA's included), no attention dropout."""
+    config = getattr(hf_model(model), "config", None)
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0.0:
+        return False
+    return not any(isinstance(m, torch.nn.Dropout) and m.p > 0.0 for m in model.modules())
 
 
 def micro_batches(n: int, size: int) -> list[Tensor]:
@@ -152,11 +211,13 @@ def policy_update(
     num_micro_batches: int | None = None,
     nan_injection: bool = False,
     step: int = 0,
+    first_pass: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
 ) -> tuple[dict[str, float], Tensor, Tensor, Tensor]:
     """Forward/backward over micro-batches with step-global normalisers; no optimiser step here.
 
     Returns (token-weighted metrics, logprob, entropy, correction) of the training pass. Every process runs
     the same number of micro-batches (padded with zero-weight ones) so gradient synchronisation never hangs.
+    `first_pass`: response_stats of micro-batch 0, already run with grad (the engine's on-policy STARE path).
     """
     r = batch.rollout
     rows = micro_batches(r.size, micro_batch_size)
@@ -173,7 +234,10 @@ def policy_update(
         sync = i == total - 1
         ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
         with ctx:
-            logprob, entropy, correction = response_stats(model, r, idx, temperature, with_entropy=True)
+            if i == 0 and first_pass is not None:
+                logprob, entropy, correction = first_pass
+            else:
+                logprob, entropy, correction = response_stats(model, r, idx, temperature, with_entropy=True)
             mask = r.response_mask[idx] * (0.0 if padding else 1.0)
             old = batch.old_logprob[idx] if batch.old_logprob is not None else logprob.detach()
             inputs = PolicyLossInputs(
@@ -224,7 +288,7 @@ class Engine:
         out_dir: str | Path,
         *,
         resume: bool = False,
-        callbacks: list[EventCallback] | None = None,
+        callbacks: Sequence[EventCallback] | None = None,
         progress: bool | None = None,
     ) -> None:
         self.spec = spec
@@ -328,6 +392,7 @@ class Engine:
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        self._forward_is_deterministic = forward_is_deterministic(self.model)
 
     def _lr_lambda(self, step: int) -> float:
         o = self.spec.optim
@@ -534,9 +599,25 @@ class Engine:
         is_stare = spec.algorithm.name == "stare"
         on_policy = spec.optim.ppo_epochs == 1
         needs_old_pass = is_stare or not on_policy or spec.optim.kl_beta > 0
+        n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
+        n_micro = int(self.accelerator.reduce(torch.tensor(n_micro), reduction="max"))
+        # On-policy STARE whose step batch is one micro-batch on every process: π_old is π_θ until the
+        # optimiser step and a forward with grad gives the same values as one without (no dropout), so the
+        # training forward is run first and serves as the π_old pass: the gate is updated from it, then the
+        # loss is taken on the same graph. One forward instead of two; more micro-batches would hold all
+        # their graphs at once, so they keep the separate no-grad pass.
+        fused = is_stare and on_policy and spec.optim.kl_beta == 0 and n_micro == 1
+        fused = fused and self._forward_is_deterministic
 
+        t_old = time.perf_counter()
         old_logprob = entropy = correction = None
-        if needs_old_pass and batch.size:
+        first_pass = None
+        if fused:
+            first_pass = response_stats(
+                self.model, batch, torch.arange(batch.size), spec.sampling.temperature, with_entropy=True
+            )
+            old_logprob, entropy, correction = first_pass[0].detach(), first_pass[1], first_pass[2]
+        elif needs_old_pass and batch.size:
             with torch.no_grad():
                 parts = [
                     response_stats(self.model, batch, idx, spec.sampling.temperature, with_entropy=True)
@@ -578,12 +659,10 @@ class Engine:
                 )
                 metrics.update({k: float(v) for k, v in stare_m.items()})
 
-        n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
-        n_micro = int(self.accelerator.reduce(torch.tensor(n_micro), reduction="max"))
         step_batch = StepBatch(
             batch, advantages, old_logprob, None, token_weights, global_tokens, global_sequences
         )
-        t1 = time.perf_counter()
+        t1 = t_old if fused else time.perf_counter()
         nan_step = os.environ.get(NAN_STEP_ENV)
         for epoch in range(spec.optim.ppo_epochs):
             update_metrics, lp, ent, corr = policy_update(
@@ -598,6 +677,7 @@ class Engine:
                 num_micro_batches=n_micro,
                 nan_injection=nan_step is not None and int(nan_step) == step,
                 step=step,
+                first_pass=first_pass if epoch == 0 else None,
             )
             if epoch == 0 and entropy is None:
                 old_logprob, entropy, correction = lp, ent, corr
@@ -695,9 +775,10 @@ class Engine:
                 state=self._state(),
                 is_lora=self.spec.model.lora is not None,
                 merge_lora=self.spec.model.lora is not None and self.spec.model.lora.merge_on_save,
-                keep_last=self.spec.checkpoint.keep_last,
             )
             self.emit({"type": "checkpoint", "step": self.step, "path": str(path)})
+            for step in checkpoints.prune(self.out / "checkpoints", self.spec.checkpoint.keep_last):
+                self.emit({"type": "checkpoint_deleted", "step": step})
         self.accelerator.wait_for_everyone()
         return path
 

@@ -8,12 +8,14 @@ training forward scores exactly the tokens generate sampled.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from trainer.algos.shaping import overlong_penalty
 from trainer.spec import TrainSpec
@@ -91,6 +93,41 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
     )
 
 
+def hf_model(model: Any) -> Any:
+    """The transformers model inside DDP and peft wrappers."""
+    inner = getattr(model, "module", model)
+    get_base_model = getattr(inner, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else inner
+
+
+def cache_argument(model: Any) -> str:
+    """The forward/generate keyword of the KV cache: transformers 5.x renamed past_key_values to cache."""
+    parameters = inspect.signature(type(hf_model(model)).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+@torch.no_grad()
+def shared_prompt_cache(
+    model: Any, prompt_ids: Tensor, prompt_mask: Tensor, num_samples: int
+) -> DynamicCache:
+    """KV cache of the left-padded prompts (n, P) without their last token, repeated to n · num_samples rows.
+
+    One forward over n rows instead of n · num_samples; position ids as generate derives them. The rows
+    hold what a prefill of the repeated prompts would hold, up to float rounding of the smaller matmuls.
+    """
+    cache = DynamicCache(config=hf_model(model).config)
+    model(
+        input_ids=prompt_ids[:, :-1],
+        attention_mask=prompt_mask[:, :-1],
+        position_ids=position_ids_from_mask(prompt_mask[:, :-1]),
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_argument(model): cache},
+    )
+    cache.batch_repeat_interleave(num_samples)
+    return cache
+
+
 def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
     """(B, R) ids → (mask up to and including the first EOS, truncated flag)."""
     eos_ids = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
@@ -130,6 +167,12 @@ def generate(
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    if num_samples > 1 and enc["input_ids"].shape[1] > 1:
+        # The samples of a prompt share its KV cache: prefill each distinct prompt once (all but its last
+        # token, which generate runs itself) and repeat the cache, instead of prefilling it G times.
+        kwargs[cache_argument(model)] = shared_prompt_cache(
+            model, enc["input_ids"], enc["attention_mask"], num_samples
+        )
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     p_len = prompt_ids.shape[1]
     responses = out[:, p_len:]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import socket
 import sys
 import time
@@ -37,6 +38,7 @@ from worker.supervisor import TrainerProcess, log_tail, trainer_command
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+CHECKPOINT_PREFIX = "step-"  # trainer/checkpoints.py: OUT/checkpoints/step-000050
 EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 75
 TRANSIENT_DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
 
@@ -121,6 +123,10 @@ class Recorder:
                 f"Checkpoint at step {event['step']}",
                 {"step": event["step"], "path": relative},
             )
+        elif kind == "checkpoint_deleted":  # pruned by keep_last: its folder is gone
+            self._fenced(
+                lambda s: repository.remove_checkpoint(s, c.job_id, c.lease_token, int(event["step"]))
+            )
         elif kind == "sft":
             self._event(
                 "sft.progress",
@@ -182,8 +188,30 @@ def prepare_run(claim: Claim, settings: WorkerSettings) -> tuple[Path, Path, boo
         spec["task"] = task
     spec_path = out_dir / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=True))
-    resume = claim.latest_checkpoint_step is not None or any((out_dir / "checkpoints").glob("step-*"))
+    discard_unrecorded_checkpoints(out_dir / "checkpoints", claim.latest_checkpoint_step)
+    resume = any((out_dir / "checkpoints").glob("step-*"))
     return spec_path, out_dir, resume
+
+
+def discard_unrecorded_checkpoints(folder: Path, recorded_step: int | None) -> None:
+    """Removes checkpoint folders newer than the latest checkpoint row (all of them when there is none).
+
+    "Latest checkpoint" is the latest row. A newer folder was written by a trainer whose worker died before
+    recording it (during a database outage, say), so steps before it may have no metric rows: resuming from
+    it would leave a gap in the history. The trainer resumes from the newest folder left (or starts over).
+    """
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if not (child.is_dir() and child.name.startswith(CHECKPOINT_PREFIX)):
+            continue
+        try:
+            step = int(child.name[len(CHECKPOINT_PREFIX) :])
+        except ValueError:
+            continue
+        if recorded_step is None or step > recorded_step:
+            logger.warning("discarding checkpoint %s: written after the latest recorded checkpoint", child)
+            shutil.rmtree(child, ignore_errors=True)
 
 
 def run_claimed(

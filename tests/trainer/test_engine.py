@@ -259,3 +259,13 @@ def test_lora_run_saves_adapter_and_merged_model(tmp_path):
 
     merged = AutoModelForCausalLM.from_pretrained(ckpt / "model")
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_pruned_checkpoints_are_announced(tmp_path):
+    out = tmp_path / "run"
+    spec = small_spec(checkpoint={"interval": 1, "keep_last": 2}, optim={"steps": 3})
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    events = read_events(out)
+    deleted = [e["step"] for e in events if e["type"] == "checkpoint_deleted"]
+    kept = {int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")}
+    assert deleted == [0, 1] and kept == {2, 3}
