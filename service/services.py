@@ -30,7 +30,7 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
-        db = Database(settings.database_url, pool_size=settings.database_pool_size)
+        db = Database(settings.database_url, pool_size=settings.database_pool_size, async_reads=True)
         queue: JobQueue
         if settings.queue_backend == "celery":
             queue = CeleryJobQueue(
@@ -58,6 +58,9 @@ class Services:
         if not sent:
             self.telemetry.enqueue_failures.inc()
         return sent
+
+    async def aclose(self) -> None:
+        await self.db.aclose()
 
     def close(self) -> None:
         self.queue.close()

@@ -1,0 +1,303 @@
+"""The FastAPI application: `create_app(settings)`.
+
+Every 4xx/5xx leaves through the handlers below in one shape, {"error": {"code", "message", "param"}}:
+domain errors (service.errors) carry their status and code; FastAPI's validation errors name the offending
+field as a dotted path; Starlette's HTTP errors (unknown route, wrong method, body too large) and database
+outages get codes too; anything else is a logged 500 with no detail leaked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import __version__
+from service.errors import ServiceError
+from service.job_specs import dotted
+from service.routers import (
+    api_keys,
+    checkpoints,
+    events,
+    files,
+    health,
+    identity,
+    jobs,
+    metrics_history,
+    models,
+    reports,
+    verifiers,
+)
+from service.services import Services
+from service.settings import Settings
+from service.telemetry import TelemetryMiddleware
+from service.uploads import MULTIPART_OVERHEAD_BYTES
+from trainer.spec import TrainSpec
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Reinforcement fine-tuning of language models with entropy kept in a band (STARE, GRPO, DAPO and more).
+
+Submit a job spec, watch its entropy status and metrics, and download its checkpoints and report.
+Authenticate every `/v1` call with `Authorization: Bearer <API key>`. Every error has the shape
+`{"error": {"code", "message", "param"}}`, where `param` names the offending field.
+Lists are paginated with a cursor: pass the last id you saw as `after`.
+"""
+
+TAGS = [
+    {"name": "jobs", "description": "Submit, watch, pause, resume and cancel training jobs."},
+    {
+        "name": "events",
+        "description": "A job's lifecycle events, as pages or as a Server-Sent Events stream.",
+    },
+    {"name": "metrics", "description": "A job's per-step training metrics (JSON or CSV)."},
+    {"name": "checkpoints", "description": "A job's checkpoints, downloadable as tar archives."},
+    {"name": "reports", "description": "A job's evaluation report (JSON or a self-contained HTML page)."},
+    {"name": "files", "description": "JSONL datasets for training tasks, checked line by line on upload."},
+    {"name": "catalogue", "description": "Base models and answer verifiers this server offers."},
+    {"name": "identity", "description": "The caller's tenant and API keys."},
+    {"name": "health", "description": "Liveness, readiness and Prometheus metrics (no authentication)."},
+]
+
+HTTP_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limit_exceeded",
+}
+
+
+def error_body(
+    code: str, message: str, param: str | None = None, details: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message, "param": param}
+    if details:
+        error["details"] = [dict(d) for d in details]
+    return {"error": error}
+
+
+# ---------------------------------------------------------------------------------------- error handlers
+
+
+async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return JSONResponse(
+        error_body(exc.code, exc.message, exc.param, exc.details),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+def _validation_param(loc: Sequence[Any]) -> str | None:
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
+    return dotted(parts) if parts else None
+
+
+def _validation_message(item: dict[str, Any]) -> str:
+    if item.get("type") == "extra_forbidden":
+        return "unknown field"
+    if item.get("type") == "missing":
+        return "field required"
+    return str(item.get("msg", "invalid value"))
+
+
+async def _request_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        bad = next(e for e in errors if e.get("type") == "json_invalid")
+        message = f"the body is not valid JSON: {bad.get('ctx', {}).get('error', 'parse error')}"
+        return JSONResponse(error_body("invalid_json", message), status_code=422)
+    details = [
+        {"param": _validation_param(e.get("loc", ())), "message": _validation_message(e)} for e in errors
+    ]
+    first = details[0] if details else {"param": None, "message": "invalid request"}
+    more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+    where = f"{first['param']}: " if first["param"] else ""
+    return JSONResponse(
+        error_body("invalid_request", f"{where}{first['message']}{more}", first["param"], details),
+        status_code=422,
+    )
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _integrity_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.warning("integrity error: %s", exc)
+    return JSONResponse(
+        error_body("conflict", "the request conflicts with a concurrent change; retry it"), status_code=409
+    )
+
+
+async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    logger.error("database unavailable: %s", exc)
+    return JSONResponse(
+        error_body("database_unavailable", "the database is unavailable; retry shortly"),
+        status_code=503,
+        headers={"Retry-After": "5"},
+    )
+
+
+async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", exc_info=exc)
+    return JSONResponse(error_body("internal_error", "internal server error"), status_code=500)
+
+
+# ----------------------------------------------------------------------------------------- body limits
+
+
+class BodyLimitMiddleware:
+    """413 (in the error shape) for a body over the limit: at once from Content-Length, else while reading.
+
+    File uploads get their own, larger limit (and count the file part exactly themselves)."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, upload_path: str, max_upload_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.upload_path = upload_path
+        self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_upload_bytes if scope.get("path") == self.upload_path else self.max_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            response = JSONResponse(
+                error_body("payload_too_large", f"the request body is larger than {limit} bytes"),
+                status_code=413,
+            )
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, f"the request body is larger than {limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+# -------------------------------------------------------------------------------------------- the app
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    services = Services.build(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Sync routes and dependencies run in this pool; fewer threads contend less for the GIL.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threadpool_size
+        yield
+        await services.aclose()
+        services.close()
+
+    app = FastAPI(
+        title="stare-rl training service",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+    )
+    app.state.services = services
+
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(InterfaceError, _database_unavailable)
+    app.add_exception_handler(psycopg.OperationalError, _database_unavailable)  # the async read path
+    app.add_exception_handler(Exception, _internal_error)
+
+    # Most frequent first: a request is matched against the routers in this order.
+    for module in (
+        jobs,
+        events,
+        metrics_history,
+        checkpoints,
+        reports,
+        files,
+        models,
+        verifiers,
+        identity,
+        api_keys,
+        health,
+    ):
+        app.include_router(module.router)
+
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_json_body_bytes,
+        upload_path="/v1/files",
+        max_upload_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
+    )
+    app.add_middleware(TelemetryMiddleware, telemetry=services.telemetry)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi_with_spec(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _openapi_with_spec(app: FastAPI) -> dict[str, Any]:
+    """The generated schema plus TrainSpec (the job body's `spec` refers to it) and its parts."""
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+        tags=app.openapi_tags,
+    )
+    spec_schema = TrainSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in spec_schema.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["TrainSpec"] = spec_schema
+    return schema

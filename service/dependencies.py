@@ -1,0 +1,174 @@
+"""Request dependencies, named for what they give a route: SessionDep, CurrentPrincipal, CurrentTenant,
+OwnedJob (to change it), VisibleJob (to read it), OwnedFile, OwnedCheckpoint. Authentication, rate limiting
+and the ownership checks live here and nowhere else: a route that takes OwnedJob only ever sees the
+caller's own job (another tenant's is a 404).
+
+Dependencies that use a SQLAlchemy session are plain functions (FastAPI runs them in its thread pool); the
+ones that do not are `async def`, so they cost no thread hop. VisibleJob reads on the event loop where the
+database has an async driver here (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.engine import Row
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from service import repository
+from service.errors import NotFound, TooManyRequests, Unauthenticated
+from service.models import Checkpoint, File, Job
+from service.principals import Principal, TenantRef
+from service.ratelimit import retry_after_seconds
+from service.services import Services
+from service.views import JobLike
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="An API key: `Authorization: Bearer sk-stare-...` (create one with `python -m service create-tenant`).",
+)
+
+
+async def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def get_session(services: ServicesDep) -> AsyncIterator[Session]:
+    """One session per request; routes that write commit explicitly (before they enqueue anything).
+
+    Opening a session does no I/O; closing one ends a read transaction (one ROLLBACK round trip) or nothing.
+    Doing both on the event loop saves two thread hops per request over a sync generator dependency."""
+    session = services.db.sessions()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def _look_up(services: Services, presented: str) -> tuple[Principal, str] | None:
+    """The key's principal and stored hash from the database (recording its use), or None."""
+    with services.db.sessions() as session:
+        found = repository.find_api_key(session, presented)
+        if found is None:
+            return None
+        key, tenant = found
+        if repository.touch_api_key(session, key):
+            session.commit()
+        return Principal.of(key, tenant), key.key_hash
+
+
+async def authenticate(
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    """The caller's principal from `Authorization: Bearer <key>`, then one token from its rate bucket."""
+    if credentials is None or not credentials.credentials:
+        raise Unauthenticated(
+            "no API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
+        )
+    presented = credentials.credentials.strip()
+    principal = services.principals.get(presented)
+    if principal is None:
+        found = await run_in_threadpool(_look_up, services, presented)
+        if found is None:
+            raise Unauthenticated("invalid API key")
+        principal, key_hash = found
+        if principal.key.revoked_at is not None:
+            raise Unauthenticated("this API key was revoked", code="api_key_revoked")
+        services.principals.put(key_hash, principal)
+    wait_s = services.limiter.acquire(principal.key.id)
+    if wait_s > 0:
+        raise TooManyRequests(
+            f"rate limit of {services.settings.rate_limit_per_second:g} requests/s per key exceeded; retry later",
+            retry_after_s=retry_after_seconds(wait_s),
+        )
+    return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
+
+
+async def current_tenant(principal: CurrentPrincipal) -> TenantRef:
+    return principal.tenant
+
+
+CurrentTenant = Annotated[TenantRef, Depends(current_tenant)]
+
+
+def owned_job(
+    job_id: Annotated[str, Path(description="A job id (job_...).", max_length=64)],
+    tenant: CurrentTenant,
+    session: SessionDep,
+) -> Job:
+    job = repository.get_job(session, tenant.id, job_id)
+    if job is None:
+        raise NotFound(f"no job with id {job_id!r}", param="job_id")
+    return job
+
+
+OwnedJob = Annotated[Job, Depends(owned_job)]
+
+
+async def visible_job(
+    job_id: Annotated[str, Path(description="A job id (job_...).", max_length=64)],
+    tenant: CurrentTenant,
+    services: ServicesDep,
+) -> JobLike:
+    """The caller's job, read-only (for routes that only read it): one autocommit statement, on the event
+    loop where the database allows it (PostgreSQL), else in the thread pool."""
+    reader = services.db.async_reader
+    if reader is not None:
+        job: JobLike | None = await repository.read_job_async(reader, tenant.id, job_id)
+    else:
+        job = await run_in_threadpool(_read_job, services, tenant.id, job_id)
+    if job is None:
+        raise NotFound(f"no job with id {job_id!r}", param="job_id")
+    return job
+
+
+def _read_job(services: Services, tenant_id: str, job_id: str) -> Row[Any] | None:
+    with services.db.reader.connect() as conn:
+        return repository.read_job(conn, tenant_id, job_id)
+
+
+VisibleJob = Annotated[JobLike, Depends(visible_job)]
+
+
+def owned_file(
+    file_id: Annotated[str, Path(description="A file id (file_...).", max_length=64)],
+    tenant: CurrentTenant,
+    session: SessionDep,
+) -> File:
+    row = repository.get_file(session, tenant.id, file_id)
+    if row is None:
+        raise NotFound(f"no file with id {file_id!r}", param="file_id")
+    return row
+
+
+OwnedFile = Annotated[File, Depends(owned_file)]
+
+
+def owned_checkpoint(
+    checkpoint_id: Annotated[str, Path(description="A checkpoint id (ckpt_...).", max_length=64)],
+    job: OwnedJob,
+    session: SessionDep,
+) -> Checkpoint:
+    ckpt = repository.get_checkpoint(session, job.id, checkpoint_id)
+    if ckpt is None:
+        raise NotFound(f"no checkpoint with id {checkpoint_id!r} in job {job.id}", param="checkpoint_id")
+    return ckpt
+
+
+OwnedCheckpoint = Annotated[Checkpoint, Depends(owned_checkpoint)]

@@ -1,0 +1,205 @@
+"""From a job request to a TrainSpec the worker can run, or a 422 naming the offending field.
+
+The spec is validated by the trainer's own model (trainer.spec.TrainSpec, torch-free), then checked against
+what this server offers: the model must be in the catalogue (a user cannot point the worker at a path or a
+hub id), the verifier and its params must exist, the task must exist and generate with its params, and a
+JSONL task must come from an uploaded file (`training_file`): `task.path` is set by the service, never by
+the user, and is a key relative to the artifact root.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.errors import Unprocessable
+from service.models import File
+from trainer import tasks, verifiers
+from trainer.catalog import BUILTIN_MODELS
+from trainer.spec import TrainSpec
+
+
+def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
+    """name → (description, built in) for every model a job may name."""
+    models = {name: (description, True) for name, description in BUILTIN_MODELS.items()}
+    models.update({name: (description, False) for name, description in extra_models.items()})
+    return models
+
+
+def validate_spec(
+    raw: Mapping[str, Any], *, training_file: File | None, models: Mapping[str, Any]
+) -> TrainSpec:
+    """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable."""
+    data = copy.deepcopy(dict(raw))
+    _place_training_file(data, training_file)
+    _precheck_verifier(data.get("verifier"))
+    try:
+        spec = TrainSpec.model_validate(data)
+    except ValidationError as err:
+        raise spec_error(err, prefix="spec") from None
+    except ValueError as err:  # a validator outside pydantic's wrapping (defensive)
+        raise Unprocessable(str(err), param="spec", code="invalid_spec") from None
+    if spec.model.name not in models:
+        raise Unprocessable(
+            f"unknown model {spec.model.name!r}; available: {', '.join(sorted(models))} (GET /v1/models)",
+            param="spec.model.name",
+            code="unknown_model",
+        )
+    _check_task(spec)
+    return spec
+
+
+def _place_training_file(data: dict[str, Any], training_file: File | None) -> None:
+    task = data.get("task")
+    if isinstance(task, dict) and "path" in task:
+        raise Unprocessable(
+            "task.path is set by the service: upload the file (POST /v1/files) and pass its id as training_file",
+            param="spec.task.path",
+            code="invalid_spec",
+        )
+    if training_file is None:
+        if isinstance(task, dict) and task.get("source") == "jsonl":
+            raise Unprocessable(
+                "task.source 'jsonl' reads an uploaded file: pass its id as training_file",
+                param="training_file",
+                code="invalid_spec",
+            )
+        return
+    if task is None:
+        task = data["task"] = {}
+    if not isinstance(task, dict):
+        return  # TrainSpec reports the type error with its location
+    if task.get("source", "jsonl") != "jsonl":
+        raise Unprocessable(
+            f"training_file needs task.source 'jsonl', not {task.get('source')!r}",
+            param="training_file",
+            code="invalid_spec",
+        )
+    task["source"] = "jsonl"
+    task["path"] = training_file.storage_key
+
+
+def _precheck_verifier(verifier: Any) -> None:
+    """Name the verifier field precisely (TrainSpec reports these at the spec's root)."""
+    if not isinstance(verifier, dict):
+        return
+    name = verifier.get("name", "exact")
+    if isinstance(name, str) and name not in verifiers.VERIFIERS:
+        raise Unprocessable(
+            f"unknown verifier {name!r}; valid: {', '.join(sorted(verifiers.VERIFIERS))} (GET /v1/verifiers)",
+            param="spec.verifier.name",
+            code="unknown_verifier",
+        )
+    params = verifier.get("params", {})
+    if isinstance(name, str) and isinstance(params, dict):
+        try:
+            verifiers.validate_params(name, params)
+        except ValueError as err:
+            raise Unprocessable(str(err), param="spec.verifier.params", code="invalid_spec") from None
+
+
+def _check_task(spec: TrainSpec) -> None:
+    """The task exists and its params generate examples (so a bad task is a 422 now, not a failed job)."""
+    task = spec.task
+    try:
+        tasks.validate_template(task.prompt_template)
+    except ValueError as err:
+        raise Unprocessable(str(err), param="spec.task.prompt_template", code="invalid_spec") from None
+    if task.source == "jsonl":
+        return
+    if task.source == "reasoning_gym":
+        try:
+            tasks.check_reasoning_gym_task(task.name or "")
+        except ImportError:
+            raise Unprocessable(
+                "reasoning-gym tasks are not installed on this server",
+                param="spec.task.source",
+                code="unknown_task",
+            ) from None
+        except ValueError as err:
+            raise Unprocessable(str(err), param="spec.task.name", code="unknown_task") from None
+    try:
+        tasks.make_examples(task.source, name=task.name, size=1, seed=spec.seed, params=dict(task.params))
+    except (ValueError, TypeError) as err:
+        raise Unprocessable(str(err), param="spec.task.params", code="invalid_spec") from None
+
+
+def spec_error(err: ValidationError, *, prefix: str) -> Unprocessable:
+    """A pydantic error as one 422: the first problem in message/param, all of them in details."""
+    details = []
+    for item in err.errors(include_url=False):
+        param = dotted((prefix, *item["loc"]))
+        details.append({"param": param, "message": item["msg"]})
+    first = details[0] if details else {"param": prefix, "message": str(err)}
+    more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+    return Unprocessable(
+        f"{first['param']}: {first['message']}{more}",
+        param=first["param"],
+        code="invalid_spec",
+        details=details,
+    )
+
+
+def dotted(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, int) and parts:
+            parts[-1] += f"[{part}]"
+        else:
+            parts.append(str(part))
+    return ".".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------ costing
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total_steps: int
+    responses_per_step: int
+    total_responses: int
+    max_completion_tokens: int
+    forward_backward_passes: int
+    sft_steps: int
+    sft_examples: int
+    evaluations: int
+    eval_completions: int
+    checkpoints: int
+    num_processes: int
+
+
+def estimate(spec: TrainSpec) -> Estimate:
+    """What the job costs in steps, sampled responses and tokens (upper bounds; no GPU-hour price)."""
+    steps = spec.optim.steps
+    per_step = spec.responses_per_step
+    if spec.optim.dynamic_sampling.enabled:  # DAPO may draw up to max_gen_batches batches per step
+        per_step *= spec.optim.dynamic_sampling.max_gen_batches
+    micro = math.ceil(spec.responses_per_step / spec.optim.micro_batch_size)
+    evaluations = 2 + (steps // spec.evaluation.interval if spec.evaluation.interval else 0)
+    sft = spec.sft
+    return Estimate(
+        total_steps=steps,
+        responses_per_step=per_step,
+        total_responses=steps * per_step,
+        max_completion_tokens=steps * per_step * spec.sampling.max_new_tokens,
+        forward_backward_passes=steps * spec.optim.ppo_epochs * micro,
+        sft_steps=sft.steps if sft else 0,
+        sft_examples=sft.steps * sft.batch_size if sft else 0,
+        evaluations=evaluations,
+        eval_completions=evaluations * spec.task.eval_size * spec.evaluation.k,
+        checkpoints=steps // spec.checkpoint.interval,
+        num_processes=spec.distributed.num_processes,
+    )
+
+
+def canonical_hash(value: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
+    ).hexdigest()

@@ -1,0 +1,151 @@
+"""JSONL datasets: upload (streamed, size-limited, checked line by line), list, get, download, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+
+from service import repository, views
+from service.dependencies import CurrentTenant, OwnedFile, ServicesDep, SessionDep
+from service.errors import NotFound
+from service.ids import new_id
+from service.models import FILE_PURPOSES, File
+from service.schemas import AUTHENTICATED_ERRORS, Deleted, FileList, FileObject, FilePurpose, errors
+from service.services import Services
+from service.uploads import (
+    check_declared_length,
+    invalid_file,
+    multipart_boundary,
+    receive_upload,
+    validate_jsonl,
+)
+
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=AUTHENTICATED_ERRORS)
+
+UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file"],
+                "properties": {
+                    "file": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": 'JSONL: one {"prompt": str, "answer": str, "meta"?: object} per line.',
+                    },
+                    "purpose": {"type": "string", "enum": list(FILE_PURPOSES), "default": "rl_train"},
+                },
+            }
+        }
+    },
+}
+
+
+@router.post(
+    "",
+    summary="Upload a JSONL dataset",
+    status_code=201,
+    response_model=FileObject,
+    responses=errors(400, 415),
+    openapi_extra={"requestBody": UPLOAD_BODY},
+)
+async def upload_file(
+    request: Request, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> FileObject:
+    """Upload a training file as multipart/form-data (`file`, optional `purpose`). The body is streamed to
+    disk and cut off at the size limit (413). Every line must be a UTF-8 JSON object with non-empty string
+    fields `prompt` and `answer`; otherwise 422 lists the problems with their line numbers. Nothing is stored
+    for a rejected upload."""
+    session.close()  # hold no database connection while the body streams in
+    settings = services.settings
+    boundary = multipart_boundary(request.headers.get("content-type"))
+    check_declared_length(request.headers.get("content-length"), settings.max_upload_bytes)
+    file_id = new_id("file")
+    key = f"{tenant.id}/files/{file_id}.jsonl"
+    with services.storage.staged() as staged:
+        received = await receive_upload(
+            request.stream(), boundary, staged, max_bytes=settings.max_upload_bytes
+        )
+        records, problems = await run_in_threadpool(
+            validate_jsonl,
+            staged,
+            max_line_bytes=settings.max_line_bytes,
+            max_errors=settings.max_file_errors,
+        )
+        if problems:
+            raise invalid_file(problems)
+        await run_in_threadpool(services.storage.commit, staged, key)
+    try:
+        row = await run_in_threadpool(
+            _insert_file,
+            services,
+            file_id=file_id,
+            tenant_id=tenant.id,
+            filename=received.filename,
+            purpose=received.purpose,
+            size=received.size,
+            sha256=received.sha256,
+            records=records,
+            storage_key=key,
+        )
+    except BaseException:
+        services.storage.delete(key)
+        raise
+    return views.file_view(row)
+
+
+def _insert_file(services: Services, **values: object) -> File:
+    with services.db.transaction() as session:
+        return repository.create_file(session, **values)  # type: ignore[arg-type]
+
+
+@router.get("", summary="List files", response_model=FileList)
+def list_files(
+    tenant: CurrentTenant,
+    session: SessionDep,
+    after: Annotated[
+        str | None, Query(description="The last file id of the previous page.", max_length=64)
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    purpose: FilePurpose | None = None,
+) -> FileList:
+    """This tenant's files, newest first."""
+    rows, has_more = repository.list_files(session, tenant.id, after=after, limit=limit, purpose=purpose)
+    return FileList(
+        data=[views.file_view(r) for r in rows],
+        has_more=has_more,
+        first_id=rows[0].id if rows else None,
+        last_id=rows[-1].id if rows else None,
+    )
+
+
+@router.get("/{file_id}", summary="Get a file", response_model=FileObject, responses=errors(404))
+async def get_file(file: OwnedFile) -> FileObject:
+    return views.file_view(file)
+
+
+@router.get(
+    "/{file_id}/content",
+    summary="Download a file's content",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/jsonl": {"schema": {"type": "string"}}}}, **errors(404)},
+)
+def get_file_content(file: OwnedFile, services: ServicesDep) -> FileResponse:
+    path = services.storage.resolve(file.storage_key)
+    if not path.is_file():
+        raise NotFound(f"the content of file {file.id} is missing from storage", param="file_id")
+    return FileResponse(path, media_type="application/jsonl", filename=file.filename)
+
+
+@router.delete("/{file_id}", summary="Delete a file", response_model=Deleted, responses=errors(404, 409))
+def delete_file(file: OwnedFile, session: SessionDep, services: ServicesDep) -> Deleted:
+    """Delete the file and its content. 409 while a job that has not finished uses it."""
+    repository.delete_file(session, file)
+    session.commit()
+    services.storage.delete(file.storage_key)
+    return Deleted(id=file.id, object="file")

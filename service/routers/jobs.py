@@ -1,0 +1,211 @@
+"""Training jobs: estimate, create (Idempotency-Key), list, get, cancel, pause, resume, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+from sqlalchemy.orm import Session
+
+from service import job_specs, repository, views
+from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
+from service.errors import TooManyRequests, Unprocessable
+from service.principals import TenantRef
+from service.responses import model_response
+from service.schemas import (
+    AUTHENTICATED_ERRORS,
+    Deleted,
+    EstimateObject,
+    JobCreate,
+    JobList,
+    JobObject,
+    JobStatus,
+    errors,
+)
+from service.services import Services
+from trainer.spec import TrainSpec
+
+REPLAYED = {"Idempotent-Replayed": "true"}
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTHENTICATED_ERRORS)
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        description="Retry-safe creation: the same key with the same body returns the job it created.",
+    ),
+]
+
+
+def _validated(body: JobCreate, tenant: TenantRef, session: Session, services: Services) -> TrainSpec:
+    training_file = None
+    if body.training_file is not None:
+        training_file = repository.get_file(session, tenant.id, body.training_file)
+        if training_file is None:
+            raise Unprocessable(
+                f"no file with id {body.training_file!r}", param="training_file", code="unknown_file"
+            )
+        if training_file.purpose != "rl_train":
+            raise Unprocessable(
+                f"file {training_file.id} has purpose {training_file.purpose!r}, not 'rl_train'",
+                param="training_file",
+            )
+    return job_specs.validate_spec(body.spec, training_file=training_file, models=services.models)
+
+
+@router.post("/estimate", summary="Validate a job and estimate its cost", response_model=EstimateObject)
+def estimate_job(
+    body: JobCreate, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> EstimateObject:
+    """Everything POST /v1/jobs checks, without creating the job: the resolved spec (every default filled
+    in), its cost in steps, sampled responses and tokens, and whether the tenant's limits let it start."""
+    spec = _validated(body, tenant, session, services)
+    cost = job_specs.estimate(spec)
+    limit = services.settings.max_active_jobs_per_tenant
+    active = repository.count_active_jobs(session, tenant.id)
+    return EstimateObject(
+        resolved_spec=spec.resolved(),
+        queue=services.settings.training_queue,
+        jobs_ahead=repository.count_queued(session, services.settings.training_queue),
+        allowed_to_proceed=not limit or active < limit,
+        active_jobs=active,
+        max_active_jobs=limit or None,
+        **cost.__dict__,
+    )
+
+
+@router.post(
+    "",
+    summary="Create a job",
+    status_code=201,
+    response_model=JobObject,
+    responses={
+        201: {"description": "The job, committed and queued. A replay adds `Idempotent-Replayed: true`."}
+    },
+)
+def create_job(
+    body: JobCreate,
+    tenant: CurrentTenant,
+    session: SessionDep,
+    services: ServicesDep,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Validate the spec (422 names the offending field), store the job, and queue it. A 201 means the job
+    is committed: it will run even if the queue's broker loses the message. With an Idempotency-Key, a
+    retried request returns the job the first one created; reusing a key for a different body is a 422."""
+    request_hash = job_specs.canonical_hash(body.model_dump(mode="json"))
+    if idempotency_key is not None:
+        existing = repository.find_job_by_idempotency_key(session, tenant.id, idempotency_key, request_hash)
+        if existing is not None:
+            return model_response(views.job_view(existing), 201, headers=REPLAYED)
+    spec = _validated(body, tenant, session, services)
+    settings = services.settings
+    if settings.max_active_jobs_per_tenant:
+        active = repository.count_active_jobs(session, tenant.id)
+        if active >= settings.max_active_jobs_per_tenant:
+            raise TooManyRequests(
+                f"the tenant has {active} jobs that have not finished (limit {settings.max_active_jobs_per_tenant})",
+                retry_after_s=60,
+                code="active_job_limit",
+            )
+    resolved = spec.resolved()
+    job, created = repository.create_job(
+        session,
+        repository.NewJob(
+            tenant_id=tenant.id,
+            name=spec.name,
+            spec=body.spec,
+            resolved_spec=resolved,
+            spec_hash=job_specs.canonical_hash(resolved),
+            model=spec.model.name,
+            algorithm=spec.algorithm.name,
+            queue=settings.training_queue,
+            training_file_id=body.training_file,
+            metadata=dict(body.metadata or {}),
+            total_steps=spec.optim.steps,
+            max_attempts=settings.max_attempts,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash if idempotency_key is not None else None,
+        ),
+    )
+    session.commit()
+    if created:
+        services.enqueue(job.id, job.queue)
+    return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
+
+
+@router.get("", summary="List jobs", response_model=JobList)
+def list_jobs(
+    tenant: CurrentTenant,
+    session: SessionDep,
+    after: Annotated[
+        str | None, Query(description="The last job id of the previous page.", max_length=64)
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 20,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this state.")] = None,
+) -> JobList:
+    """This tenant's jobs, newest first. Pass `last_id` of a page as `after` for the next one."""
+    rows, has_more = repository.list_jobs(session, tenant.id, after=after, limit=limit, status=status)
+    return JobList(
+        data=[views.job_view(j) for j in rows],
+        has_more=has_more,
+        first_id=rows[0].id if rows else None,
+        last_id=rows[-1].id if rows else None,
+    )
+
+
+@router.get("/{job_id}", summary="Get a job", response_model=JobObject, responses=errors(404))
+async def get_job(job: VisibleJob) -> Response:
+    """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
+    in_band | below | above, steps out of band) and, for a failed job, the error with its category."""
+    return model_response(views.job_view(job))
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job", response_model=JobObject, responses=errors(404, 409))
+def cancel_job(job: OwnedJob, session: SessionDep) -> JobObject:
+    """A job that is not running is cancelled at once (a queued job never starts). A running job becomes
+    `cancelling`: its worker stops at the next step and the job ends `cancelled`. 409 if it already
+    succeeded or failed."""
+    repository.request_cancel(session, job)
+    session.commit()
+    return views.job_view(job)
+
+
+@router.post("/{job_id}/pause", summary="Pause a job", response_model=JobObject, responses=errors(404, 409))
+def pause_job(job: OwnedJob, session: SessionDep) -> JobObject:
+    """A queued job is paused at once. A running job becomes `pausing`: its worker writes a checkpoint and
+    releases the job, which then is `paused`. Resume continues from that checkpoint."""
+    repository.request_pause(session, job)
+    session.commit()
+    return views.job_view(job)
+
+
+@router.post(
+    "/{job_id}/resume", summary="Resume a paused job", response_model=JobObject, responses=errors(404, 409)
+)
+def resume_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobObject:
+    """Queue a paused job again (it continues from its latest checkpoint), or withdraw a pause the worker
+    has not acted on yet. 409 for a job that is not paused."""
+    if repository.resume_job(session, job):
+        repository.mark_enqueued(session, [job.id])
+        session.commit()
+        services.enqueue(job.id, job.queue)
+    else:
+        session.commit()
+    return views.job_view(job)
+
+
+@router.delete(
+    "/{job_id}", summary="Delete a finished job", response_model=Deleted, responses=errors(404, 409)
+)
+def delete_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> Deleted:
+    """Delete a succeeded, failed or cancelled job with its events, metrics, checkpoints and artifacts.
+    409 for a job that has not finished (cancel it first)."""
+    job_id, folder = job.id, f"{job.tenant_id}/{job.id}"
+    repository.delete_job(session, job)
+    session.commit()
+    services.storage.delete(folder)
+    return Deleted(id=job_id, object="job")

@@ -1,0 +1,435 @@
+"""Request and response bodies of the HTTP API (the OpenAPI schema is generated from these)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
+
+from service.ids import id_pattern
+from service.models import FILE_PURPOSES, JOB_STATUSES
+
+JobStatus = Literal[
+    "validating",
+    "queued",
+    "running",
+    "pausing",
+    "paused",
+    "recovering",
+    "cancelling",
+    "cancelled",
+    "succeeded",
+    "failed",
+]
+assert set(JobStatus.__args__) == set(JOB_STATUSES)  # type: ignore[attr-defined]
+FilePurpose = Literal["rl_train", "rl_eval"]
+assert set(FilePurpose.__args__) == set(FILE_PURPOSES)  # type: ignore[attr-defined]
+
+JobId = Annotated[str, StringConstraints(pattern=id_pattern("job"))]
+FileId = Annotated[str, StringConstraints(pattern=id_pattern("file"))]
+KeyId = Annotated[str, StringConstraints(pattern=id_pattern("key"))]
+CheckpointId = Annotated[str, StringConstraints(pattern=id_pattern("ckpt"))]
+MetricValues = dict[str, float | None]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------------------------------------- errors
+
+
+class ErrorDetail(BaseModel):
+    param: str | None = Field(default=None, description="The offending field (dotted path) or header.")
+    message: str
+    line: int | None = Field(
+        default=None, description="1-based line of an uploaded file (0: the whole file)."
+    )
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. invalid_spec, not_found.")
+    message: str = Field(description="What went wrong, for people.")
+    param: str | None = Field(description="The offending field as a dotted path (spec.optim.lr), or null.")
+    details: list[ErrorDetail] | None = Field(
+        default=None, description="Every problem found, when there are several (spec fields, file lines)."
+    )
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape of every 4xx and 5xx response."""
+
+    error: ErrorBody
+
+
+# --------------------------------------------------------------------------------------------- identity
+
+
+class TenantObject(BaseModel):
+    id: str
+    object: Literal["tenant"] = "tenant"
+    name: str
+    created_at: datetime
+
+
+class ApiKeyObject(BaseModel):
+    id: str
+    object: Literal["api_key"] = "api_key"
+    name: str
+    prefix: str = Field(description="The key's first characters, for recognising it; not a secret.")
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiKeyCreated(ApiKeyObject):
+    key: str = Field(description="The secret key. Shown only in this response; store it now.")
+
+
+class ApiKeyCreate(_Request):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)] = "default"
+
+
+class ApiKeyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ApiKeyObject]
+
+
+class Limits(BaseModel):
+    max_active_jobs: int | None = Field(
+        description="Jobs not yet finished that the tenant may have; null: none."
+    )
+    max_upload_bytes: int
+    rate_limit_per_second: float | None = Field(
+        description="Sustained requests per second per key; null: off."
+    )
+    rate_limit_burst: int
+
+
+class Usage(BaseModel):
+    active_jobs: int
+    jobs: int
+    files: int
+    file_bytes: int
+
+
+class Me(BaseModel):
+    object: Literal["identity"] = "identity"
+    tenant: TenantObject
+    api_key: ApiKeyObject
+    limits: Limits
+    usage: Usage
+
+
+# ------------------------------------------------------------------------------------------------- files
+
+
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    filename: str
+    purpose: FilePurpose
+    bytes: int
+    sha256: str
+    records: int = Field(description="Non-blank lines (training examples) in the file.")
+    status: Literal["valid"] = Field(
+        default="valid", description="Files are checked on upload; invalid ones are refused."
+    )
+    created_at: datetime
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class Deleted(BaseModel):
+    id: str
+    object: str
+    deleted: Literal[True] = True
+
+
+# --------------------------------------------------------------------------------------------- catalogue
+
+
+class ModelObject(BaseModel):
+    id: str = Field(description="The name to put in spec.model.name.")
+    object: Literal["model"] = "model"
+    description: str
+    builtin: bool = Field(
+        description="Shipped with the trainer (true) or configured by the operator (false)."
+    )
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]
+
+
+class VerifierParam(BaseModel):
+    type: Literal["bool", "float", "int", "str"]
+    default: Any
+    description: str
+    choices: list[str] | None = None
+    minimum: float | None = None
+
+
+class VerifierObject(BaseModel):
+    object: Literal["verifier"] = "verifier"
+    name: str
+    description: str
+    params: dict[str, VerifierParam]
+
+
+class VerifierList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VerifierObject]
+
+
+class VerifierRef(_Request):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExampleIn(_Request):
+    prompt: Annotated[str, StringConstraints(max_length=100_000)] = ""
+    answer: Annotated[str, StringConstraints(max_length=100_000)]
+    meta: dict[str, Any] = Field(
+        default_factory=dict, description="What the verifier needs beyond the answer."
+    )
+
+
+class VerifierTest(_Request):
+    verifier: VerifierRef
+    completion: Annotated[str, StringConstraints(max_length=100_000)] = Field(
+        description="A model output to score."
+    )
+    example: ExampleIn
+    reward_style: Literal["binary", "pm1"] = "binary"
+
+
+class VerifierTestError(BaseModel):
+    code: str
+    message: str
+
+
+class VerifierTestResult(BaseModel):
+    object: Literal["verifier.test_result"] = "verifier.test_result"
+    verifier: str
+    params: dict[str, Any] = Field(description="The verifier's params with defaults filled in.")
+    score: float | None = Field(description="In [0, 1]; null when the example cannot be scored (see error).")
+    reward: float | None = Field(description="The score shaped by reward_style, as training would use it.")
+    latency_ms: float
+    error: VerifierTestError | None
+
+
+# -------------------------------------------------------------------------------------------------- jobs
+
+
+class JobCreate(_Request):
+    """A job: the trainer's spec (TrainSpec; GET /docs shows every field and its default), the uploaded
+    training file for a JSONL task, and free-form metadata."""
+
+    spec: Annotated[
+        dict[str, Any],
+        # The trainer's TrainSpec, added to the OpenAPI components by service.app (validated in the route).
+        WithJsonSchema({"allOf": [{"$ref": "#/components/schemas/TrainSpec"}]}),
+    ] = Field(
+        default_factory=dict,
+        description="The job spec (TrainSpec). Unknown fields are refused; omitted fields take defaults.",
+    )
+    training_file: FileId | None = Field(
+        default=None, description="Id of an uploaded rl_train file; sets task.source 'jsonl' and task.path."
+    )
+    metadata: (
+        Annotated[
+            dict[
+                Annotated[str, StringConstraints(min_length=1, max_length=64)],
+                Annotated[str, StringConstraints(max_length=512)],
+            ],
+            Field(max_length=16),
+        ]
+        | None
+    ) = Field(default=None, description="Up to 16 string pairs (keys ≤ 64 chars, values ≤ 512 chars).")
+
+
+class EstimateObject(BaseModel):
+    object: Literal["job.estimate"] = "job.estimate"
+    valid: Literal[True] = True
+    resolved_spec: dict[str, Any] = Field(description="The spec with every default filled in.")
+    total_steps: int
+    responses_per_step: int = Field(
+        description="Sampled responses per RL step (upper bound with dynamic sampling)."
+    )
+    total_responses: int
+    max_completion_tokens: int = Field(description="Upper bound on generated tokens over all RL steps.")
+    forward_backward_passes: int
+    sft_steps: int
+    sft_examples: int
+    evaluations: int
+    eval_completions: int
+    checkpoints: int
+    num_processes: int
+    queue: str
+    jobs_ahead: int = Field(description="Jobs queued on the same queue now.")
+    allowed_to_proceed: bool = Field(description="False when the tenant is at its active-job limit.")
+    active_jobs: int
+    max_active_jobs: int | None
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int
+    fraction: float
+    step_seconds: float | None = Field(description="Smoothed seconds per step (exponential moving average).")
+    eta_seconds: float | None
+    estimated_finish: datetime | None
+
+
+class EntropyBand(BaseModel):
+    low: float | None
+    high: float | None
+
+
+class EntropyStatus(BaseModel):
+    value: float | None = Field(description="Token-mean policy entropy (nats) at the latest step.")
+    band: EntropyBand
+    state: Literal["in_band", "below", "above"] | None
+    steps_out_of_band: int | None = Field(description="Consecutive steps outside the band so far.")
+
+
+class LatestMetrics(BaseModel):
+    step: int
+    at: datetime | None
+    values: MetricValues
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    param: str | None
+    category: Literal["user", "system"] | None = Field(
+        description="user: fix the spec or data (never retried); system: the service's fault (retried)."
+    )
+
+
+class JobObject(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    name: str | None
+    status: JobStatus
+    model: str
+    algorithm: str
+    queue: str
+    training_file: str | None
+    metadata: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int = Field(
+        description="Runs started so far (a resume after a pause or a lost worker adds one)."
+    )
+    max_attempts: int
+    progress: Progress
+    entropy: EntropyStatus
+    latest_metrics: LatestMetrics | None
+    error: JobError | None
+    spec: dict[str, Any] = Field(description="The resolved spec the trainer runs.")
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobObject]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class EventObject(BaseModel):
+    id: int = Field(description="Sequence number within the job (1, 2, ...); the SSE id and the cursor.")
+    object: Literal["job.event"] = "job.event"
+    job_id: str
+    type: str
+    level: Literal["info", "warn", "error"]
+    message: str
+    step: int | None
+    data: dict[str, Any] | None
+    created_at: datetime
+
+
+class EventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EventObject]
+    has_more: bool
+    last_id: int | None
+
+
+class MetricPoint(BaseModel):
+    step: int
+    values: MetricValues
+
+
+class MetricsHistory(BaseModel):
+    object: Literal["job.metrics"] = "job.metrics"
+    job_id: str
+    names: list[str] = Field(description="Every metric name present in `data`, sorted.")
+    data: list[MetricPoint]
+    has_more: bool
+
+
+class CheckpointObject(BaseModel):
+    id: str
+    object: Literal["job.checkpoint"] = "job.checkpoint"
+    job_id: str
+    step: int
+    created_at: datetime
+    bytes: int | None = Field(description="Total size of the checkpoint's files, when recorded.")
+    sha256: str | None = Field(description="SHA-256 of the download's tar stream, once computed.")
+    metrics: MetricValues | None = Field(description="The training metrics of the checkpoint's step.")
+    download_url: str
+
+
+class CheckpointList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[CheckpointObject]
+
+
+# ---------------------------------------------------------------------------------------------- health
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"] = "ready"
+    checks: dict[str, str]
+
+
+# ------------------------------------------------------------------------------- documented error codes
+
+_ERROR_DESCRIPTIONS = {
+    400: "Malformed request (a body that cannot be parsed, a broken multipart form).",
+    401: "Missing, invalid or revoked API key.",
+    404: "No such object for this tenant (another tenant's objects are indistinguishable from missing ones).",
+    409: "The object's state does not allow this (e.g. deleting a running job).",
+    413: "The body or file is over the size limit.",
+    415: "Wrong Content-Type.",
+    422: "A field is invalid; `param` names it (dotted path).",
+    429: "Rate limit or active-job limit reached; see Retry-After.",
+    503: "The database or broker is unavailable; see Retry-After.",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the given error statuses, all in the one error shape."""
+    return {code: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[code]} for code in codes}
+
+
+AUTHENTICATED_ERRORS = errors(400, 401, 413, 422, 429, 503)

@@ -1,0 +1,245 @@
+"""Dataset uploads: a multipart body streamed to a staged file with a byte limit, then checked line by line.
+
+The body is parsed as it arrives (python-multipart's push parser), so an oversize upload is cut off at the
+limit with 413 and never held in memory or written past the limit. The staged file is then checked with
+trainer.tasks.validate_jsonl_lines (the same check the trainer runs when it loads the file), reading one
+line at a time with a cap on line length. Nothing is stored unless every check passes: the staged file is
+removed on any rejection, and the route inserts the row only after the file was moved into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from service.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from service.models import FILE_PURPOSES
+from trainer.tasks import LineError, validate_jsonl_lines
+
+MAX_FIELD_BYTES = 1024
+MULTIPART_OVERHEAD_BYTES = 64 * 1024  # headers and boundaries around the file part
+ERRORS_IN_MESSAGE = 5
+_UNSAFE_FILENAME = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+@dataclass
+class ReceivedUpload:
+    filename: str
+    purpose: str
+    size: int
+    sha256: str
+
+
+@dataclass
+class _Part:
+    headers: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
+    filename: str | None = None
+    value: bytearray = field(default_factory=bytearray)
+
+
+class _MultipartSink:
+    """Callbacks for MultipartParser: the `file` part goes to disk, small fields to memory."""
+
+    def __init__(self, out: BinaryIO, max_bytes: int) -> None:
+        self.out = out
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.digest = hashlib.sha256()
+        self.part = _Part()
+        self.header_field = bytearray()
+        self.header_value = bytearray()
+        self.fields: dict[str, str] = {}
+        self.filename: str | None = None
+        self.seen_file = False
+        self.finished = False
+
+    def callbacks(self) -> dict[str, Any]:
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": lambda data, start, end: self.header_field.extend(data[start:end]),
+            "on_header_value": lambda data, start, end: self.header_value.extend(data[start:end]),
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+            "on_end": self.on_end,
+        }
+
+    def on_part_begin(self) -> None:
+        self.part = _Part()
+
+    def on_header_end(self) -> None:
+        name = self.header_field.decode("latin-1").strip().lower()
+        self.part.headers[name] = self.header_value.decode("latin-1").strip()
+        self.header_field.clear()
+        self.header_value.clear()
+
+    def on_headers_finished(self) -> None:
+        disposition, options = parse_options_header(self.part.headers.get("content-disposition", ""))
+        if disposition != b"form-data" or b"name" not in options:
+            raise BadRequest("each multipart part needs 'Content-Disposition: form-data; name=...'")
+        self.part.name = options[b"name"].decode("utf-8", errors="replace")
+        if b"filename" in options:
+            self.part.filename = options[b"filename"].decode("utf-8", errors="replace")
+        if self.part.name == "file":
+            if self.seen_file:
+                raise Unprocessable("send exactly one file part", param="file")
+            self.seen_file = True
+            self.filename = self.part.filename or "upload.jsonl"
+        elif self.part.name != "purpose":
+            raise Unprocessable(f"unknown form field {self.part.name!r}", param=self.part.name)
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self.part.name == "file":
+            self.size += len(chunk)
+            if self.size > self.max_bytes:
+                raise PayloadTooLarge(
+                    f"the file is larger than the limit of {self.max_bytes} bytes",
+                    param="file",
+                    code="file_too_large",
+                )
+            self.digest.update(chunk)
+            self.out.write(chunk)
+        else:
+            self.part.value.extend(chunk)
+            if len(self.part.value) > MAX_FIELD_BYTES:
+                raise Unprocessable(f"form field {self.part.name!r} is too long", param=self.part.name)
+
+    def on_part_end(self) -> None:
+        if self.part.name is not None and self.part.name != "file":
+            if self.part.name in self.fields:
+                raise Unprocessable(f"form field {self.part.name!r} given twice", param=self.part.name)
+            try:
+                self.fields[self.part.name] = self.part.value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise Unprocessable(
+                    f"form field {self.part.name!r} is not UTF-8", param=self.part.name
+                ) from None
+
+    def on_end(self) -> None:
+        self.finished = True
+
+
+def multipart_boundary(content_type: str | None) -> bytes:
+    kind, options = parse_options_header(content_type or "")
+    if kind != b"multipart/form-data":
+        raise UnsupportedMediaType("upload the file as multipart/form-data with a 'file' part", param="file")
+    boundary = options.get(b"boundary")
+    if not boundary or len(boundary) > 200:
+        raise BadRequest("the multipart Content-Type has no usable boundary", param="file")
+    return boundary
+
+
+def check_declared_length(content_length: str | None, max_bytes: int) -> None:
+    """Refuse early when Content-Length already says the body is over the limit."""
+    if content_length is None:
+        return
+    try:
+        declared = int(content_length)
+    except ValueError:
+        raise BadRequest("Content-Length is not a number") from None
+    if declared > max_bytes + MULTIPART_OVERHEAD_BYTES:
+        raise PayloadTooLarge(
+            f"the file is larger than the limit of {max_bytes} bytes", param="file", code="file_too_large"
+        )
+
+
+async def receive_upload(
+    chunks: AsyncIterator[bytes], boundary: bytes, staged: Path, *, max_bytes: int
+) -> ReceivedUpload:
+    """Stream the multipart body into `staged`; raises 413 at the limit, 400/422 for a malformed form."""
+    with staged.open("wb") as out:
+        sink = _MultipartSink(out, max_bytes)
+        parser = MultipartParser(boundary, sink.callbacks())  # type: ignore[arg-type]
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    parser.write(chunk)
+            parser.finalize()
+        except MultipartParseError as err:
+            raise BadRequest(f"malformed multipart body: {err}", param="file") from None
+    if not sink.finished:
+        raise BadRequest("the multipart body ended before its closing boundary", param="file")
+    if not sink.seen_file:
+        raise Unprocessable("the form has no 'file' part", param="file")
+    purpose = sink.fields.get("purpose", "rl_train")
+    if purpose not in FILE_PURPOSES:
+        raise Unprocessable(f"purpose must be one of {', '.join(FILE_PURPOSES)}", param="purpose")
+    return ReceivedUpload(
+        filename=clean_filename(sink.filename or "upload.jsonl"),
+        purpose=purpose,
+        size=sink.size,
+        sha256=sink.digest.hexdigest(),
+    )
+
+
+def clean_filename(name: str) -> str:
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    base = _UNSAFE_FILENAME.sub("_", base).strip() or "upload.jsonl"
+    return base[:255]
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _capped_lines(fh: BinaryIO, max_line_bytes: int, too_long: list[int]) -> Iterator[bytes]:
+    """Lines of fh, each read with a cap; an over-long line is skipped (and its number recorded)."""
+    number = 0
+    while True:
+        line = fh.readline(max_line_bytes + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            too_long.append(number)
+            while True:
+                rest = fh.readline(max_line_bytes)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield b""
+            continue
+        yield line
+
+
+def validate_jsonl(path: Path, *, max_line_bytes: int, max_errors: int) -> tuple[int, list[LineError]]:
+    """(records, line-numbered errors) of a staged JSONL file; no errors means the trainer can load it."""
+    too_long: list[int] = []
+    records = 0
+
+    def counted(lines: Iterator[bytes]) -> Iterator[bytes]:
+        nonlocal records
+        for line in lines:
+            records += bool(line.strip())
+            yield line
+
+    with path.open("rb") as fh:
+        errors = validate_jsonl_lines(
+            counted(_capped_lines(fh, max_line_bytes, too_long)), max_errors=max_errors
+        )
+    if too_long:
+        errors = [e for e in errors if e.code != "empty_file"]
+        errors.extend(
+            LineError(n, "line_too_long", f"line is longer than {max_line_bytes} bytes") for n in too_long
+        )
+        errors.sort(key=lambda e: e.line)
+    return records, errors[:max_errors]
+
+
+def invalid_file(errors: list[LineError]) -> Unprocessable:
+    shown = "; ".join(str(e) for e in errors[:ERRORS_IN_MESSAGE])
+    more = f" (and {len(errors) - ERRORS_IN_MESSAGE} more)" if len(errors) > ERRORS_IN_MESSAGE else ""
+    return Unprocessable(
+        f"the file is not valid JSONL for training: {shown}{more}",
+        param="file",
+        code="invalid_file",
+        details=[{"line": e.line, "code": e.code, "message": e.message, "param": e.field} for e in errors],
+    )

@@ -1,0 +1,177 @@
+"""Rows to API objects: the job's progress, ETA and entropy status are derived here, from the job row alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+from service import schemas
+from service.models import TERMINAL_STATUSES, ApiKey, Checkpoint, File, Job, JobEvent, Tenant
+from service.principals import KeyRef, TenantRef
+
+ENTROPY = "entropy/mean"
+BAND_LOW = "entropy/band_low"
+BAND_HIGH = "entropy/band_high"
+BAND_STATE = "entropy/band_state"
+STEPS_OUT_OF_BAND = "entropy/steps_out_of_band"
+_STATES = {-1: "below", 0: "in_band", 1: "above"}
+
+# A Job, or a read-only row of the same columns under the same names (repository.read_job, read_job_async).
+JobLike = Job | Row[Any] | SimpleNamespace
+
+
+def finite(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+def metric_values(metrics: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """Numeric metrics only (a non-finite value was stored as null and stays null)."""
+    if not metrics:
+        return {}
+    return {str(k): finite(v) for k, v in metrics.items() if v is None or isinstance(v, int | float)}
+
+
+def entropy_status(job: JobLike) -> schemas.EntropyStatus:
+    metrics = job.last_metrics or {}
+    band_spec = job.resolved_spec.get("entropy_band") if isinstance(job.resolved_spec, dict) else None
+    band_spec = band_spec if isinstance(band_spec, dict) else {}
+    value = finite(metrics.get(ENTROPY))
+    low = finite(metrics.get(BAND_LOW))
+    high = finite(metrics.get(BAND_HIGH))
+    if low is None or high is None:
+        low, high = finite(band_spec.get("low")), finite(band_spec.get("high"))
+    state: str | None = None
+    logged_state = finite(metrics.get(BAND_STATE))
+    if logged_state is not None:
+        state = _STATES[int(math.copysign(1, logged_state)) if logged_state != 0 else 0]
+    elif value is not None and low is not None and high is not None:
+        state = "below" if value < low else "above" if value > high else "in_band"
+    out_of_band = finite(metrics.get(STEPS_OUT_OF_BAND))
+    return schemas.EntropyStatus(
+        value=value,
+        band=schemas.EntropyBand(low=low, high=high),
+        state=state,  # type: ignore[arg-type]
+        steps_out_of_band=int(out_of_band) if out_of_band is not None else None,
+    )
+
+
+def progress(job: JobLike) -> schemas.Progress:
+    total = max(job.total_steps, 1)
+    step = min(job.current_step, job.total_steps)
+    eta = None
+    finish = None
+    if job.status not in TERMINAL_STATUSES and job.step_seconds_ema is not None:
+        eta = max(job.total_steps - job.current_step, 0) * job.step_seconds_ema
+        if job.last_step_at is not None:
+            finish = job.last_step_at + timedelta(seconds=eta)
+    return schemas.Progress(
+        step=step,
+        total_steps=job.total_steps,
+        fraction=min(step / total, 1.0),
+        step_seconds=job.step_seconds_ema,
+        eta_seconds=eta,
+        estimated_finish=finish,
+    )
+
+
+def job_view(job: JobLike) -> schemas.JobObject:
+    error = None
+    if job.error_code is not None or job.error_message is not None:
+        error = schemas.JobError(
+            code=job.error_code or "error",
+            message=job.error_message or "",
+            param=job.error_param,
+            category=job.error_category,  # type: ignore[arg-type]
+        )
+    latest = None
+    if job.last_metrics is not None:
+        latest = schemas.LatestMetrics(
+            step=job.current_step, at=job.last_step_at, values=metric_values(job.last_metrics)
+        )
+    return schemas.JobObject(
+        id=job.id,
+        name=job.name,
+        status=job.status,  # type: ignore[arg-type]
+        model=job.model,
+        algorithm=job.algorithm,
+        queue=job.queue,
+        training_file=job.training_file_id,
+        metadata=dict(job.job_metadata or {}),
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        progress=progress(job),
+        entropy=entropy_status(job),
+        latest_metrics=latest,
+        error=error,
+        spec=job.resolved_spec,
+    )
+
+
+def file_view(row: File) -> schemas.FileObject:
+    return schemas.FileObject(
+        id=row.id,
+        filename=row.filename,
+        purpose=row.purpose,  # type: ignore[arg-type]
+        bytes=row.bytes,
+        sha256=row.sha256,
+        records=row.records,
+        created_at=row.created_at,
+    )
+
+
+def api_key_view(key: ApiKey | KeyRef) -> schemas.ApiKeyObject:
+    return schemas.ApiKeyObject(
+        id=key.id,
+        name=key.name,
+        prefix=key.prefix,
+        created_at=key.created_at,
+        last_used_at=key.last_used_at,
+        revoked_at=key.revoked_at,
+    )
+
+
+def tenant_view(tenant: Tenant | TenantRef) -> schemas.TenantObject:
+    return schemas.TenantObject(id=tenant.id, name=tenant.name, created_at=tenant.created_at)
+
+
+def event_view(event: JobEvent) -> schemas.EventObject:
+    return schemas.EventObject(
+        id=event.seq,
+        job_id=event.job_id,
+        type=event.type,
+        level=event.level,  # type: ignore[arg-type]
+        message=event.message,
+        step=event.step,
+        data=event.data,
+        created_at=event.created_at,
+    )
+
+
+def checkpoint_view(ckpt: Checkpoint, metrics: Mapping[str, Any] | None) -> schemas.CheckpointObject:
+    return schemas.CheckpointObject(
+        id=ckpt.id,
+        job_id=ckpt.job_id,
+        step=ckpt.step,
+        created_at=ckpt.created_at,
+        bytes=ckpt.bytes,
+        sha256=ckpt.archive_sha256,
+        metrics=metric_values(metrics) if metrics is not None else None,
+        download_url=f"/v1/jobs/{ckpt.job_id}/checkpoints/{ckpt.id}/download",
+    )

@@ -1,0 +1,182 @@
+"""Fixtures for the service tests: a throwaway PostgreSQL database for the session (created on the machine's
+server, migrated with Alembic, dropped at the end), the app built on it, and tenants with real API keys.
+
+Nothing is mocked: the database is PostgreSQL (SQLite in the embedded-mode tests), the broker is Redis where a
+test is about the queue (elsewhere enqueueing is a recorded no-op, a settings flag), the artifact root is a
+temp directory. Each test makes its own tenants, so tests share the database without seeing each other.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from psycopg import sql
+
+from service import migrate, repository
+from service.app import create_app
+from service.database import Database
+from service.settings import Settings
+
+PG_HOST = os.environ.get("STARE_TEST_PG_HOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("STARE_TEST_PG_PORT", "5432"))
+REDIS_URL = os.environ.get("STARE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _admin_connection() -> psycopg.Connection[Any]:
+    """A connection to the `postgres` database as the OS user, else as `postgres` (trust auth)."""
+    errors = []
+    for user in (None, "postgres"):
+        try:
+            return psycopg.connect(
+                host=PG_HOST, port=PG_PORT, dbname="postgres", user=user, autocommit=True, connect_timeout=5
+            )
+        except psycopg.OperationalError as err:
+            errors.append(f"{user or 'OS user'}: {err}")
+    raise RuntimeError("cannot reach PostgreSQL for the service tests: " + "; ".join(errors))
+
+
+@dataclass(frozen=True)
+class Postgres:
+    user: str
+
+    def url(self, dbname: str) -> str:
+        return f"postgresql+psycopg://{self.user}@{PG_HOST}:{PG_PORT}/{dbname}"
+
+    def create(self, prefix: str = "stare_svc_test") -> str:
+        name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        with _admin_connection() as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return name
+
+    def drop(self, name: str) -> None:
+        with _admin_connection() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Postgres:
+    with _admin_connection() as conn:
+        user = conn.info.user
+    return Postgres(user)
+
+
+@pytest.fixture(scope="session")
+def pg_url(postgres: Postgres) -> Iterator[str]:
+    """A fresh database for this test session, at the latest migration."""
+    name = postgres.create()
+    url = postgres.url(name)
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        postgres.drop(name)
+
+
+@pytest.fixture(scope="session")
+def artifact_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("artifacts")
+
+
+def settings_for(database_url: str, artifact_root: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "environment": "development",
+        "database_url": database_url,
+        "database_pool_size": 4,
+        "artifact_root": artifact_root,
+        "queue_backend": "record",
+        "broker_url": REDIS_URL,
+        "rate_limit_per_second": 0.0,
+        "max_active_jobs_per_tenant": 0,
+        "sse_poll_interval_s": 0.05,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def settings(pg_url: str, artifact_root: Path) -> Settings:
+    return settings_for(pg_url, artifact_root)
+
+
+@pytest.fixture(scope="session")
+def client(settings: Settings) -> Iterator[TestClient]:
+    """The app on the session database (recorded enqueueing, no rate limit)."""
+    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def make_client(pg_url: str, tmp_path: Path) -> Iterator[Callable[..., TestClient]]:
+    """Build an app with other settings (it gets its own artifact root)."""
+    opened: list[TestClient] = []
+
+    def build(**overrides: Any) -> TestClient:
+        overrides.setdefault("artifact_root", tmp_path / "artifacts")
+        artifact = overrides.pop("artifact_root")
+        test_client = TestClient(
+            create_app(settings_for(overrides.pop("database_url", pg_url), artifact, **overrides)),
+            raise_server_exceptions=False,
+        )
+        test_client.__enter__()
+        opened.append(test_client)
+        return test_client
+
+    yield build
+    for test_client in opened:
+        test_client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def db(pg_url: str) -> Iterator[Database]:
+    database = Database(pg_url, pool_size=2)
+    yield database
+    database.dispose()
+
+
+@dataclass(frozen=True)
+class TenantKey:
+    tenant_id: str
+    name: str
+    key: str
+    key_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+@pytest.fixture
+def make_tenant(db: Database) -> Callable[[], TenantKey]:
+    def build(database: Database | None = None) -> TenantKey:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        with (database or db).transaction() as session:
+            tenant = repository.create_tenant(session, name)
+            key, secret = repository.create_api_key(session, tenant.id, "test")
+        return TenantKey(tenant.id, name, secret, key.id)
+
+    return build
+
+
+@pytest.fixture
+def tenant(make_tenant: Callable[[], TenantKey]) -> TenantKey:
+    return make_tenant()
+
+
+# Generated Schemathesis cases per operation (filled by test_schemathesis, reported at the end).
+SCHEMATHESIS_CASES: dict[str, int] = {}
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if SCHEMATHESIS_CASES:
+        total = sum(SCHEMATHESIS_CASES.values())
+        terminalreporter.write_line(
+            f"schemathesis: {total} generated cases over {len(SCHEMATHESIS_CASES)} operations"
+        )

@@ -1,0 +1,100 @@
+"""Shared test data and a stand-in for the worker's writes (the real repository functions, as issue 5's
+worker will call them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service import repository
+from service.database import Database
+
+# A small, valid spec (the built-in tiny model, arithmetic task): cheap to validate.
+TINY_SPEC: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"name": "tiny-arith"},
+    "task": {"source": "arithmetic", "params": {"operations": ["+"], "min_operand": 0, "max_operand": 9}},
+    "algorithm": {"name": "stare"},
+    "optim": {"steps": 20},
+    "entropy_band": {"low": 0.1, "high": 1.0},
+    "checkpoint": {"interval": 5},
+}
+
+GOOD_JSONL = b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4", "meta": {"k": 1}}\n'
+
+
+def create_job(client: TestClient, headers: Mapping[str, str], spec: Mapping[str, Any] | None = None) -> str:
+    response = client.post("/v1/jobs", json={"spec": dict(spec or TINY_SPEC)}, headers=dict(headers))
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def upload(
+    client: TestClient,
+    headers: Mapping[str, str],
+    content: bytes,
+    *,
+    filename: str = "data.jsonl",
+    **data: str,
+) -> Any:
+    return client.post(
+        "/v1/files",
+        files={"file": (filename, content, "application/jsonl")},
+        data=data,
+        headers=dict(headers),
+    )
+
+
+def step_metrics(step: int, entropy: float, *, state: int = 0, out_of_band: int = 0) -> dict[str, float]:
+    return {
+        "entropy/mean": entropy,
+        "entropy/band_low": 0.1,
+        "entropy/band_high": 1.0,
+        "entropy/band_state": float(state),
+        "entropy/steps_out_of_band": float(out_of_band),
+        "stare/gate_on": 1.0,
+        "reward/accuracy": 0.25 + 0.01 * step,
+        "reward/mean": 0.25 + 0.01 * step,
+        "perf/step_seconds": 2.0,
+    }
+
+
+class FakeWorker:
+    """Drives a job through the worker-side repository functions, the way the worker process will."""
+
+    def __init__(self, db: Database, job_id: str, owner: str = "test-worker") -> None:
+        self.db = db
+        self.job_id = job_id
+        with db.transaction() as session:
+            claim = repository.claim_job(session, job_id, owner=owner, lease_s=30)
+        assert claim is not None, f"could not claim {job_id}"
+        self.claim = claim
+        self.token = claim.lease_token
+
+    def steps(self, first: int, last: int, entropy: float = 0.5) -> None:
+        for step in range(first, last + 1):
+            with self.db.transaction() as session:
+                assert repository.record_step_metrics(
+                    session, self.job_id, self.token, step, step_metrics(step, entropy)
+                )
+
+    def checkpoint(self, artifact_root: Path, step: int, files: Mapping[str, bytes] | None = None) -> str:
+        relative = f"{self.claim.run_dir}/checkpoints/step-{step:06d}"
+        folder = artifact_root / relative
+        (folder / "model").mkdir(parents=True, exist_ok=True)
+        for name, data in (
+            files or {"model/weights.bin": b"\x00\x01" * 600, "state.json": b'{"step": 1}'}
+        ).items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(data)
+        with self.db.transaction() as session:
+            checkpoint_id = repository.add_checkpoint(session, self.job_id, self.token, step, relative)
+        assert checkpoint_id is not None
+        return checkpoint_id
+
+    def finish(self, status: str = "succeeded", error: repository.JobError | None = None) -> None:
+        with self.db.transaction() as session:
+            assert repository.finish_job(session, self.job_id, self.token, status, error=error)
