@@ -43,7 +43,7 @@ class TaskSpec(_Strict):
     name: str | None = None  # reasoning-gym dataset name
     path: str | None = None  # JSONL file (the service fills it from an uploaded file id)
     params: dict[str, Any] = Field(default_factory=dict)
-    train_size: Annotated[int, Field(ge=1, le=10_000_000)] = 2000
+    train_size: Annotated[int, Field(ge=0, le=10_000_000)] = 2000  # JSONL: 0 = every line
     eval_size: Annotated[int, Field(ge=0, le=100_000)] = 64
     prompt_template: Annotated[str, Field(max_length=10_000)] = "{prompt}"
     use_chat_template: bool = False
@@ -61,6 +61,10 @@ class TaskSpec(_Strict):
             raise ValueError("task.name is required when task.source is 'reasoning_gym'")
         if self.source == "jsonl" and not self.path:
             raise ValueError("task.path is required when task.source is 'jsonl'")
+        if self.train_size == 0 and self.source != "jsonl":
+            raise ValueError(
+                "task.train_size must be ≥ 1 for generated tasks (0 means 'every line' of a JSONL file)"
+            )
         return self
 
 

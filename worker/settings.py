@@ -17,7 +17,9 @@ class WorkerSettings(Settings):
     lease_s: Annotated[float, Field(gt=0)] = 60.0  # lease length written at each heartbeat
     stale_after_s: Annotated[float, Field(gt=0)] = 30.0  # the sweeper's "worker lost" threshold (~3 beats)
     sweep_interval_s: Annotated[float, Field(gt=0)] = 10.0
-    unclaimed_after_s: Annotated[float, Field(gt=0)] = 30.0  # re-ring the doorbell of queued jobs after this
+    unclaimed_after_s: Annotated[float, Field(gt=0)] = (
+        120.0  # re-ring the doorbell of jobs unclaimed this long
+    )
     db_retry_max_s: Annotated[float, Field(gt=0)] = 300.0  # ride out a database outage this long
     cancel_grace_s: Annotated[float, Field(gt=0)] = 120.0  # SIGTERM → SIGKILL for a trainer that won't stop
     python: str = ""  # interpreter for the trainer child; empty: this one

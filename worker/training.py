@@ -149,13 +149,21 @@ class Recorder:
             )
 
     def _event(self, kind: str, message: str, data: dict[str, Any], level: str = "info") -> None:
+        # The dedupe key makes a retried write (a COMMIT whose reply was lost) a no-op.
         c = self.claim
+        step = data.get("step")
+        dedupe = f"{c.attempt}:{kind}:{step}"
         self._fenced(
-            lambda s: (
-                repository.append_event(
-                    s, c.job_id, kind, message, data=data, level=level, lease_token=c.lease_token
-                )
-                or True
+            lambda s: repository.append_event(
+                s,
+                c.job_id,
+                kind,
+                message,
+                data=data,
+                level=level,
+                step=step if isinstance(step, int) else None,
+                lease_token=c.lease_token,
+                dedupe_key=dedupe,
             )
         )
 

@@ -269,3 +269,72 @@ def test_pruned_checkpoints_are_announced(tmp_path):
     deleted = [e["step"] for e in events if e["type"] == "checkpoint_deleted"]
     kept = {int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")}
     assert deleted == [0, 1] and kept == {2, 3}
+
+
+def _steps(out: Path) -> list[dict]:
+    return [e["metrics"] for e in read_events(out) if e["type"] == "step"]
+
+
+def test_dynamic_sampling_trains_only_on_informative_groups(tmp_path):
+    out = tmp_path / "run"
+    spec = small_spec(
+        algorithm={"name": "grpo_ds"},
+        optim={"steps": 3, "dynamic_sampling": {"enabled": True, "max_gen_batches": 4}},
+    )
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    for m in _steps(out):
+        assert m["reward/zero_std_fraction"] == 0.0  # every kept group has varied rewards
+        assert 1.0 <= m["perf/gen_batches"] <= 4.0
+        assert m["data/responses"] % 4 == 0 and m["data/responses"] <= 3 * 4
+    state = json.loads((out / "checkpoints" / "step-000003" / "state.json").read_text())
+    gen_batches = sum(m["perf/gen_batches"] for m in _steps(out))
+    assert state["cursor"] == gen_batches * 3  # each generation batch consumed prompts_per_step prompts
+
+
+def test_dapo_applies_the_overlong_penalty(tmp_path):
+    out = tmp_path / "run"
+    # Budget 5 tokens with a 4-token buffer: responses longer than 1 token are penalised, so rewards go below 0.
+    spec = small_spec(
+        algorithm={"name": "dapo"},
+        optim={"steps": 2},
+        reward={"style": "binary", "overlong": {"cache_length": 4}},
+    )
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    means = [(m["reward/mean"], m["reward/accuracy"]) for m in _steps(out)]
+    assert all(mean < accuracy for mean, accuracy in means)
+
+
+def test_jsonl_task_with_sft_and_sampled_evaluation(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+            for a in range(8)
+            for b in range(8)
+        )
+    )
+    out = tmp_path / "run"
+    spec = small_spec(
+        task={"source": "jsonl", "path": str(data), "train_size": 0, "eval_size": 8},
+        sft={"steps": 20, "lr": 3e-3, "batch_size": 32},
+        evaluation={"interval": 0, "greedy": False, "k": 3},
+        optim={"steps": 2},
+    )
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    events = read_events(out)
+    assert [e["step"] for e in events if e["type"] == "sft"] == [20]
+    evals = [e["metrics"] for e in events if e["type"] == "eval"]
+    assert all(m["eval/k"] == 3.0 and m["eval/num_prompts"] == 8.0 for m in evals)
+    assert all(m["eval/pass@k"] >= m["eval/avg@k"] for m in evals)
+
+
+def test_reasoning_gym_task_runs(tmp_path):
+    out = tmp_path / "run"
+    spec = small_spec(
+        task={"source": "reasoning_gym", "name": "chain_sum", "train_size": 16, "eval_size": 4},
+        verifier={"name": "reasoning_gym", "params": {}},
+        optim={"steps": 1},
+        sampling={"max_new_tokens": 4},
+    )
+    assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
+    assert len(_steps(out)) == 1
