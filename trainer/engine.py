@@ -141,7 +141,7 @@ def response_logits(
     prompts = torch.cat([input_ids[:, :p_len], attention_mask[:, :p_len]], dim=1)  # (b, 2P)
     distinct, inverse = torch.unique(prompts, dim=0, return_inverse=True)
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    if ddp or distinct.shape[0] == b or r_len < 2:
+    if ddp or distinct.shape[0] == b or p_len < 1 or r_len < 2:
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -171,6 +171,19 @@ def response_logits(
         **{cache_kw: cache},
     )
     return torch.cat([head.logits[inverse], tail.logits], dim=1)
+
+
+def align_tensors(model: torch.nn.Module, alignment: int = 64) -> None:
+    """Moves parameters and buffers that sit off a 64-byte boundary into fresh (aligned) memory.
+
+    Weights read from safetensors can start at any 8-byte offset, and CPU matmul kernels round differently
+    for misaligned operands in some shapes (small row counts): a run resumed from a checkpoint would then
+    drift by float rounding from the uninterrupted run, whose weights torch allocated itself.
+    """
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.data_ptr() % alignment:
+                tensor.data = tensor.data.clone()
 
 
 def forward_is_deterministic(model: torch.nn.Module) -> bool:
@@ -385,6 +398,7 @@ class Engine:
                     dropout=lora.dropout,
                     target_modules=lora.target_modules,
                 )
+        align_tensors(model)
         self.tokenizer = tokenizer
         self.ref_model = None
         params = [p for p in model.parameters() if p.requires_grad]

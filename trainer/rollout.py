@@ -8,6 +8,7 @@ training forward scores exactly the tokens generate sampled.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -102,7 +103,12 @@ def hf_model(model: Any) -> Any:
 
 def cache_argument(model: Any) -> str:
     """The forward/generate keyword of the KV cache: transformers 5.x renamed past_key_values to cache."""
-    parameters = inspect.signature(type(hf_model(model)).forward).parameters
+    return _cache_argument_of(type(hf_model(model)))
+
+
+@functools.cache
+def _cache_argument_of(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
