@@ -41,8 +41,12 @@ layers: install
 	$(BIN)/lint-imports
 
 bench: install
+	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python bench/bench_kernels.py
 	$(BIN)/python bench/bench_stare_overhead.py
+	$(BIN)/python bench/bench_engine.py
+	$(BIN)/python bench/bench_streaming.py
+	$(BIN)/python bench/bench_service.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

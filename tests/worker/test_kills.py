@@ -25,7 +25,7 @@ from tests.worker.harness import (
 
 pytestmark = pytest.mark.slow  # real servers, workers and trainers: the suite takes minutes
 
-STEPS = 12
+STEPS = 20  # the third kill lands near step 9-11: the last attempt still has steps to run
 INTERVAL = 2
 KILLS = 3
 
