@@ -128,7 +128,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             settings = WorkerSettings(
-                database_url=url, artifact_root=root, broker_url="redis://127.0.0.1:6379/15", heartbeat_s=1.0
+                database_url=url, artifact_root=root, broker_url="redis://127.0.0.1:6379/15"
             )
             job_spec = spec(args.steps)
             spec_path = root / "spec.yaml"

@@ -69,6 +69,7 @@ from trainer.verifiers import score
 
 EventCallback = Callable[[dict[str, Any]], None]
 NAN_STEP_ENV = "STARE_INJECT_NAN_STEP"  # fault injection for tests: the loss at this step becomes NaN
+STEP_DELAY_ENV = "STARE_STEP_DELAY_S"  # for fault tests: sleep this long after each step (a slow model)
 
 
 class ExitCode(IntEnum):
@@ -867,6 +868,8 @@ class Engine:
         while self.step < spec.optim.steps:
             metrics = self.train_step()
             self.emit({"type": "step", "step": self.step, "metrics": metrics})
+            if os.environ.get(STEP_DELAY_ENV):
+                time.sleep(float(os.environ[STEP_DELAY_ENV]))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(H=f"{metrics['entropy/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")

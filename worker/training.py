@@ -40,6 +40,8 @@ T = TypeVar("T")
 
 CHECKPOINT_PREFIX = "step-"  # trainer/checkpoints.py: OUT/checkpoints/step-000050
 EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 75
+FLUSH_S = 0.5  # metric rows reach the database within this long of the step
+MAX_BATCH = 64
 TRANSIENT_DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
 
 
@@ -96,75 +98,71 @@ class Recorder:
         )
 
     def record(self, event: dict[str, Any]) -> None:
+        self.record_batch([event])
+
+    def record_batch(self, events: list[dict[str, Any]]) -> None:
+        """Writes the events' rows in one transaction (one COMMIT for several steps: cheap streaming)."""
+        ops = [op for event in events for op in self._operations(event)]
+        if ops:
+            # Every op is fenced; the first one's UPDATE locks the job row, so the rest see the same lease.
+            self._fenced(lambda s: all(op(s) for op in ops))
+
+    def _operations(self, event: dict[str, Any]) -> list[Callable[[Any], Any]]:
         c = self.claim
         kind = event.get("type")
         if kind == "step":
-            self._fenced(
-                lambda s: repository.record_step_metrics(
-                    s, c.job_id, c.lease_token, int(event["step"]), event["metrics"]
-                )
-            )
-        elif kind == "eval":
-            self._fenced(
-                lambda s: repository.record_eval(
-                    s, c.job_id, c.lease_token, int(event["step"]), event["metrics"]
-                )
-            )
-        elif kind == "checkpoint":
-            relative = self._relative(event["path"])
+            step, metrics = int(event["step"]), event["metrics"]
+            return [lambda s: repository.record_step_metrics(s, c.job_id, c.lease_token, step, metrics)]
+        if kind == "eval":
+            step, metrics = int(event["step"]), event["metrics"]
+            return [lambda s: repository.record_eval(s, c.job_id, c.lease_token, step, metrics)]
+        if kind == "checkpoint":
+            step, relative = int(event["step"]), self._relative(event["path"])
             size = _folder_size(Path(event["path"]))
-            self._fenced(
-                lambda s: repository.add_checkpoint(
-                    s, c.job_id, c.lease_token, int(event["step"]), relative, size=size
+            return [
+                lambda s: repository.add_checkpoint(s, c.job_id, c.lease_token, step, relative, size=size),
+                self._event_op(
+                    "checkpoint.created", f"Checkpoint at step {step}", {"step": step, "path": relative}
+                ),
+            ]
+        if kind == "checkpoint_deleted":  # pruned by keep_last: its folder is gone
+            step = int(event["step"])
+            return [lambda s: repository.remove_checkpoint(s, c.job_id, c.lease_token, step)]
+        if kind == "sft":
+            data = {k: event[k] for k in ("step", "total", "loss")}
+            return [
+                self._event_op("sft.progress", f"SFT warm-start step {event['step']}/{event['total']}", data)
+            ]
+        if kind == "resumed":
+            step = event["step"]
+            return [
+                self._event_op(
+                    "trainer.resumed", f"Resumed from the checkpoint at step {step}", {"step": step}
                 )
-            )
-            self._event(
-                "checkpoint.created",
-                f"Checkpoint at step {event['step']}",
-                {"step": event["step"], "path": relative},
-            )
-        elif kind == "checkpoint_deleted":  # pruned by keep_last: its folder is gone
-            self._fenced(
-                lambda s: repository.remove_checkpoint(s, c.job_id, c.lease_token, int(event["step"]))
-            )
-        elif kind == "sft":
-            self._event(
-                "sft.progress",
-                f"SFT warm-start step {event['step']}/{event['total']}",
-                {k: event[k] for k in ("step", "total", "loss")},
-            )
-        elif kind == "resumed":
-            self._event(
-                "trainer.resumed",
-                f"Resumed from the checkpoint at step {event['step']}",
-                {"step": event["step"]},
-            )
-        elif kind == "error":
+            ]
+        if kind == "error":
             self.last_error = str(event.get("message", ""))
-            self._event(
-                "trainer.error",
-                str(event.get("message", "trainer error")),
-                {"step": event.get("step")},
-                level="error",
-            )
+            message = str(event.get("message", "trainer error"))
+            return [self._event_op("trainer.error", message, {"step": event.get("step")}, level="error")]
+        return []
 
-    def _event(self, kind: str, message: str, data: dict[str, Any], level: str = "info") -> None:
+    def _event_op(
+        self, kind: str, message: str, data: dict[str, Any], level: str = "info"
+    ) -> Callable[[Any], Any]:
         # The dedupe key makes a retried write (a COMMIT whose reply was lost) a no-op.
         c = self.claim
         step = data.get("step")
         dedupe = f"{c.attempt}:{kind}:{step}"
-        self._fenced(
-            lambda s: repository.append_event(
-                s,
-                c.job_id,
-                kind,
-                message,
-                data=data,
-                level=level,
-                step=step if isinstance(step, int) else None,
-                lease_token=c.lease_token,
-                dedupe_key=dedupe,
-            )
+        return lambda s: repository.append_event(
+            s,
+            c.job_id,
+            kind,
+            message,
+            data=data,
+            level=level,
+            step=step if isinstance(step, int) else None,
+            lease_token=c.lease_token,
+            dedupe_key=dedupe,
         )
 
     def _relative(self, path: str) -> str:
@@ -244,10 +242,22 @@ def run_claimed(
                 event = child.events.get(timeout=min(1.0, settings.heartbeat_s))
             except queue.Empty:
                 event = {}
+            batch = [] if not event else [event]
             if event is None:
                 finished_output = True
-            elif event:
-                recorder.record(event)
+            # Gather what else arrives within flush_s: one transaction for several steps.
+            flush_at = time.monotonic() + FLUSH_S
+            while batch and not finished_output and len(batch) < MAX_BATCH:
+                try:
+                    more = child.events.get(timeout=max(0.0, flush_at - time.monotonic()))
+                except queue.Empty:
+                    break
+                if more is None:
+                    finished_output = True
+                else:
+                    batch.append(more)
+            if batch:
+                recorder.record_batch(batch)
             if time.monotonic() - last_beat >= settings.heartbeat_s:
                 status = recorder.heartbeat()
                 last_beat = time.monotonic()

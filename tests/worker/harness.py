@@ -54,6 +54,9 @@ def record_figures(test: str, **values: Any) -> None:
     FIGURES.setdefault(test, {}).update(values)
 
 
+STEP_DELAY_S = 0.25
+
+
 def tiny_spec(steps: int, interval: int = 2, **extra: Any) -> dict[str, Any]:
     """The tiny built-in model on arithmetic: each step takes well under a second on a CPU core."""
     spec: dict[str, Any] = {
@@ -218,6 +221,9 @@ class Harness:
                 "STARE_STALE_AFTER_S": str(STALE_AFTER_S),
                 "STARE_SWEEP_INTERVAL_S": str(SWEEP_INTERVAL_S),
                 "STARE_UNCLAIMED_AFTER_S": str(UNCLAIMED_AFTER_S),
+                # Steps of a fixed minimum length: the tests' kills, pauses and outages land mid-run however
+                # fast the machine trains the tiny model.
+                "STARE_STEP_DELAY_S": str(STEP_DELAY_S),
                 "STARE_LEASE_S": "30",
                 "STARE_DB_RETRY_MAX_S": "120",
                 "STARE_CANCEL_GRACE_S": "60",

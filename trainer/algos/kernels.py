@@ -8,10 +8,13 @@ temperature T (logits are divided by T before anything else, ALGORITHMS.md §Not
     C(p)    = Σ_k p_k² (s_k − H),  s_k = −log p_k    (≤ 0; STARE's first-order entropy analysis, §1)
 
 Memory: the full-vocabulary fp32 log-softmax of the batch is never built. Rows are processed in chunks;
-each chunk is upcast to fp32, reduced to three numbers per row, and dropped. The log-probability is
-differentiable through a custom autograd function whose backward rebuilds softmax one chunk at a time,
-so nothing of size (rows, V) is saved for backward beyond the logits that already exist. Entropy and C are
-diagnostics and selectors: they carry no gradient.
+each chunk is upcast to fp32 and reduced to three numbers per row in a few (chunk_rows, V) fp32 buffers
+that every chunk of the call reuses (at most three: 0.87 GiB at the default 512 rows and V = 151,936).
+The per-chunk operations are the reference's own (log_softmax, exp, elementwise products, row sums), so
+on CPU the values equal `token_stats_reference` bit for bit. The log-probability is differentiable through a custom
+autograd function whose backward rebuilds softmax one chunk at a time, so nothing of size (rows, V) is
+saved for backward beyond the logits that already exist. Entropy and C are diagnostics and selectors:
+they carry no gradient.
 
 `token_stats_from_hidden` goes one step further and fuses the LM head: hidden states (N, D) and the head
 weight (V, D) go in, logits exist only one chunk at a time, and backward recomputes each chunk.
@@ -25,7 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-DEFAULT_CHUNK_ROWS = 1024
+# bench/bench_kernels.py's sweep (docs/BENCHMARKS.md): 512 rows is as fast as 1,024 on CPU with half
+# the chunk memory; smaller chunks get slower.
+DEFAULT_CHUNK_ROWS = 512
 
 
 @dataclass(frozen=True)
