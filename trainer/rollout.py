@@ -103,11 +103,12 @@ def hf_model(model: Any) -> Any:
 
 def cache_argument(model: Any) -> str:
     """The forward/generate keyword of the KV cache: transformers 5.x renamed past_key_values to cache."""
-    return _cache_argument_of(type(hf_model(model)))
+    model_class: Any = type(hf_model(model))
+    return _cache_argument_of(model_class)
 
 
 @functools.cache
-def _cache_argument_of(model_class: type) -> str:
+def _cache_argument_of(model_class: Any) -> str:
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
