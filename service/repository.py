@@ -213,10 +213,7 @@ def list_files(
     query = sa.select(File).where(File.tenant_id == tenant_id)
     if purpose is not None:
         query = query.where(File.purpose == purpose)
-    if after is not None:
-        query = query.where(File.id < after)
-    rows = list(session.scalars(query.order_by(File.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+    return _newest_first_page(session, query, File.id, after, limit)
 
 
 def delete_file(session: Session, file: File) -> None:
@@ -393,10 +390,7 @@ def list_jobs(
     query = sa.select(Job).where(Job.tenant_id == tenant_id)
     if status is not None:
         query = query.where(Job.status == status)
-    if after is not None:
-        query = query.where(Job.id < after)
-    rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+    return _newest_first_page(session, query, Job.id, after, limit)
 
 
 def mark_enqueued(session: Session, job_ids: Sequence[str], now: datetime | None = None) -> None:
@@ -1016,6 +1010,14 @@ def unclaimed_jobs(
 
 
 # ---------------------------------------------------------------------------------------------- internals
+
+
+def _newest_first_page(session: Session, query: Any, id_column: Any, after: str | None, limit: int) -> Any:
+    """One page of a cursor-paginated listing, newest id first: (rows, has_more)."""
+    if after is not None:
+        query = query.where(id_column < after)
+    rows = list(session.scalars(query.order_by(id_column.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
 
 
 def _fence(
