@@ -151,7 +151,10 @@ def response_logits(
             use_cache=False,
         )
         return out.logits[:, :-1, :]
-    first = torch.full((distinct.shape[0],), b).scatter_reduce(0, inverse, torch.arange(b), "amin")  # (u,)
+    rows = torch.arange(b, device=input_ids.device)
+    first = torch.full((distinct.shape[0],), b, device=input_ids.device).scatter_reduce(
+        0, inverse, rows, "amin"
+    )  # (u,)
     cache = DynamicCache(config=hf_model(model).config)
     cache_kw = cache_argument(model)
     head = model(
@@ -318,6 +321,7 @@ class Engine:
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(), mixed_precision=spec.distributed.mixed_precision
         )
+        self.device = self.accelerator.device
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
@@ -479,6 +483,7 @@ class Engine:
                 ids[row, width - len(s) :] = torch.tensor(s)
                 attn[row, width - len(s) :] = 1
                 labels[row, width - len(s) + len(p) :] = torch.tensor(s[len(p) :])
+            ids, attn, labels = ids.to(self.device), attn.to(self.device), labels.to(self.device)
             out = model(
                 input_ids=ids,
                 attention_mask=attn,
@@ -492,6 +497,12 @@ class Engine:
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
                 self.emit({"type": "sft", "step": i + 1, "total": sft.steps, "loss": loss_value})
         self.sft_done = True
+
+    def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
+        """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
+        accelerator's device (NCCL reduces CUDA tensors only)."""
+        reduced = self.accelerator.reduce(torch.tensor(values, dtype=dtype, device=self.device), reduction)
+        return reduced.cpu()
 
     # ------------------------------------------------------------------ evaluation
 
@@ -537,8 +548,7 @@ class Engine:
                 correct_sum += sum(scores) / k
                 pass_sum += float(max(scores) >= 1.0)
                 n_prompts += 1
-        totals = torch.tensor([correct_sum, pass_sum, length_sum, float(n_prompts)], dtype=torch.float64)
-        totals = self.accelerator.reduce(totals, reduction="sum")
+        totals = self._reduce([correct_sum, pass_sum, length_sum, float(n_prompts)], "sum", torch.float64)
         n_total = max(float(totals[3]), 1.0)
         model.train()
         return {
@@ -585,7 +595,7 @@ class Engine:
             kept_groups += int(torch.unique(r.group_ids).numel()) if r.size else 0
             if not ds.enabled:
                 break
-            total = int(self.accelerator.reduce(torch.tensor(kept_groups), reduction="sum"))
+            total = int(self._reduce(kept_groups, "sum", torch.int64))
             if total >= n_prompts or batches >= ds.max_gen_batches:
                 break
         model.train()
@@ -603,19 +613,18 @@ class Engine:
         seed_everything(step_seed(spec.seed, step))
         t0 = time.perf_counter()
         batch, gen_batches = self._collect()
+        batch = batch.to(self.device)
         t_gen = time.perf_counter() - t0
 
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
         mask = batch.response_mask
-        counts = self.accelerator.reduce(
-            torch.tensor([mask.sum().item(), float(batch.size)], dtype=torch.float64), reduction="sum"
-        )
+        counts = self._reduce([mask.sum().item(), float(batch.size)], "sum", torch.float64)
         global_tokens, global_sequences = float(counts[0]), float(counts[1])
         is_stare = spec.algorithm.name == "stare"
         on_policy = spec.optim.ppo_epochs == 1
         needs_old_pass = is_stare or not on_policy or spec.optim.kl_beta > 0
         n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
-        n_micro = int(self.accelerator.reduce(torch.tensor(n_micro), reduction="max"))
+        n_micro = int(self._reduce(n_micro, "max", torch.int64))
         # On-policy STARE whose step batch is one micro-batch on every process: π_old is π_θ until the
         # optimiser step and a forward with grad gives the same values as one without (no dropout), so the
         # training forward is run first and serves as the π_old pass: the gate is updated from it, then the
@@ -648,9 +657,7 @@ class Engine:
         if is_stare:
             assert (entropy is not None and old_logprob is not None) or not batch.size
             h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
-            sums = self.accelerator.reduce(
-                torch.tensor([h_sum, global_tokens / self.world], dtype=torch.float64), reduction="sum"
-            )
+            sums = self._reduce([h_sum, global_tokens / self.world], "sum", torch.float64)
             h_bar = float(sums[0]) / max(global_tokens, 1.0)
             if not math.isfinite(h_bar):
                 raise NonFiniteError(step, "entropy")
@@ -714,9 +721,7 @@ class Engine:
         )
         metrics.update({k: float(v) for k, v in quad.items()})
         h_sum = float((entropy * mask).sum())
-        h_bar = float(
-            self.accelerator.reduce(torch.tensor(h_sum, dtype=torch.float64), reduction="sum")
-        ) / max(global_tokens, 1.0)
+        h_bar = float(self._reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
         if not math.isfinite(h_bar):
             raise NonFiniteError(step, "entropy")
         band = spec.entropy_band
@@ -724,9 +729,7 @@ class Engine:
         self.steps_out_of_band = 0 if state == 0.0 else self.steps_out_of_band + 1
         lengths = batch.response_lengths
         elapsed = time.perf_counter() - t0
-        tokens = float(
-            self.accelerator.reduce(torch.tensor(float(batch.attention_mask.sum())), reduction="sum")
-        )
+        tokens = float(self._reduce(float(batch.attention_mask.sum()), "sum", torch.float32))
         metrics.update(
             {
                 "entropy/mean": h_bar,

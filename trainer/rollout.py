@@ -8,6 +8,7 @@ training forward scores exactly the tokens generate sampled.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -50,6 +51,19 @@ class Rollout:
 
     def position_ids(self) -> Tensor:
         return position_ids_from_mask(self.attention_mask)
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with its tensors on `device` (the texts stay)."""
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            response_mask=self.response_mask.to(device),
+            rewards=self.rewards.to(device),
+            correct=self.correct.to(device),
+            group_ids=self.group_ids.to(device),
+            truncated=self.truncated.to(device),
+        )
 
     def select(self, index: Tensor) -> Rollout:
         return Rollout(
@@ -101,6 +115,11 @@ def hf_model(model: Any) -> Any:
     return get_base_model() if callable(get_base_model) else inner
 
 
+def model_device(model: Any) -> torch.device:
+    """Where the model's weights live (the first parameter's device)."""
+    return next(iter(model.parameters())).device
+
+
 def cache_argument(model: Any) -> str:
     """The forward/generate keyword of the KV cache: transformers 5.x renamed past_key_values to cache."""
     model_class: Any = type(hf_model(model))
@@ -137,7 +156,9 @@ def shared_prompt_cache(
 
 def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
     """(B, R) ids → (mask up to and including the first EOS, truncated flag)."""
-    eos_ids = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+    eos_ids = torch.tensor(
+        eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=responses.device
+    )
     is_eos = torch.isin(responses, eos_ids)  # (B, R)
     seen_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS strictly before t
     mask = (seen_before == 0).float()
@@ -158,8 +179,13 @@ def generate(
     greedy: bool = False,
     add_special_tokens: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples."""
+    """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples.
+
+    Runs on the model's device; what it returns is on the CPU (texts are decoded and scored there).
+    """
+    device = model_device(model)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
+    enc = {key: enc[key].to(device) for key in ("input_ids", "attention_mask")}
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0)
     gen_config = model.generation_config
@@ -180,7 +206,8 @@ def generate(
         kwargs[cache_argument(model)] = shared_prompt_cache(
             model, enc["input_ids"], enc["attention_mask"], num_samples
         )
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs).cpu()
+    prompt_mask = prompt_mask.cpu()
     p_len = prompt_ids.shape[1]
     responses = out[:, p_len:]
     response_mask, truncated = response_mask_from_eos(responses, eos)

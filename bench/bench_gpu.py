@@ -1,0 +1,584 @@
+"""GPU figures for issues 2 and 3, in one short run on a CUDA machine (an H200 here).
+
+Sections, each timed with CUDA events after warm-up calls, each written to the JSON as soon as it ends
+(a failing section records its traceback and the next one still runs):
+
+1. `matmul`: the machine's bf16 matrix rate (8192³ products), the ceiling the MFU is also quoted against.
+2. `kernels` (issue 2): log-prob + entropy + C(p) for N = 32,768 tokens, V = 151,936, bf16 (and fp32)
+   logits: the chunked kernel (`token_stats_from_logits`, several chunk sizes) against the naive
+   full-tensor computation (`naive_token_stats` of bench_kernels.py), forward and forward+backward of the
+   log-prob; and the fused LM head (`token_stats_from_hidden`, D = 896) against `hidden @ W.T` + naive.
+   Peak memory = torch.cuda.max_memory_allocated during the call minus what was allocated before it (the
+   inputs), i.e. the working memory; the logits' gradient counts for both versions.
+3. `stare_overhead` (issue 2): the STARE loss (+ weights) against the grpo_ds loss on the same batch
+   (64 × 8 × 1,024 positions), forward + backward, as bench_stare_overhead.py runs it on the CPU.
+4. `engine` (issue 3): whole optimiser steps of the engine (`Engine.train_step`: HF generate rollout,
+   rewards, advantages, update) on a Llama-shaped ~0.5B model with random bf16 weights (Qwen2.5-0.5B's
+   shape: d 896, 24 layers, 14 heads / 2 KV heads, MLP 4,864, V 151,936, tied embeddings), every response
+   forced to the full length. Reported per step: wall time, generation and update time, tokens/s, and the
+   training phase's model FLOP utilisation: executed model FLOPs of the update (forward + backward = 3 ×
+   forward; forward = 2 × layer parameters per token + attention scores 4·L·d·context + LM head 2·V·d per
+   scored token) over the update time, against the H200's dense bf16 datasheet rate (989 TFLOP/s) and
+   against the matmul rate measured in section 1.
+
+    python bench/bench_gpu.py --out results/gpu.json            # ~3 min on an H200
+    python bench/bench_gpu.py --quick --out /tmp/gpu.json        # small sizes; runs on a CPU too (no CUDA
+                                                                 # events there: wall clock)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[1]
+for path in (_ROOT, _ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import torch  # noqa: E402
+from bench_kernels import naive_token_stats  # noqa: E402
+from bench_stare_overhead import VARIANTS, Settings, make_batch  # noqa: E402
+
+from trainer.algos.kernels import (  # noqa: E402
+    token_stats_from_hidden,
+    token_stats_from_logits,
+    token_stats_reference,
+)
+from trainer.algos.losses import PolicyLossInputs, compute_policy_loss, make_loss_params  # noqa: E402
+
+GIB = 1024**3
+H200_DENSE_BF16_TFLOPS = 989.0  # vendor datasheet, dense (no sparsity)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Timer:
+    """Median seconds of `repeats` calls after `warmup` calls: CUDA events on a GPU, wall clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def __call__(self, fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1000.0)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times), times
+
+
+def working_memory(device: torch.device, fn: Callable[[], Any]) -> float | None:
+    """Peak bytes allocated during one call of fn above what was allocated before it (GPU only)."""
+    if device.type != "cuda":
+        fn()
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return float(torch.cuda.max_memory_allocated() - base)
+
+
+def release() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------ sections
+
+
+def section_machine(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu=props.name,
+            gpu_memory_gib=props.total_memory / GIB,
+            multiprocessors=props.multi_processor_count,
+            cuda=torch.version.cuda,
+        )
+    return info
+
+
+def section_matmul(device: torch.device, timer: Timer, size: int) -> dict[str, Any]:
+    a = torch.randn((size, size), device=device, dtype=torch.bfloat16)
+    b = torch.randn((size, size), device=device, dtype=torch.bfloat16)
+    seconds, _ = timer(lambda: a @ b, repeats=10, warmup=3)
+    return {"size": size, "seconds": seconds, "tflops": 2 * size**3 / seconds / 1e12}
+
+
+def _logits(n: int, vocab: int, dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return (torch.randn((n, vocab), generator=gen, device=device, dtype=torch.float32) * 3.0).to(dtype)
+
+
+def section_kernels(
+    device: torch.device, timer: Timer, n: int, vocab: int, chunks: list[int], repeats: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"tokens": n, "vocab": vocab, "rows": []}
+    # Correctness first, on 96 rows: both versions against the reference (values and gradient).
+    small = _logits(96, vocab, torch.float32, device, 7)
+    small_t = torch.randint(0, vocab, (96,), device=device)
+    ref = token_stats_reference(small, small_t)
+    got = token_stats_from_logits(small, small_t, chunk_rows=40)
+    naive = naive_token_stats(small, small_t)
+    assert ref.entropy is not None and ref.correction is not None
+    assert got.entropy is not None and got.correction is not None
+    out["check_max_abs_diff"] = {
+        "chunked_logprob": float((got.logprob - ref.logprob).abs().max()),
+        "chunked_entropy": float((got.entropy - ref.entropy).abs().max()),
+        "chunked_correction": float((got.correction - ref.correction).abs().max()),
+        "naive_logprob": float((naive[0] - ref.logprob).abs().max()),
+        "naive_entropy": float((naive[1] - ref.entropy).abs().max()),
+    }
+    for name, value in out["check_max_abs_diff"].items():
+        if not value < 1e-3:
+            raise AssertionError(f"{name} differs from the reference by {value}")
+    del small, small_t, ref, got, naive
+    release()
+
+    targets = torch.randint(0, vocab, (n,), device=device)
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = _logits(n, vocab, dtype, device, 11)
+        grad_out = torch.randn(n, device=device)
+        for backward in (False, True):
+            variants: list[tuple[str, int | None]] = [("naive", None)] + [("chunked", c) for c in chunks]
+            for kind, chunk in variants:
+
+                def call(
+                    kind: str = kind,
+                    chunk: int | None = chunk,
+                    backward: bool = backward,
+                    logits: torch.Tensor = logits,
+                    grad_out: torch.Tensor = grad_out,
+                ) -> None:
+                    if backward:
+                        leaf = logits.detach().requires_grad_(True)
+                        if kind == "naive":
+                            logprob = naive_token_stats(leaf, targets)[0]
+                        else:
+                            assert chunk is not None
+                            logprob = token_stats_from_logits(leaf, targets, chunk_rows=chunk).logprob
+                        (logprob * grad_out).sum().backward()
+                        del leaf
+                    else:
+                        with torch.no_grad():
+                            if kind == "naive":
+                                naive_token_stats(logits, targets)
+                            else:
+                                assert chunk is not None
+                                token_stats_from_logits(logits, targets, chunk_rows=chunk)
+
+                row: dict[str, Any] = {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "pass": "forward+backward" if backward else "forward",
+                    "version": kind,
+                    "chunk_rows": chunk,
+                }
+                try:
+                    row["working_bytes"] = working_memory(device, call)
+                    row["seconds"], row["all_seconds"] = timer(call, repeats=repeats, warmup=1)
+                except torch.OutOfMemoryError as err:
+                    row["error"] = f"out of memory: {err}"[:300]
+                release()
+                out["rows"].append(row)
+                log(
+                    f"kernels {row['dtype']} {row['pass']} {kind} {chunk}: {row.get('seconds')} s, "
+                    f"{(row.get('working_bytes') or 0) / GIB:.2f} GiB"
+                )
+        del logits, grad_out
+        release()
+    return out
+
+
+def section_fused_head(
+    device: torch.device, timer: Timer, n: int, vocab: int, dim: int, repeats: int
+) -> dict[str, Any]:
+    gen = torch.Generator(device=device).manual_seed(5)
+    hidden = torch.randn((n, dim), generator=gen, device=device).to(torch.bfloat16)
+    weight = (torch.randn((vocab, dim), generator=gen, device=device) * dim**-0.5).to(torch.bfloat16)
+    targets = torch.randint(0, vocab, (n,), device=device)
+    rows = []
+
+    def naive() -> None:
+        with torch.no_grad():
+            naive_token_stats(hidden @ weight.T, targets)
+
+    def fused() -> None:
+        with torch.no_grad():
+            token_stats_from_hidden(hidden, weight, targets)
+
+    for name, fn in (("naive", naive), ("chunked", fused)):
+        row: dict[str, Any] = {"version": name, "tokens": n, "dim": dim}
+        row["working_bytes"] = working_memory(device, fn)
+        row["seconds"], row["all_seconds"] = timer(fn, repeats=repeats, warmup=1)
+        rows.append(row)
+        log(f"fused head {name}: {row['seconds']} s")
+    release()
+    return {"rows": rows}
+
+
+def section_stare_overhead(device: torch.device, timer: Timer, quick: bool) -> dict[str, Any]:
+    s = Settings(
+        prompts=8 if quick else 64,
+        samples=8,
+        response_tokens=128 if quick else 1024,
+        repeats=10 if quick else 100,
+        warmup=3,
+        kernel_rows=0,
+        vocab=0,
+    )
+    cpu = make_batch(s)
+    batch = {
+        "logprob": cpu.logprob.to(device),
+        "old_logprob": cpu.old_logprob.to(device),
+        "advantages": cpu.advantages.to(device),
+        "response_mask": cpu.response_mask.to(device),
+    }
+    calls = {}
+    for label, (loss_name, overrides) in VARIANTS.items():
+        params = make_loss_params(loss_name, **overrides)
+
+        def call(loss_name: str = loss_name, params: Any = params) -> None:
+            leaf = batch["logprob"].clone().requires_grad_(True)
+            inputs = PolicyLossInputs(
+                logprob=leaf,
+                old_logprob=batch["old_logprob"],
+                advantages=batch["advantages"],
+                response_mask=batch["response_mask"],
+            )
+            loss, _ = compute_policy_loss(loss_name, inputs, params)
+            loss.backward()
+
+        calls[label] = call
+    # Interleaved: one call of each variant per round, so drifts hit all alike.
+    for call in calls.values():
+        timer(call, repeats=1, warmup=s.warmup)
+    times: dict[str, list[float]] = {label: [] for label in calls}
+    for _ in range(s.repeats):
+        for label, call in calls.items():
+            times[label].append(timer(call, repeats=1, warmup=0)[0])
+    base = statistics.median(times["grpo_ds"])
+    rows = []
+    for label, values in times.items():
+        median = statistics.median(values)
+        rows.append(
+            {
+                "loss": label,
+                "median_ms": median * 1e3,
+                "min_ms": min(values) * 1e3,
+                "overhead": median / base - 1.0,
+                "overhead_of_min": min(values) / min(times["grpo_ds"]) - 1.0,
+            }
+        )
+    return {
+        "positions": s.prompts * s.samples * s.response_tokens,
+        "active": float(cpu.response_mask.sum()),
+        "rows": rows,
+    }
+
+
+LLAMA_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151_936,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+LLAMA_QUICK = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+
+
+def build_random_llama(folder: Path, shape: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """A Llama-shaped model with random bf16 weights and a character tokenizer padded with filler tokens
+    to the model's vocabulary (every sampled id decodes), saved as a local HF folder."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from trainer.models import TINY_CHARACTERS, TINY_SPECIAL_TOKENS
+
+    names = [*TINY_SPECIAL_TOKENS, *TINY_CHARACTERS]
+    names += [f"<t{i}>" for i in range(shape["vocab_size"] - len(names))]
+    vocab = {token: i for i, token in enumerate(names)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    config = LlamaConfig(
+        **shape,
+        pad_token_id=vocab["<pad>"],
+        bos_token_id=vocab["<bos>"],
+        eos_token_id=vocab["<eos>"],
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    # Every response runs to the full budget (EOS is masked until then), so steps are comparable.
+    model.generation_config = GenerationConfig(
+        pad_token_id=vocab["<pad>"],
+        bos_token_id=vocab["<bos>"],
+        eos_token_id=vocab["<eos>"],
+        min_new_tokens=max_new_tokens,
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    params = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    del model
+    release()
+    return {"parameters": params, "embedding_parameters": embedding, "layer_parameters": params - embedding}
+
+
+def update_flops(shape: dict[str, Any], layer_params: int, events: dict[str, Any]) -> float:
+    """Executed model FLOPs of one update (forward + backward), from the step's token counts."""
+    d, layers, vocab = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
+    rows = events["rows"]
+    prompt = events["prompt_tokens_per_row"]
+    response = events["response_tokens_per_row"]
+    prompts = events["distinct_prompts"]
+    run_tokens = prompts * prompt + rows * (response - 1)  # shared prompts once; last token not run
+    # Attention scores and values: 2 matmuls × 2 FLOPs × d per (query, key) pair, causal.
+    pairs = prompts * prompt * (prompt + 1) / 2 + rows * sum(prompt + t for t in range(1, response))
+    forward = 2 * layer_params * run_tokens + 4 * layers * d * pairs + 2 * vocab * d * rows * response
+    return 3.0 * forward
+
+
+def section_engine(
+    device: torch.device, quick: bool, algorithms: list[str], matmul_tflops: float | None
+) -> dict[str, Any]:
+    from trainer.engine import Engine
+    from trainer.spec import TrainSpec
+    from trainer.tasks import render_prompt
+
+    shape = LLAMA_QUICK if quick else LLAMA_05B
+    prompts, group, new_tokens = (2, 4, 8) if quick else (16, 8, 256)
+    steps = 3 if quick else 4
+    result: dict[str, Any] = {
+        "shape": shape,
+        "prompts_per_step": prompts,
+        "group_size": group,
+        "max_new_tokens": new_tokens,
+        "timed_steps": steps - 1,
+        "runs": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "llama"
+        t0 = time.perf_counter()
+        result["model"] = build_random_llama(folder, shape, new_tokens)
+        result["build_seconds"] = time.perf_counter() - t0
+        log(f"engine: model built ({result['model']['parameters'] / 1e6:.1f} M parameters)")
+        for algorithm in algorithms:
+            name, params = algorithm, {}
+            data: dict[str, Any] = {
+                "seed": 0,
+                "model": {"name": str(folder), "dtype": "bfloat16"},
+                "task": {"source": "arithmetic", "train_size": 512, "eval_size": 0},
+                "verifier": {"name": "exact"},
+                "algorithm": {"name": name, "params": params},
+                "sampling": {"group_size": group, "temperature": 1.0, "max_new_tokens": new_tokens},
+                "optim": {
+                    "lr": 1e-6,
+                    "steps": steps,
+                    "prompts_per_step": prompts,
+                    "micro_batch_size": prompts * group,
+                    "grad_clip": 1.0,
+                },
+                "checkpoint": {"interval": 1000, "keep_last": 1},
+                "evaluation": {"interval": 0},
+            }
+            if name == "stare":
+                data["algorithm"]["gate"] = {"target_entropy": 100.0}  # gate on: tokens ranked every step
+            spec = TrainSpec.model_validate(data)
+            out = Path(tmp) / f"run-{name}"
+            engine = Engine(spec, out, progress=False)
+            engine._load_data()
+            engine._load(None)
+            per_step = []
+            for step in range(steps):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                metrics = engine.train_step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                record = {
+                    "step": step + 1,
+                    "step_seconds": metrics["perf/step_seconds"],
+                    "generation_seconds": metrics["perf/generation_seconds"],
+                    "update_seconds": metrics["perf/update_seconds"],
+                    "tokens_per_second": metrics["perf/tokens_per_second"],
+                    "response_length_mean": metrics["response/length_mean"],
+                    "entropy_mean": metrics["entropy/mean"],
+                    "loss": metrics.get("loss/policy"),
+                }
+                if device.type == "cuda":
+                    record["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+                per_step.append(record)
+                log(f"engine {name} step {step + 1}: {json.dumps(record)}")
+            timed = per_step[1:]
+            rows = prompts * group
+            response = new_tokens
+            # Left padding makes every row as wide as the batch's longest prompt, and the padded positions
+            # are computed too: the longest prompt of the task is the width counted.
+            rendered = [
+                render_prompt(e, spec.task.prompt_template, engine.tokenizer) for e in engine.train_examples
+            ]
+            prompt_tokens = max(len(ids) for ids in engine.tokenizer(rendered)["input_ids"])
+            counts = {
+                "rows": rows,
+                "distinct_prompts": prompts,
+                "prompt_tokens_per_row": prompt_tokens,
+                "response_tokens_per_row": response,
+            }
+            flops = update_flops(shape, result["model"]["layer_parameters"], counts)
+            update_s = statistics.median(r["update_seconds"] for r in timed)
+            run = {
+                "algorithm": name,
+                "steps": per_step,
+                "median_step_seconds": statistics.median(r["step_seconds"] for r in timed),
+                "median_generation_seconds": statistics.median(r["generation_seconds"] for r in timed),
+                "median_update_seconds": update_s,
+                "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in timed),
+                "response_tokens_per_step": rows * response,
+                "update_flops": flops,
+                "update_tflops": flops / update_s / 1e12,
+                "mfu_vs_datasheet": flops / update_s / 1e12 / H200_DENSE_BF16_TFLOPS,
+                "mfu_vs_measured_matmul": (flops / update_s / 1e12 / matmul_tflops)
+                if matmul_tflops
+                else None,
+                "generation_tokens_per_second": rows
+                * response
+                / statistics.median(r["generation_seconds"] for r in timed),
+            }
+            result["runs"].append(run)
+            del engine
+            release()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; CPU works)")
+    parser.add_argument("--sections", default="matmul,kernels,fused_head,stare_overhead,engine")
+    parser.add_argument("--algorithms", default="grpo_ds,stare,grpo")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    timer = Timer(device)
+    quick = args.quick
+    result: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+
+    result["machine"] = section_machine(device)
+    save()
+    sections = args.sections.split(",")
+    plan: dict[str, Callable[[], dict[str, Any]]] = {
+        "matmul": lambda: section_matmul(device, timer, 1024 if quick else 8192),
+        "kernels": lambda: section_kernels(
+            device,
+            timer,
+            n=512 if quick else 32_768,
+            vocab=5003 if quick else 151_936,
+            chunks=[128, 512] if quick else [512, 1024, 2048, 4096, 8192],
+            repeats=2 if quick else 5,
+        ),
+        "fused_head": lambda: section_fused_head(
+            device, timer, n=256 if quick else 32_768, vocab=5003 if quick else 151_936, dim=896, repeats=3
+        ),
+        "stare_overhead": lambda: section_stare_overhead(device, timer, quick),
+        "engine": lambda: section_engine(
+            device,
+            quick,
+            args.algorithms.split(","),
+            result.get("matmul", {}).get("tflops"),
+        ),
+    }
+    failed = False
+    for name in sections:
+        log(f"section {name}")
+        t0 = time.perf_counter()
+        try:
+            result[name] = plan[name]()
+        except Exception:  # recorded; the next section still runs
+            failed = True
+            result[name] = {"error": traceback.format_exc()}
+            log(result[name]["error"])
+        result.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
+        release()
+        save()
+    result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    save()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
