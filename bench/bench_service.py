@@ -7,17 +7,38 @@ What runs, all on loopback:
 - Two uvicorn processes, one worker each, no access log (httptools and uvloop, as `uvicorn[standard]`
   installs them): the service (`create_app`) and a bare FastAPI app whose one endpoint returns a constant.
   The bare app is the floor the service is compared with.
-- The load comes from a second process (this file with `load`): an asyncio HTTP/1.1 client with keep-alive
-  connections, C concurrent connections each sending its next request as soon as the previous answer is
-  complete (closed loop), bounded by both a request count and a duration.
+- The load comes from a second process (this file with `load`): an asyncio HTTP/1.1 client with C keep-alive
+  connections, in two modes.
+  - Closed loop (saturation): each connection sends its next request as soon as the previous answer is
+    complete, bounded by a request count and a duration. This measures throughput; latency here is mostly
+    queueing (Little's law: mean latency = C / throughput).
+  - Open loop (rate-bounded, as wrk2 and latency SLOs do it): the C connections carry a constant offered
+    rate R for a duration; request i is scheduled in advance at start + i / R and goes out on the next free
+    connection. Latency is measured from the *scheduled* send time, so time spent waiting for a connection
+    or behind a slow server counts (no coordinated omission). Requests still unsent `--grace` s after the
+    schedule ends are dropped and counted with the time they had already waited (a lower bound). Besides
+    p50/p99/max and the achieved rate it reports `lag p99`, how late the generator itself sent (its own
+    timer and scheduling delay; it is part of the measured latency).
 
-Rows, in one run, interleaved over --rounds rounds (each row takes its best round, to damp the noise of a
-shared 2-core machine): bare GET /bare, GET /v1/jobs/{id} (authenticated; cycles over 32 jobs), POST
-/v1/jobs (authenticated; validates the spec, inserts the job and its first event, commits, enqueues).
-Besides requests/s and latency, each row reports the server process's CPU time per request (from /proc),
-which is less sensitive than throughput to whatever else the machine is running.
+Rows, in one run, interleaved over --rounds rounds: bare GET /bare, GET /v1/jobs/{id} (authenticated; cycles
+over 32 jobs), POST /v1/jobs (authenticated; validates the spec, inserts the job and its first event,
+commits, enqueues). Each round runs the closed-loop rows, then the open-loop sweep rate by rate (every row at
+one rate before the next rate); a row that falls behind at one rate skips the higher ones that round. The
+sweep ends with "GET at 40 % of bare": GET at 0.4 × the bare row's closed-loop throughput of that round (can
+the service serve the throughput the target asks for within the p99 target?). Closed-loop rows keep their
+best round by req/s, open-loop rows their best round by p99 and also show the worst round's p99 (the
+machine is shared; other load only adds latency). Besides latency, each row reports the server process's CPU
+time per request (from /proc), which is less sensitive than throughput to whatever else the machine runs;
+at low open-loop rates it includes the idle server's fixed per-second work.
 
-    .venv/bin/python bench/bench_service.py [--concurrency 64] [--duration 6] [--max-requests 30000]
+Verdicts: the GET throughput ratio reads the closed loop; the p99 targets are printed for both readings,
+saturated (closed loop) and rate-bounded at --common-rate (default 200/s, a rate below every row's
+saturation point, so the rows are compared at one offered load), and for each row the highest swept rate at
+which its p99 target held.
+
+    .venv/bin/python bench/bench_service.py [--concurrency 64] [--rounds 2] [--mode both|closed|open]
+        [--duration 6] [--max-requests 30000] [--rates 100,200,400,800,1600,3200] [--open-duration 5]
+        [--common-rate 200] [--grace 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -133,14 +154,112 @@ async def _run_load(
     }
 
 
+async def _open_loop_worker(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    requests: list[bytes],
+    schedule: _Schedule,
+    out: _OpenLoopResult,
+) -> None:
+    """One connection of the open loop: take the next scheduled request, wait for its time (never for the
+    server), send it, and time it from when it was *scheduled* (so queueing behind a busy connection or a
+    slow server counts: no coordinated omission)."""
+    try:
+        while (index := schedule.take()) is not None:
+            scheduled = schedule.start + index / schedule.rate
+            now = time.perf_counter()
+            if now < scheduled:
+                await asyncio.sleep(scheduled - now)
+                now = time.perf_counter()
+            if now > schedule.stop_sending:
+                out.unsent.append(scheduled)  # the generator never got a free connection in time
+                continue
+            out.send_lag.append(now - scheduled)
+            writer.write(requests[index % len(requests)])
+            status = await _read_response(reader)
+            done = time.perf_counter()
+            out.latencies.append(done - scheduled)
+            out.last_done = max(out.last_done, done)
+            if status >= 400:
+                out.errors.append(status)
+    finally:
+        writer.close()
+
+
+class _Schedule:
+    """Request i is due at start + i / rate (a constant rate, as wrk2 schedules it)."""
+
+    def __init__(self, rate: float, total: int, start: float, stop_sending: float) -> None:
+        self.rate, self.total, self.start, self.stop_sending = rate, total, start, stop_sending
+        self.next = 0
+
+    def take(self) -> int | None:
+        if self.next >= self.total:
+            return None
+        self.next += 1
+        return self.next - 1
+
+
+class _OpenLoopResult:
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.send_lag: list[float] = []
+        self.unsent: list[float] = []
+        self.errors: list[int] = []
+        self.last_done = 0.0
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else 0.0
+
+
+async def _run_open_loop(
+    port: int, requests: list[bytes], concurrency: int, rate: float, duration: float, grace: float
+) -> dict[str, Any]:
+    """`concurrency` keep-alive connections carry `rate` requests/s for `duration` seconds, each request
+    scheduled in advance. Requests still unsent `grace` seconds after the schedule ends are not sent; they
+    count with the time they had waited by then (a lower bound), so an overloaded row cannot look good."""
+    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(concurrency)]
+    total = max(1, int(rate * duration))
+    start = time.perf_counter() + 0.05
+    schedule = _Schedule(rate, total, start, start + duration + grace)
+    out = _OpenLoopResult()
+    await asyncio.gather(*(_open_loop_worker(r, w, requests, schedule, out) for r, w in connections))
+    end = time.perf_counter()
+    censored = [end - scheduled for scheduled in out.unsent]
+    latencies = sorted(out.latencies + censored)
+    lag = sorted(out.send_lag)
+    window = max(out.last_done, start + 1e-9) - start
+    return {
+        "offered_rps": rate,
+        "scheduled": total,
+        "requests": len(out.latencies),
+        "unsent": len(out.unsent),
+        "seconds": window,
+        "rps": len(out.latencies) / window,
+        "p50_ms": 1000 * _percentile(latencies, 0.50),
+        "p99_ms": 1000 * _percentile(latencies, 0.99),
+        "max_ms": 1000 * latencies[-1],
+        "send_lag_p99_ms": 1000 * _percentile(lag, 0.99),
+        "warmup_requests": 0,
+        "errors": len(out.errors),
+        "error_statuses": sorted(set(out.errors))[:5],
+    }
+
+
 def load_main(args: argparse.Namespace) -> None:
     spec = json.loads(Path(args.plan).read_text())
     requests = [
         _request(r["method"], r["path"], r["headers"], r.get("body", "").encode()) for r in spec["requests"]
     ]
-    result = asyncio.run(
-        _run_load(spec["port"], requests, args.concurrency, args.duration, args.max_requests)
-    )
+    if args.rate > 0:
+        result = asyncio.run(
+            _run_open_loop(spec["port"], requests, args.concurrency, args.rate, args.duration, args.grace)
+        )
+    else:
+        result = asyncio.run(
+            _run_load(spec["port"], requests, args.concurrency, args.duration, args.max_requests)
+        )
     print(json.dumps(result))
 
 
@@ -209,8 +328,12 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _load(plan: dict[str, Any], args: argparse.Namespace, server_pid: int) -> dict[str, Any]:
+def _load(
+    plan: dict[str, Any], args: argparse.Namespace, server_pid: int, rate: float = 0.0
+) -> dict[str, Any]:
+    """One row in the load process: closed loop when rate is 0, else open loop at `rate` requests/s."""
     before = _cpu_seconds(server_pid)
+    duration = args.open_duration if rate > 0 else args.duration
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(plan, fh)
     try:
@@ -224,13 +347,17 @@ def _load(plan: dict[str, Any], args: argparse.Namespace, server_pid: int) -> di
                 "--concurrency",
                 str(args.concurrency),
                 "--duration",
-                str(args.duration),
+                str(duration),
                 "--max-requests",
                 str(args.max_requests),
+                "--rate",
+                str(rate),
+                "--grace",
+                str(args.grace),
             ],
             capture_output=True,
             text=True,
-            timeout=args.duration + 120,
+            timeout=duration + args.grace + 120,
             check=True,
         )
     finally:
@@ -264,6 +391,48 @@ def _setup_database() -> tuple[str, str, Any]:
     return name, url, admin
 
 
+BARE, GET, POST = "bare GET /bare", "GET /v1/jobs/{id}", "POST /v1/jobs"
+GET_AT_40 = "GET at 40 % of bare"  # open loop at 0.4 × the bare row's saturated throughput of the round
+P99_TARGET_MS = {GET: 50.0, POST: 100.0, GET_AT_40: 50.0}
+
+
+def _saturated(result: dict[str, Any]) -> bool:
+    """The row could not carry its offered rate (it fell behind the schedule)."""
+    return bool(result["unsent"]) or result["rps"] < 0.9 * result["offered_rps"]
+
+
+def _run_rounds(
+    args: argparse.Namespace, plans: dict[str, dict[str, Any]], pids: dict[int, int]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[tuple[str, float], list[dict[str, Any]]]]:
+    """Every row interleaved in each round: closed loop (saturation) rows first, then the open-loop sweep,
+    rate by rate (all rows at one rate before the next). A row that fell behind at one rate skips the higher
+    rates of that round (they only add queueing)."""
+    closed: dict[str, list[dict[str, Any]]] = {row: [] for row in plans}
+    opened: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for round_index in range(args.rounds):
+        if args.mode in ("both", "closed"):
+            for row, plan in plans.items():
+                result = _load(plan, args, pids[plan["port"]])
+                closed[row].append(result)
+                print(f"round {round_index + 1} closed {row}: {json.dumps(result)}", file=sys.stderr)
+        if args.mode not in ("both", "open"):
+            continue
+        behind: set[str] = set()
+        steps: list[tuple[str, float]] = [(row, rate) for rate in args.rates for row in plans]
+        if closed[BARE]:
+            steps.append((GET_AT_40, round(0.4 * closed[BARE][-1]["rps"])))
+        for row, rate in steps:
+            if row in behind:
+                continue
+            plan = plans[GET if row == GET_AT_40 else row]
+            result = _load(plan, args, pids[plan["port"]], rate=rate)
+            opened.setdefault((row, rate), []).append(result)
+            print(f"round {round_index + 1} open {rate:g}/s {row}: {json.dumps(result)}", file=sys.stderr)
+            if _saturated(result):
+                behind.add(row)
+    return closed, opened
+
+
 def main_bench(args: argparse.Namespace) -> None:
     import redis
     from psycopg import sql
@@ -284,11 +453,6 @@ def main_bench(args: argparse.Namespace) -> None:
         "STARE_RATE_LIMIT_PER_SECOND": "0",
         "STARE_MAX_ACTIVE_JOBS_PER_TENANT": "0",
         "STARE_DATABASE_POOL_SIZE": "20",
-    }
-    results: dict[str, list[dict[str, Any]]] = {
-        "bare GET /bare": [],
-        "GET /v1/jobs/{id}": [],
-        "POST /v1/jobs": [],
     }
     try:
         db = Database(url, pool_size=1)
@@ -312,17 +476,14 @@ def main_bench(args: argparse.Namespace) -> None:
                 ]
             post_body = json.dumps({"spec": SPEC})
             plans = {
-                "bare GET /bare": {
-                    "port": bare_port,
-                    "requests": [{"method": "GET", "path": "/bare", "headers": {}}],
-                },
-                "GET /v1/jobs/{id}": {
+                BARE: {"port": bare_port, "requests": [{"method": "GET", "path": "/bare", "headers": {}}]},
+                GET: {
                     "port": service_port,
                     "requests": [
                         {"method": "GET", "path": f"/v1/jobs/{j}", "headers": auth} for j in job_ids
                     ],
                 },
-                "POST /v1/jobs": {
+                POST: {
                     "port": service_port,
                     "requests": [
                         {
@@ -334,11 +495,7 @@ def main_bench(args: argparse.Namespace) -> None:
                     ],
                 },
             }
-            for round_index in range(args.rounds):
-                for row, plan in plans.items():
-                    result = _load(plan, args, pids[plan["port"]])
-                    results[row].append(result)
-                    print(f"round {round_index + 1} {row}: {json.dumps(result)}", file=sys.stderr)
+            closed, opened = _run_rounds(args, plans, pids)
     finally:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.close()
@@ -349,10 +506,27 @@ def main_bench(args: argparse.Namespace) -> None:
                 if queue.encode() in member:
                     broker.srem(binding, member)
 
-    best = {row: max(runs, key=lambda r: r["rps"]) for row, runs in results.items()}
-    bare = best["bare GET /bare"]["rps"]
-    print(f"\nService benchmark: {args.concurrency} concurrent connections, best of {args.rounds} rounds")
+    print(f"\nService benchmark: {args.concurrency} concurrent connections, {args.rounds} rounds")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "command"}}
+    if any(closed.values()):
+        report["closed"] = _report_closed(closed)
+    if opened:
+        report["open"] = _report_open(args, opened)
+    _print_verdicts(args, report)
+    if args.json:
+        report["rounds"] = {
+            "closed": closed,
+            "open": [{"row": row, "rate": rate, "rounds": runs} for (row, rate), runs in opened.items()],
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def _report_closed(closed: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    best = {row: max(runs, key=lambda r: r["rps"]) for row, runs in closed.items()}
+    bare = best[BARE]["rps"]
+    print("\nClosed loop (saturation): each connection sends its next request when the previous answer")
+    print("arrives; best round by req/s. Mean latency here is connections / throughput (Little's law).")
     print(
         "load average (1 min) after each row: "
         + ", ".join(f"{r['load_average_1m']:.1f}" for r in best.values())
@@ -362,19 +536,98 @@ def main_bench(args: argparse.Namespace) -> None:
         f"{'errors':>8}"
     )
     for row, r in best.items():
+        r["vs_bare"] = r["rps"] / bare
         print(
             f"{row:<22}{r['rps']:>9.0f}{r['rps'] / bare:>9.1%}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
             f"{r['server_cpu_ms_per_request']:>12.2f}{r['requests']:>10}{r['errors']:>8}"
         )
-    get, post = best["GET /v1/jobs/{id}"], best["POST /v1/jobs"]
-    print("\ntargets: GET ≥ 40 % of bare and p99 ≤ 50 ms; POST p99 ≤ 100 ms")
+    return best
+
+
+def _report_open(
+    args: argparse.Namespace, opened: dict[tuple[str, float], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
     print(
-        f"GET {get['rps'] / bare:.1%} of bare ({'met' if get['rps'] >= 0.4 * bare else 'NOT met'}), "
-        f"GET p99 {get['p99_ms']:.1f} ms ({'met' if get['p99_ms'] <= 50 else 'NOT met'}), "
-        f"POST p99 {post['p99_ms']:.1f} ms ({'met' if post['p99_ms'] <= 100 else 'NOT met'})"
+        f"\nOpen loop (rate-bounded): {args.concurrency} connections carry a constant offered rate for "
+        f"{args.open_duration:g} s;\nlatency from each request's scheduled send time (queueing included). "
+        "Best round by p99; 'worst' is the worst round's p99.\n'behind': the row fell behind its schedule "
+        "(achieved < 90 % of offered, or requests left unsent); higher rates were skipped."
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"best": best, "rounds": results}, indent=2))
+    print(
+        f"{'offered/s':>9} {'row':<22}{'achieved':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'worst':>9}"
+        f"{'cpu ms/req':>11}{'lag p99':>9}{'unsent':>7}{'err':>5}{'load':>6}  verdict"
+    )
+    rows = []
+    order = [BARE, GET, POST, GET_AT_40]
+    for (row, rate), runs in sorted(opened.items(), key=lambda item: (item[0][1], order.index(item[0][0]))):
+        best = min(runs, key=lambda r: r["p99_ms"])
+        worst_p99 = max(r["p99_ms"] for r in runs)
+        target = P99_TARGET_MS.get(row)
+        verdict = ""
+        if _saturated(best):
+            verdict = "behind"
+        if target is not None:
+            verdict += (" " if verdict else "") + ("p99 met" if best["p99_ms"] <= target else "p99 NOT met")
+        entry = {"row": row, "rate": rate, "rounds": len(runs), "worst_p99_ms": worst_p99, **best}
+        entry["behind"] = _saturated(best)
+        rows.append(entry)
+        print(
+            f"{rate:>9g} {row:<22}{best['rps']:>9.0f}{best['p50_ms']:>9.1f}{best['p99_ms']:>9.1f}"
+            f"{best['max_ms']:>9.1f}{worst_p99:>9.1f}{best['server_cpu_ms_per_request']:>11.2f}"
+            f"{best['send_lag_p99_ms']:>9.1f}{best['unsent']:>7}{best['errors']:>5}"
+            f"{best['load_average_1m']:>6.1f}  {verdict}"
+        )
+    return rows
+
+
+def _slo_capacity(rows: list[dict[str, Any]], row: str) -> float | None:
+    """The highest swept rate at which the row kept up and met its p99 target, with every lower swept rate
+    meeting it too."""
+    capacity = None
+    for entry in sorted((e for e in rows if e["row"] == row), key=lambda e: e["rate"]):
+        if entry["behind"] or entry["p99_ms"] > P99_TARGET_MS[row]:
+            break
+        capacity = entry["rate"]
+    return capacity
+
+
+def _print_verdicts(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    print("\ntargets (64 clients): GET ≥ 40 % of bare throughput, GET p99 ≤ 50 ms, POST p99 ≤ 100 ms")
+    closed, rows = report.get("closed"), report.get("open", [])
+    if closed:
+        get, post = closed[GET], closed[POST]
+        ratio = get["vs_bare"]
+        print(
+            f"saturated (closed loop): GET {ratio:.1%} of bare ({'met' if ratio >= 0.4 else 'NOT met'}); "
+            f"GET p99 {get['p99_ms']:.1f} ms ({'met' if get['p99_ms'] <= 50 else 'NOT met'}); "
+            f"POST p99 {post['p99_ms']:.1f} ms ({'met' if post['p99_ms'] <= 100 else 'NOT met'})"
+        )
+    if not rows:
+        return
+    common = {e["row"]: e for e in rows if e["rate"] == args.common_rate}
+    parts = []
+    for row in (GET, POST):
+        entry = common.get(row)
+        if entry is None:
+            parts.append(f"{row} not run at {args.common_rate:g}/s (behind at a lower rate: NOT met)")
+            continue
+        met = not entry["behind"] and entry["p99_ms"] <= P99_TARGET_MS[row]
+        parts.append(f"{row} p99 {entry['p99_ms']:.1f} ms ({'met' if met else 'NOT met'})")
+    print(f"rate-bounded at the common rate {args.common_rate:g}/s: " + "; ".join(parts))
+    joint = [e for e in rows if e["row"] == GET_AT_40]
+    if joint:
+        entry = joint[0]
+        met = not entry["behind"] and entry["p99_ms"] <= 50
+        print(
+            f"GET at 40 % of bare's saturated throughput ({entry['rate']:g}/s): achieved "
+            f"{entry['rps']:.0f}/s, p99 {entry['p99_ms']:.1f} ms ({'met' if met else 'NOT met'})"
+        )
+    for row in (GET, POST):
+        capacity = _slo_capacity(rows, row)
+        shown = f"{capacity:g}/s" if capacity is not None else "none of the swept rates"
+        print(
+            f"{row}: p99 target held up to {shown} offered (swept: {', '.join(f'{r:g}' for r in args.rates)})"
+        )
 
 
 def main() -> None:
@@ -384,17 +637,32 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command")
     load = sub.add_parser("load", help="(internal) the load generator process")
     load.add_argument("--plan", required=True)
+    load.add_argument("--rate", type=float, default=0.0, help="open loop at this rate; 0: closed loop")
     for p in (parser, load):
         p.add_argument("--concurrency", type=int, default=64)
-        p.add_argument("--duration", type=float, default=6.0, help="seconds per row and round")
-        p.add_argument("--max-requests", type=int, default=30_000, help="per row and round")
+        p.add_argument("--duration", type=float, default=6.0, help="seconds per closed-loop row and round")
+        p.add_argument("--max-requests", type=int, default=30_000, help="per closed-loop row and round")
+        p.add_argument("--grace", type=float, default=3.0, help="open loop: seconds to catch up after")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--mode", choices=("both", "closed", "open"), default="both")
+    parser.add_argument(
+        "--rates",
+        type=lambda text: [float(r) for r in text.split(",")],
+        default=[100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0],
+        help="open-loop offered rates (requests/s), comma-separated",
+    )
+    parser.add_argument("--open-duration", type=float, default=5.0, help="seconds per open-loop row")
+    parser.add_argument(
+        "--common-rate", type=float, default=200.0, help="the open-loop rate the p99 verdicts read"
+    )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     if args.command == "load":
         load_main(args)
     else:
+        if args.common_rate not in args.rates:
+            args.rates = sorted([*args.rates, args.common_rate])
         main_bench(args)
 
 
