@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.async_reads import AsyncReader
+from service.async_pool import AsyncPool
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -43,13 +43,11 @@ class Database:
     """An engine, its session factory, and an autocommit view of the engine for single-statement reads.
     `with db.transaction() as session:` commits or rolls back."""
 
-    def __init__(self, url: str, *, pool_size: int = 20, async_reads: bool = False) -> None:
+    def __init__(self, url: str, *, pool_size: int = 20, async_pool: bool = False) -> None:
         self.engine = make_engine(url, pool_size=pool_size)
-        # PostgreSQL only: reads on the hot path run on the event loop (service.async_reads).
-        self.async_reader = (
-            AsyncReader(url, size=min(pool_size, 16))
-            if async_reads and not url.startswith("sqlite")
-            else None
+        # PostgreSQL only: the hot paths (read a job, create a job) run on the event loop (service.async_pool).
+        self.async_pool = (
+            AsyncPool(url, size=min(pool_size, 16)) if async_pool and not url.startswith("sqlite") else None
         )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         # Same pool, no transaction: one round trip for a single-statement read (no BEGIN, no ROLLBACK).
@@ -64,5 +62,5 @@ class Database:
         self.engine.dispose()
 
     async def aclose(self) -> None:
-        if self.async_reader is not None:
-            await self.async_reader.close()
+        if self.async_pool is not None:
+            await self.async_pool.close()

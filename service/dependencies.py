@@ -128,9 +128,9 @@ async def visible_job(
 ) -> JobLike:
     """The caller's job, read-only (for routes that only read it): one autocommit statement, on the event
     loop where the database allows it (PostgreSQL), else in the thread pool."""
-    reader = services.db.async_reader
-    if reader is not None:
-        job: JobLike | None = await repository.read_job_async(reader, tenant.id, job_id)
+    pool = services.db.async_pool
+    if pool is not None:
+        job: JobLike | None = await repository.read_job_async(pool, tenant.id, job_id)
     else:
         job = await run_in_threadpool(_read_job, services, tenant.id, job_id)
     if job is None:

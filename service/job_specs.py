@@ -15,6 +15,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,7 +35,7 @@ def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, boo
 
 
 def validate_spec(
-    raw: Mapping[str, Any], *, training_file: File | None, models: Mapping[str, Any]
+    raw: Mapping[str, Any], *, training_file: File | SimpleNamespace | None, models: Mapping[str, Any]
 ) -> TrainSpec:
     """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable."""
     data = copy.deepcopy(dict(raw))
@@ -56,7 +57,7 @@ def validate_spec(
     return spec
 
 
-def _place_training_file(data: dict[str, Any], training_file: File | None) -> None:
+def _place_training_file(data: dict[str, Any], training_file: File | SimpleNamespace | None) -> None:
     task = data.get("task")
     if isinstance(task, dict) and "path" in task:
         raise Unprocessable(

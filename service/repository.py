@@ -30,13 +30,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service import keys
-from service.async_reads import AsyncReader
+from service.async_pool import AsyncPool
 from service.errors import Conflict, Unprocessable
 from service.ids import new_id
 from service.models import (
@@ -261,17 +262,8 @@ def count_active_jobs(session: Session, tenant_id: str) -> int:
     )
 
 
-def create_job(session: Session, new: NewJob) -> tuple[Job, bool]:
-    """Insert a queued job and its first event; returns (job, created).
-
-    With an idempotency key: the same key and the same request returns the existing job (created False);
-    the same key with a different request is a 422. Concurrent requests with one key serialise on the
-    unique index: the loser replays the winner's job.
-    """
-    if new.idempotency_key is not None:
-        existing = find_job_by_idempotency_key(session, new.tenant_id, new.idempotency_key, new.request_hash)
-        if existing is not None:
-            return existing, False
+def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job row (by ORM attribute name) and its first event, as create_job and create_job_async write them."""
     now = utcnow()
     job_id = new_id("job")
     values: dict[str, Any] = {
@@ -309,8 +301,23 @@ def create_job(session: Session, new: NewJob) -> tuple[Job, bool]:
         "data": {"queue": new.queue, "total_steps": new.total_steps},
         "created_at": now,
     }
+    return values, first_event
 
-    def insert() -> None:  # two plain INSERTs (no unit-of-work flush: this is the hot path of POST)
+
+def create_job(session: Session, new: NewJob) -> tuple[Job, bool]:
+    """Insert a queued job and its first event; returns (job, created).
+
+    With an idempotency key: the same key and the same request returns the existing job (created False);
+    the same key with a different request is a 422. Concurrent requests with one key serialise on the
+    unique index: the loser replays the winner's job.
+    """
+    if new.idempotency_key is not None:
+        existing = find_job_by_idempotency_key(session, new.tenant_id, new.idempotency_key, new.request_hash)
+        if existing is not None:
+            return existing, False
+    values, first_event = _new_job_rows(new)
+
+    def insert() -> None:  # two plain INSERTs (no unit-of-work flush)
         session.execute(sa.insert(Job), [values])
         session.execute(sa.insert(JobEvent), [first_event])
 
@@ -366,6 +373,7 @@ _READ_JOB = sa.select(*_JOB_VIEW_COLUMNS).where(
     Job.id == sa.bindparam("job_id"), Job.tenant_id == sa.bindparam("tenant_id")
 )
 _READ_JOB_SQL = str(_READ_JOB.compile(dialect=postgresql.psycopg.dialect()))
+_JOB_VIEW_KEYS = [column.key for column in _JOB_VIEW_COLUMNS]
 
 
 def read_job(conn: Connection, tenant_id: str, job_id: str) -> Row[Any] | None:
@@ -373,10 +381,126 @@ def read_job(conn: Connection, tenant_id: str, job_id: str) -> Row[Any] | None:
     return conn.execute(_READ_JOB, {"job_id": job_id, "tenant_id": tenant_id}).one_or_none()
 
 
-async def read_job_async(reader: AsyncReader, tenant_id: str, job_id: str) -> SimpleNamespace | None:
+async def read_job_async(pool: AsyncPool, tenant_id: str, job_id: str) -> SimpleNamespace | None:
     """read_job on the event loop (PostgreSQL): the hot path of GET /v1/jobs/{id}."""
-    row = await reader.fetch_one(_READ_JOB_SQL, {"job_id": job_id, "tenant_id": tenant_id})
+    row = await pool.fetch_one(_READ_JOB_SQL, {"job_id": job_id, "tenant_id": tenant_id})
     return SimpleNamespace(**row) if row is not None else None
+
+
+# ---- the job creation path on the event loop (PostgreSQL): POST /v1/jobs without a session or a thread hop
+
+_JOBS, _EVENTS = Job.metadata.tables["jobs"], JobEvent.metadata.tables["job_events"]
+_JOB_COLUMNS = {attr.key: attr.columns[0] for attr in Job.__mapper__.column_attrs}
+_EVENT_COLUMNS = ("job_id", "seq", "type", "level", "message", "data", "created_at")
+
+# One statement, so one round trip and one transaction (autocommit): the job and its first event are
+# committed together when it returns. ON CONFLICT on (tenant_id, idempotency_key) makes a request that
+# loses an Idempotency-Key race insert nothing (it waits for the winner's commit, then returns no row and
+# replays the winner's job); a job without a key (NULL) never conflicts.
+_NEW_JOB = (
+    postgresql.insert(_JOBS)
+    .values({column: sa.bindparam(key, type_=column.type) for key, column in _JOB_COLUMNS.items()})
+    .on_conflict_do_nothing(index_elements=[_JOBS.c.tenant_id, _JOBS.c.idempotency_key])
+    .returning(_JOBS.c.id)
+    .cte("new_job")
+)
+_CREATE_JOB = sa.insert(_EVENTS).from_select(
+    list(_EVENT_COLUMNS),
+    sa.select(
+        _NEW_JOB.c.id,
+        *(sa.bindparam(f"first_event_{name}", type_=_EVENTS.c[name].type) for name in _EVENT_COLUMNS[1:]),
+    ),
+)
+_CREATE_JOB_SQL = str(_CREATE_JOB.returning(_EVENTS.c.job_id).compile(dialect=postgresql.psycopg.dialect()))
+
+_FIND_BY_IDEMPOTENCY_KEY_SQL = str(
+    sa.select(*_JOB_VIEW_COLUMNS, Job.request_hash)
+    .where(Job.tenant_id == sa.bindparam("tenant_id"), Job.idempotency_key == sa.bindparam("key"))
+    .compile(dialect=postgresql.psycopg.dialect())
+)
+_GET_FILE_SQL = str(
+    sa.select(*(c.label(a.key) for a in File.__mapper__.column_attrs for c in a.columns))
+    .where(File.id == sa.bindparam("file_id"), File.tenant_id == sa.bindparam("tenant_id"))
+    .compile(dialect=postgresql.psycopg.dialect())
+)
+_COUNT_ACTIVE_JOBS_SQL = str(
+    sa.select(sa.func.count(Job.id).label("active"))
+    .where(
+        Job.tenant_id == sa.bindparam("tenant_id"),
+        Job.status == sa.any_(sa.bindparam("statuses", type_=postgresql.ARRAY(sa.String()))),
+    )
+    .compile(dialect=postgresql.psycopg.dialect())
+)
+
+
+_JOB_JSON_KEYS = frozenset(key for key, column in _JOB_COLUMNS.items() if isinstance(column.type, sa.JSON))
+_EVENT_JSON_KEYS = frozenset(name for name in _EVENT_COLUMNS if isinstance(_EVENTS.c[name].type, sa.JSON))
+
+
+def _statement_params(
+    values: Mapping[str, Any], json_keys: frozenset[str], prefix: str = ""
+) -> dict[str, Any]:
+    """Parameters for psycopg: JSON values wrapped as Jsonb (SQLAlchemy's bind processing is bypassed)."""
+    return {
+        f"{prefix}{key}": Jsonb(value) if key in json_keys and value is not None else value
+        for key, value in values.items()
+    }
+
+
+async def create_job_async(pool: AsyncPool, new: NewJob) -> tuple[SimpleNamespace, bool]:
+    """create_job on the event loop, in one autocommit statement: (job, created). Same rows, same
+    Idempotency-Key semantics: an existing key with the same request replays its job (created False), with a
+    different request is a 422; the loser of a race on one key replays the winner's job."""
+    if new.idempotency_key is not None:
+        existing = await find_job_by_idempotency_key_async(
+            pool, new.tenant_id, new.idempotency_key, new.request_hash
+        )
+        if existing is not None:
+            return existing, False
+    values, first_event = _new_job_rows(new)
+    params = _statement_params({key: values.get(key) for key in _JOB_COLUMNS}, _JOB_JSON_KEYS)
+    first = {name: first_event[name] for name in _EVENT_COLUMNS[1:]}
+    params.update(_statement_params(first, _EVENT_JSON_KEYS, prefix="first_event_"))
+    inserted = await pool.fetch_one(_CREATE_JOB_SQL, params)
+    if inserted is None:  # the key was taken by a concurrent request, which has committed by now
+        assert new.idempotency_key is not None
+        existing = await find_job_by_idempotency_key_async(
+            pool, new.tenant_id, new.idempotency_key, new.request_hash
+        )
+        if existing is None:  # created and deleted in between
+            raise Conflict("the request conflicts with a concurrent change; retry it")
+        return existing, False
+    view = dict.fromkeys(_JOB_VIEW_KEYS)
+    view.update(values)
+    return SimpleNamespace(**view), True
+
+
+async def find_job_by_idempotency_key_async(
+    pool: AsyncPool, tenant_id: str, key: str, request_hash: str | None
+) -> SimpleNamespace | None:
+    """find_job_by_idempotency_key on the event loop: the job's view columns, or None; 422 for a reused key."""
+    row = await pool.fetch_one(_FIND_BY_IDEMPOTENCY_KEY_SQL, {"tenant_id": tenant_id, "key": key})
+    if row is None:
+        return None
+    if row.pop("request_hash") != request_hash:
+        raise Unprocessable(
+            "this Idempotency-Key was already used with a different request",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    return SimpleNamespace(**row)
+
+
+async def get_file_async(pool: AsyncPool, tenant_id: str, file_id: str) -> SimpleNamespace | None:
+    row = await pool.fetch_one(_GET_FILE_SQL, {"tenant_id": tenant_id, "file_id": file_id})
+    return SimpleNamespace(**row) if row is not None else None
+
+
+async def count_active_jobs_async(pool: AsyncPool, tenant_id: str) -> int:
+    row = await pool.fetch_one(
+        _COUNT_ACTIVE_JOBS_SQL, {"tenant_id": tenant_id, "statuses": list(ACTIVE_STATUSES)}
+    )
+    return int(row["active"]) if row is not None else 0
 
 
 def get_job(session: Session, tenant_id: str, job_id: str) -> Job | None:

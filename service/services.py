@@ -30,7 +30,7 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
-        db = Database(settings.database_url, pool_size=settings.database_pool_size, async_reads=True)
+        db = Database(settings.database_url, pool_size=settings.database_pool_size, async_pool=True)
         queue: JobQueue
         if settings.queue_backend == "celery":
             queue = CeleryJobQueue(

@@ -23,6 +23,8 @@ _STATES = {-1: "below", 0: "in_band", 1: "above"}
 
 # A Job, or a read-only row of the same columns under the same names (repository.read_job, read_job_async).
 JobLike = Job | Row[Any] | SimpleNamespace
+# A File, or a read-only row of its columns (repository.get_file_async).
+FileLike = File | SimpleNamespace
 
 
 def finite(value: Any) -> float | None:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service import job_specs, repository, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
@@ -23,6 +24,8 @@ from service.schemas import (
     errors,
 )
 from service.services import Services
+from service.settings import Settings
+from service.views import FileLike
 from trainer.spec import TrainSpec
 
 REPLAYED = {"Idempotent-Replayed": "true"}
@@ -40,10 +43,10 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _validated(body: JobCreate, tenant: TenantRef, session: Session, services: Services) -> TrainSpec:
-    training_file = None
+def _checked_spec(body: JobCreate, training_file: FileLike | None, services: Services) -> TrainSpec:
+    """The request's TrainSpec, or Unprocessable; `training_file` is the tenant's file named by the body
+    (None when it names none, or one the tenant does not have)."""
     if body.training_file is not None:
-        training_file = repository.get_file(session, tenant.id, body.training_file)
         if training_file is None:
             raise Unprocessable(
                 f"no file with id {body.training_file!r}", param="training_file", code="unknown_file"
@@ -54,6 +57,49 @@ def _validated(body: JobCreate, tenant: TenantRef, session: Session, services: S
                 param="training_file",
             )
     return job_specs.validate_spec(body.spec, training_file=training_file, models=services.models)
+
+
+def _validated(body: JobCreate, tenant: TenantRef, session: Session, services: Services) -> TrainSpec:
+    training_file = None
+    if body.training_file is not None:
+        training_file = repository.get_file(session, tenant.id, body.training_file)
+    return _checked_spec(body, training_file, services)
+
+
+def _check_active_job_limit(settings: Settings, active: int) -> None:
+    if active >= settings.max_active_jobs_per_tenant:
+        raise TooManyRequests(
+            f"the tenant has {active} jobs that have not finished (limit {settings.max_active_jobs_per_tenant})",
+            retry_after_s=60,
+            code="active_job_limit",
+        )
+
+
+def _new_job(
+    body: JobCreate,
+    tenant: TenantRef,
+    spec: TrainSpec,
+    settings: Settings,
+    idempotency_key: str | None,
+    request_hash: str,
+) -> repository.NewJob:
+    resolved = spec.resolved()
+    return repository.NewJob(
+        tenant_id=tenant.id,
+        name=spec.name,
+        spec=body.spec,
+        resolved_spec=resolved,
+        spec_hash=job_specs.canonical_hash(resolved),
+        model=spec.model.name,
+        algorithm=spec.algorithm.name,
+        queue=settings.training_queue,
+        training_file_id=body.training_file,
+        metadata=dict(body.metadata or {}),
+        total_steps=spec.optim.steps,
+        max_attempts=settings.max_attempts,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash if idempotency_key is not None else None,
+    )
 
 
 @router.post("/estimate", summary="Validate a job and estimate its cost", response_model=EstimateObject)
@@ -86,52 +132,58 @@ def estimate_job(
         201: {"description": "The job, committed and queued. A replay adds `Idempotent-Replayed: true`."}
     },
 )
-def create_job(
+async def create_job(
     body: JobCreate,
     tenant: CurrentTenant,
-    session: SessionDep,
     services: ServicesDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Validate the spec (422 names the offending field), store the job, and queue it. A 201 means the job
     is committed: it will run even if the queue's broker loses the message. With an Idempotency-Key, a
     retried request returns the job the first one created; reusing a key for a different body is a 422."""
+    pool = services.db.async_pool
+    if pool is None:  # SQLite (embedded mode): the same steps on a session, in the thread pool
+        return await run_in_threadpool(_create_job_in_session, body, tenant, services, idempotency_key)
+    # PostgreSQL: every statement on the event loop (service.async_pool), the job in one statement.
     request_hash = job_specs.canonical_hash(body.model_dump(mode="json"))
     if idempotency_key is not None:
-        existing = repository.find_job_by_idempotency_key(session, tenant.id, idempotency_key, request_hash)
+        existing = await repository.find_job_by_idempotency_key_async(
+            pool, tenant.id, idempotency_key, request_hash
+        )
         if existing is not None:
             return model_response(views.job_view(existing), 201, headers=REPLAYED)
-    spec = _validated(body, tenant, session, services)
+    training_file = None
+    if body.training_file is not None:
+        training_file = await repository.get_file_async(pool, tenant.id, body.training_file)
+    spec = _checked_spec(body, training_file, services)
     settings = services.settings
     if settings.max_active_jobs_per_tenant:
-        active = repository.count_active_jobs(session, tenant.id)
-        if active >= settings.max_active_jobs_per_tenant:
-            raise TooManyRequests(
-                f"the tenant has {active} jobs that have not finished (limit {settings.max_active_jobs_per_tenant})",
-                retry_after_s=60,
-                code="active_job_limit",
+        _check_active_job_limit(settings, await repository.count_active_jobs_async(pool, tenant.id))
+    new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
+    job, created = await repository.create_job_async(pool, new)
+    if created:  # committed (durably) by now; the broker call may block, so it runs in the thread pool
+        await run_in_threadpool(services.enqueue, job.id, job.queue)
+    return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
+
+
+def _create_job_in_session(
+    body: JobCreate, tenant: TenantRef, services: Services, idempotency_key: str | None
+) -> Response:
+    request_hash = job_specs.canonical_hash(body.model_dump(mode="json"))
+    with services.db.sessions() as session:
+        if idempotency_key is not None:
+            existing = repository.find_job_by_idempotency_key(
+                session, tenant.id, idempotency_key, request_hash
             )
-    resolved = spec.resolved()
-    job, created = repository.create_job(
-        session,
-        repository.NewJob(
-            tenant_id=tenant.id,
-            name=spec.name,
-            spec=body.spec,
-            resolved_spec=resolved,
-            spec_hash=job_specs.canonical_hash(resolved),
-            model=spec.model.name,
-            algorithm=spec.algorithm.name,
-            queue=settings.training_queue,
-            training_file_id=body.training_file,
-            metadata=dict(body.metadata or {}),
-            total_steps=spec.optim.steps,
-            max_attempts=settings.max_attempts,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash if idempotency_key is not None else None,
-        ),
-    )
-    session.commit()
+            if existing is not None:
+                return model_response(views.job_view(existing), 201, headers=REPLAYED)
+        spec = _validated(body, tenant, session, services)
+        settings = services.settings
+        if settings.max_active_jobs_per_tenant:
+            _check_active_job_limit(settings, repository.count_active_jobs(session, tenant.id))
+        new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
+        job, created = repository.create_job(session, new)
+        session.commit()
     if created:
         services.enqueue(job.id, job.queue)
     return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)

@@ -201,8 +201,8 @@ def test_the_async_read_path_also_answers_503_when_the_database_is_gone(
     client = make_client()
     job_id = create_job(client, tenant.headers)
     assert client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).status_code == 200  # key now cached
-    reader = client.app.state.services.db.async_reader  # type: ignore[attr-defined]
-    assert reader is not None
-    reader._discard_all()
-    reader.conninfo = "postgresql://nobody@127.0.0.1:1/none"  # the database host goes away
+    pool = client.app.state.services.db.async_pool  # type: ignore[attr-defined]
+    assert pool is not None
+    pool._discard_all()
+    pool.conninfo = "postgresql://nobody@127.0.0.1:1/none"  # the database host goes away
     assert_error(client.get(f"/v1/jobs/{job_id}", headers=tenant.headers), 503, "database_unavailable")

@@ -1,9 +1,13 @@
-"""Single-statement reads on PostgreSQL straight from the event loop (the hot path of GET /v1/jobs/{id}).
+"""Single statements on PostgreSQL straight from the event loop: the hot paths GET /v1/jobs/{id} (one
+indexed SELECT) and POST /v1/jobs (one INSERT of the job and its first event).
 
-A plain `def` dependency costs a thread-pool hop and SQLAlchemy's execution machinery around one indexed
-SELECT; on a small machine that is most of the request. This is a small pool of psycopg async connections
-(autocommit, UTC), used only for reads whose SQL the repository compiled from its own SQLAlchemy
-statements. SQLite (embedded mode) has no async driver here and keeps the thread-pool path.
+A plain `def` route or dependency costs a thread-pool hop and SQLAlchemy's session and execution machinery
+around one statement; on a small machine that is most of the request. This is a small pool of psycopg async
+connections (autocommit, UTC), used only for statements whose SQL the repository compiled from its own
+SQLAlchemy statements. In autocommit each statement is its own transaction: when `fetch_one` returns, a
+write is committed, and durably so (the connection leaves `synchronous_commit` at the server's setting, on
+by default: the COMMIT waits for the WAL flush). SQLite (embedded mode) has no async driver here and keeps
+the thread-pool path.
 
 The pool belongs to the event loop that first used it; a request on another loop (tests that start several
 loops) gets a fresh pool, and the old connections are closed without awaiting the dead loop.
@@ -25,7 +29,7 @@ def psycopg_conninfo(database_url: str) -> str:
     return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-class AsyncReader:
+class AsyncPool:
     def __init__(self, database_url: str, *, size: int = 8, connect_timeout_s: float = 5.0) -> None:
         self.conninfo = psycopg_conninfo(database_url)
         self.size = size
