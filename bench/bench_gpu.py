@@ -52,9 +52,11 @@ from bench_kernels import naive_token_stats  # noqa: E402
 from bench_stare_overhead import VARIANTS, Settings, make_batch  # noqa: E402
 
 from trainer.algos.kernels import (  # noqa: E402
+    BACKEND_ENV,
     token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
+    triton_available,
 )
 from trainer.algos.losses import PolicyLossInputs, compute_policy_loss, make_loss_params  # noqa: E402
 
@@ -156,6 +158,36 @@ def _logits(n: int, vocab: int, dtype: torch.dtype, device: torch.device, seed: 
     return (torch.randn((n, vocab), generator=gen, device=device, dtype=torch.float32) * 3.0).to(dtype)
 
 
+def _kernel_call(
+    kind: str,
+    chunk: int | None,
+    backward: bool,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    grad_out: torch.Tensor,
+) -> Callable[[], None]:
+    """One measured call: the naive, chunked (torch backend) or fused (Triton) version, with or without
+    the backward of Σ g·log p_a."""
+
+    def stats(x: torch.Tensor) -> torch.Tensor:
+        if kind == "naive":
+            return naive_token_stats(x, targets)[0]
+        if kind == "triton":
+            return token_stats_from_logits(x, targets, backend="triton").logprob
+        assert chunk is not None
+        return token_stats_from_logits(x, targets, chunk_rows=chunk, backend="torch").logprob
+
+    def call() -> None:
+        if backward:
+            leaf = logits.detach().requires_grad_(True)
+            (stats(leaf) * grad_out).sum().backward()
+        else:
+            with torch.no_grad():
+                stats(logits)
+
+    return call
+
+
 def section_kernels(
     device: torch.device, timer: Timer, n: int, vocab: int, chunks: list[int], repeats: int
 ) -> dict[str, Any]:
@@ -166,6 +198,17 @@ def section_kernels(
     ref = token_stats_reference(small, small_t)
     got = token_stats_from_logits(small, small_t, chunk_rows=40)
     naive = naive_token_stats(small, small_t)
+    if triton_available() and device.type == "cuda":
+        fused = token_stats_from_logits(small, small_t, backend="triton")
+        assert fused.entropy is not None and fused.correction is not None
+        out["check_max_abs_diff_triton"] = {
+            "logprob": float((fused.logprob - ref.logprob).abs().max()),
+            "entropy": float((fused.entropy - ref.entropy).abs().max()),
+            "correction": float((fused.correction - ref.correction).abs().max()),
+        }
+        for name, value in out["check_max_abs_diff_triton"].items():
+            if not value < 1e-3:
+                raise AssertionError(f"triton {name} differs from the reference by {value}")
     assert ref.entropy is not None and ref.correction is not None
     assert got.entropy is not None and got.correction is not None
     out["check_max_abs_diff"] = {
@@ -187,31 +230,10 @@ def section_kernels(
         grad_out = torch.randn(n, device=device)
         for backward in (False, True):
             variants: list[tuple[str, int | None]] = [("naive", None)] + [("chunked", c) for c in chunks]
+            if triton_available() and device.type == "cuda":
+                variants.append(("triton", None))
             for kind, chunk in variants:
-
-                def call(
-                    kind: str = kind,
-                    chunk: int | None = chunk,
-                    backward: bool = backward,
-                    logits: torch.Tensor = logits,
-                    grad_out: torch.Tensor = grad_out,
-                ) -> None:
-                    if backward:
-                        leaf = logits.detach().requires_grad_(True)
-                        if kind == "naive":
-                            logprob = naive_token_stats(leaf, targets)[0]
-                        else:
-                            assert chunk is not None
-                            logprob = token_stats_from_logits(leaf, targets, chunk_rows=chunk).logprob
-                        (logprob * grad_out).sum().backward()
-                        del leaf
-                    else:
-                        with torch.no_grad():
-                            if kind == "naive":
-                                naive_token_stats(logits, targets)
-                            else:
-                                assert chunk is not None
-                                token_stats_from_logits(logits, targets, chunk_rows=chunk)
+                call = _kernel_call(kind, chunk, backward, logits, targets, grad_out)
 
                 row: dict[str, Any] = {
                     "dtype": str(dtype).removeprefix("torch."),
@@ -347,29 +369,12 @@ LLAMA_QUICK = {
 def build_random_llama(folder: Path, shape: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
     """A Llama-shaped model with random bf16 weights and a character tokenizer padded with filler tokens
     to the model's vocabulary (every sampled id decodes), saved as a local HF folder."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from trainer.models import TINY_CHARACTERS, TINY_SPECIAL_TOKENS
+    from trainer.models import build_tiny_arith_tokenizer
 
-    names = [*TINY_SPECIAL_TOKENS, *TINY_CHARACTERS]
-    names += [f"<t{i}>" for i in range(shape["vocab_size"] - len(names))]
-    vocab = {token: i for i, token in enumerate(names)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        padding_side="left",
-        model_input_names=["input_ids", "attention_mask"],
-    )
+    tokenizer = build_tiny_arith_tokenizer(vocab_size=shape["vocab_size"])
+    vocab = tokenizer.get_vocab()
     config = LlamaConfig(
         **shape,
         pad_token_id=vocab["<pad>"],
@@ -434,7 +439,9 @@ def section_engine(
         result["build_seconds"] = time.perf_counter() - t0
         log(f"engine: model built ({result['model']['parameters'] / 1e6:.1f} M parameters)")
         for algorithm in algorithms:
-            name, params = algorithm, {}
+            name, _, backend = algorithm.partition(":")
+            params: dict[str, Any] = {}
+            os.environ[BACKEND_ENV] = backend or "auto"
             data: dict[str, Any] = {
                 "seed": 0,
                 "model": {"name": str(folder), "dtype": "bfloat16"},
@@ -480,7 +487,7 @@ def section_engine(
                 if device.type == "cuda":
                     record["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
                 per_step.append(record)
-                log(f"engine {name} step {step + 1}: {json.dumps(record)}")
+                log(f"engine {algorithm} step {step + 1}: {json.dumps(record)}")
             timed = per_step[1:]
             rows = prompts * group
             response = new_tokens
@@ -500,6 +507,7 @@ def section_engine(
             update_s = statistics.median(r["update_seconds"] for r in timed)
             run = {
                 "algorithm": name,
+                "kernel_backend": backend or "auto",
                 "steps": per_step,
                 "median_step_seconds": statistics.median(r["step_seconds"] for r in timed),
                 "median_generation_seconds": statistics.median(r["generation_seconds"] for r in timed),
@@ -517,6 +525,7 @@ def section_engine(
                 / statistics.median(r["generation_seconds"] for r in timed),
             }
             result["runs"].append(run)
+            os.environ.pop(BACKEND_ENV, None)
             del engine
             release()
     return result
@@ -527,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; CPU works)")
     parser.add_argument("--sections", default="matmul,kernels,fused_head,stare_overhead,engine")
-    parser.add_argument("--algorithms", default="grpo_ds,stare,grpo")
+    parser.add_argument("--algorithms", default="grpo_ds:torch,grpo_ds:triton,stare:triton")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = Timer(device)
@@ -548,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             timer,
             n=512 if quick else 32_768,
             vocab=5003 if quick else 151_936,
-            chunks=[128, 512] if quick else [512, 1024, 2048, 4096, 8192],
+            chunks=[128, 512] if quick else [512, 4096],
             repeats=2 if quick else 5,
         ),
         "fused_head": lambda: section_fused_head(

@@ -65,9 +65,16 @@ TINY_CHARACTERS = "0123456789+-*=() \n"
 TINY_MAX_POSITIONS = 256
 
 
-def build_tiny_arith_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer: one token per character, `<bos>` prepended, left padding."""
-    vocab = {token: i for i, token in enumerate((*TINY_SPECIAL_TOKENS, *TINY_CHARACTERS))}
+def build_tiny_arith_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: one token per character, `<bos>` prepended, left padding.
+
+    `vocab_size`: pad the vocabulary with filler tokens `<tN>` to this size, so that a model with a larger
+    vocabulary (a benchmark's random model) decodes every id it samples.
+    """
+    names = [*TINY_SPECIAL_TOKENS, *TINY_CHARACTERS]
+    if vocab_size is not None:
+        names += [f"<t{i}>" for i in range(vocab_size - len(names))]
+    vocab = {token: i for i, token in enumerate(names)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # Every character becomes its own piece. Not Regex("."): the dot skips "\n", so "\n\n" would stay one
     # piece and map to <unk>.

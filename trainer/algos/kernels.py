@@ -22,6 +22,8 @@ weight (V, D) go in, logits exist only one chunk at a time, and backward recompu
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,6 +196,85 @@ class _ChunkedLogProb(torch.autograd.Function):
         return grad_logits, None, None, None, None, None
 
 
+def triton_available() -> bool:
+    """Whether the fused Triton kernels can be imported (Triton is installed with a working backend)."""
+    global _TRITON_OK
+    if _TRITON_OK is None:
+        try:
+            from trainer.algos import triton_kernels  # noqa: F401
+        except Exception:  # ImportError, or a Triton without a usable backend
+            _TRITON_OK = False
+        else:
+            _TRITON_OK = True
+    return _TRITON_OK
+
+
+_TRITON_OK: bool | None = None
+_TRITON_CHECKED: dict[str, bool] = {}
+KERNEL_BACKENDS = ("auto", "torch", "triton")
+BACKEND_ENV = "STARE_KERNEL_BACKEND"  # overrides "auto": "torch" or "triton"
+
+
+def triton_self_check(device: torch.device | str) -> bool:
+    """Runs the fused kernel once on `device` against the chunked torch path (values and gradient, fp32
+    and bf16 logits, T ≠ 1) and remembers the verdict per device. A kernel that fails to compile or
+    disagrees is reported with a warning, and "auto" then keeps the torch path on that device."""
+    key = str(torch.device(device))
+    if key in _TRITON_CHECKED:
+        return _TRITON_CHECKED[key]
+    ok, reason = triton_available(), "the triton package does not import"
+    if ok:
+        try:
+            from trainer.algos.triton_kernels import TritonLogProb
+
+            gen = torch.Generator().manual_seed(0)
+            for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
+                logits = (torch.randn((16, 3001), generator=gen) * 3).to(dtype).to(device)
+                targets = torch.randint(0, 3001, (16,), generator=gen).to(device)
+                g = torch.randn(16, generator=gen).to(device)
+                results = []
+                for fused in (True, False):
+                    leaf = logits.detach().clone().requires_grad_(True)
+                    flat = (leaf, targets, 0.7, True, True)
+                    outs = (
+                        TritonLogProb.apply(*flat)
+                        if fused
+                        else _ChunkedLogProb.apply(*flat[:3], 5, True, True)
+                    )
+                    (outs[0] * g).sum().backward()
+                    assert leaf.grad is not None
+                    results.append([t.detach().float() for t in (*outs, leaf.grad)])
+                for name, got, want in zip(("log-prob", "entropy", "C", "gradient"), *results):
+                    if not torch.allclose(got, want, rtol=tol, atol=tol):
+                        raise AssertionError(f"{name} differs by {float((got - want).abs().max()):.3g}")
+        except Exception as err:  # a compile error or a wrong result: keep the torch path
+            ok, reason = False, f"{type(err).__name__}: {err}"
+    if not ok:
+        warnings.warn(
+            f"fused Triton kernel unusable on {key} ({reason}); using the chunked torch kernel",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    _TRITON_CHECKED[key] = ok
+    return ok
+
+
+def resolve_backend(backend: str, logits: Tensor) -> str:
+    """ "auto" picks the fused Triton kernel for CUDA logits when it passes its self-check on that device
+    (`triton_self_check`), else the chunked torch path; STARE_KERNEL_BACKEND overrides "auto"."""
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
+        if backend not in KERNEL_BACKENDS:
+            raise ValueError(f"{BACKEND_ENV} must be one of {KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if logits.is_cuda and triton_self_check(logits.device) else "torch"
+    if backend == "triton" and not triton_available():
+        raise ValueError("backend 'triton' needs the triton package (and a GPU, or TRITON_INTERPRET=1)")
+    return backend
+
+
 def token_stats_from_logits(
     logits: Tensor,
     target_ids: Tensor,
@@ -202,8 +283,14 @@ def token_stats_from_logits(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     with_entropy: bool = True,
     with_correction: bool = True,
+    backend: str = "auto",
 ) -> TokenStats:
-    """Scores `target_ids` (shape S) under `logits` (shape S + (V,)), any float dtype, in fp32 per chunk."""
+    """Scores `target_ids` (shape S) under `logits` (shape S + (V,)), any float dtype, in fp32.
+
+    backend: "torch" = the chunked computation of this module (`chunk_rows` rows at a time; on CPU bit for
+    bit the reference's values); "triton" = the fused kernel of `triton_kernels` (one row at a time on
+    chip, no (rows, V) buffer; `chunk_rows` unused); "auto" = triton for CUDA logits when available.
+    """
     _check_temperature(temperature)
     _check_chunk(chunk_rows)
     if logits.dim() < 1 or logits.shape[:-1] != target_ids.shape:
@@ -216,9 +303,16 @@ def token_stats_from_logits(
     lead_shape = target_ids.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
     flat_targets = target_ids.reshape(-1).long()  # (N,)
-    logprob, entropy, correction = _ChunkedLogProb.apply(
-        flat_logits, flat_targets, float(temperature), int(chunk_rows), with_entropy, with_correction
-    )
+    if resolve_backend(backend, logits) == "triton":
+        from trainer.algos.triton_kernels import TritonLogProb
+
+        logprob, entropy, correction = TritonLogProb.apply(
+            flat_logits, flat_targets, float(temperature), with_entropy, with_correction
+        )
+    else:
+        logprob, entropy, correction = _ChunkedLogProb.apply(
+            flat_logits, flat_targets, float(temperature), int(chunk_rows), with_entropy, with_correction
+        )
     return TokenStats(
         logprob=logprob.view(lead_shape),
         entropy=entropy.view(lead_shape) if with_entropy else None,
