@@ -9,7 +9,6 @@ the user, and is a key relative to the artifact root.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -38,7 +37,7 @@ def validate_spec(
     raw: Mapping[str, Any], *, training_file: File | SimpleNamespace | None, models: Mapping[str, Any]
 ) -> TrainSpec:
     """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable."""
-    data = copy.deepcopy(dict(raw))
+    data = dict(raw)  # a shallow copy: only the task is changed, and _place_training_file copies it first
     _place_training_file(data, training_file)
     _precheck_verifier(data.get("verifier"))
     try:
@@ -83,6 +82,7 @@ def _place_training_file(data: dict[str, Any], training_file: File | SimpleNames
             param="training_file",
             code="invalid_spec",
         )
+    task = data["task"] = dict(task)  # never change the request's own dict (it is stored as submitted)
     task["source"] = "jsonl"
     task["path"] = training_file.storage_key
 

@@ -59,7 +59,15 @@ class Services:
             self.telemetry.enqueue_failures.inc()
         return sent
 
+    async def enqueue_async(self, job_id: str, queue: str) -> bool:
+        """`enqueue` from the event loop (POST /v1/jobs on PostgreSQL)."""
+        sent = await self.queue.enqueue_async(job_id, queue)
+        if not sent:
+            self.telemetry.enqueue_failures.inc()
+        return sent
+
     async def aclose(self) -> None:
+        await self.queue.aclose()
         await self.db.aclose()
 
     def close(self) -> None:

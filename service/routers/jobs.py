@@ -75,13 +75,18 @@ def _check_active_job_limit(settings: Settings, active: int) -> None:
         )
 
 
+def _request_hash(body: JobCreate, idempotency_key: str | None) -> str | None:
+    """What a replay must match: the hash of the whole request body (only kept with an Idempotency-Key)."""
+    return job_specs.canonical_hash(body.model_dump(mode="json")) if idempotency_key is not None else None
+
+
 def _new_job(
     body: JobCreate,
     tenant: TenantRef,
     spec: TrainSpec,
     settings: Settings,
     idempotency_key: str | None,
-    request_hash: str,
+    request_hash: str | None,
 ) -> repository.NewJob:
     resolved = spec.resolved()
     return repository.NewJob(
@@ -98,7 +103,7 @@ def _new_job(
         total_steps=spec.optim.steps,
         max_attempts=settings.max_attempts,
         idempotency_key=idempotency_key,
-        request_hash=request_hash if idempotency_key is not None else None,
+        request_hash=request_hash,
     )
 
 
@@ -145,7 +150,7 @@ async def create_job(
     if pool is None:  # SQLite (embedded mode): the same steps on a session, in the thread pool
         return await run_in_threadpool(_create_job_in_session, body, tenant, services, idempotency_key)
     # PostgreSQL: every statement on the event loop (service.async_pool), the job in one statement.
-    request_hash = job_specs.canonical_hash(body.model_dump(mode="json"))
+    request_hash = _request_hash(body, idempotency_key)
     if idempotency_key is not None:
         existing = await repository.find_job_by_idempotency_key_async(
             pool, tenant.id, idempotency_key, request_hash
@@ -161,15 +166,15 @@ async def create_job(
         _check_active_job_limit(settings, await repository.count_active_jobs_async(pool, tenant.id))
     new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
     job, created = await repository.create_job_async(pool, new)
-    if created:  # committed (durably) by now; the broker call may block, so it runs in the thread pool
-        await run_in_threadpool(services.enqueue, job.id, job.queue)
+    if created:  # committed, durably, by now
+        await services.enqueue_async(job.id, job.queue)
     return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
 
 
 def _create_job_in_session(
     body: JobCreate, tenant: TenantRef, services: Services, idempotency_key: str | None
 ) -> Response:
-    request_hash = job_specs.canonical_hash(body.model_dump(mode="json"))
+    request_hash = _request_hash(body, idempotency_key)
     with services.db.sessions() as session:
         if idempotency_key is not None:
             existing = repository.find_job_by_idempotency_key(

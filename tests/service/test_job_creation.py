@@ -37,10 +37,16 @@ class CommittedCheckingQueue:
             self.seen[job_id] = (row[0] if row else None, [e[0] for e in events])
         return True
 
+    async def enqueue_async(self, job_id: str, queue: str) -> bool:
+        return self.enqueue(job_id, queue)  # blocks the loop: what the route awaits must have happened
+
     def ping(self) -> None:
         return None
 
     def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 

@@ -3,6 +3,7 @@ broker on the job's queue (real Redis; the service never imports the worker). A 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import uuid
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import kombu
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -17,6 +19,7 @@ from fastapi.testclient import TestClient
 from service import repository
 from service.database import Database
 from service.models import Job
+from service.queue import CeleryJobQueue
 from tests.service.conftest import REDIS_URL, TenantKey
 from tests.service.helpers import TINY_SPEC
 
@@ -77,3 +80,76 @@ def test_a_broker_outage_loses_no_job(
         assert session.get(Job, job_id).status == "queued"  # type: ignore[union-attr]
         assert (job_id, "training") in repository.unclaimed_jobs(session, older_than_s=60, now=later)
         assert (job_id, "training") not in repository.unclaimed_jobs(session, older_than_s=60)
+
+
+# Per-message values: ids, and the sender's per-thread reply address and origin.
+PER_MESSAGE_HEADERS = {"id", "root_id"}
+PER_MESSAGE_PROPERTIES = {"correlation_id", "delivery_tag", "reply_to"}
+
+
+def test_the_message_pushed_from_the_event_loop_is_the_one_send_task_sends(queue_name: str) -> None:
+    """enqueue_async builds the message itself (no kombu producer); it must stay equal to Celery's own."""
+    queue = CeleryJobQueue(REDIS_URL, "worker.train_job")
+    assert queue.pushes_from_the_loop
+    assert queue.enqueue("job_A", queue_name)
+    celery_sent = pop_message(queue_name)
+
+    async def push() -> bool:
+        try:
+            return await queue.enqueue_async("job_A", queue_name)
+        finally:
+            await queue.aclose()
+
+    assert asyncio.run(push())
+    ours = pop_message(queue_name)
+    queue.close()
+    assert ours.keys() == celery_sent.keys()
+    assert ours["body"] == celery_sent["body"]  # base64 of [["job_A"], {}, {embed}]
+    assert {k: v for k, v in ours.items() if k not in ("headers", "properties")} == {
+        k: v for k, v in celery_sent.items() if k not in ("headers", "properties")
+    }
+
+    def without(d: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k not in keys}
+
+    assert without(ours["headers"], PER_MESSAGE_HEADERS) == without(
+        celery_sent["headers"], PER_MESSAGE_HEADERS
+    )
+    assert without(ours["properties"], PER_MESSAGE_PROPERTIES) == without(
+        celery_sent["properties"], PER_MESSAGE_PROPERTIES
+    )
+    assert ours["headers"]["id"] == ours["headers"]["root_id"] == ours["properties"]["correlation_id"]
+    assert ours["headers"]["id"] != celery_sent["headers"]["id"]
+    assert ours["properties"]["delivery_tag"] != celery_sent["properties"]["delivery_tag"]
+
+
+def test_kombu_consumes_the_message_pushed_from_the_event_loop(queue_name: str) -> None:
+    queue = CeleryJobQueue(REDIS_URL, "worker.train_job")
+
+    async def push() -> bool:
+        try:
+            return await queue.enqueue_async("job_B", queue_name)
+        finally:
+            await queue.aclose()
+
+    assert asyncio.run(push())
+    with kombu.Connection(REDIS_URL) as connection:
+        message = connection.SimpleQueue(queue_name).get(timeout=5)
+        assert message.headers["task"] == "worker.train_job"
+        args, kwargs, embed = message.decode()
+        assert args == ["job_B"] and kwargs == {} and embed["chain"] is None
+        assert message.delivery_info["routing_key"] == queue_name
+        message.ack()
+    queue.close()
+
+
+def test_a_broker_outage_on_the_event_loop_path_is_counted_not_raised() -> None:
+    queue = CeleryJobQueue("redis://127.0.0.1:1/0", "worker.train_job", timeout_s=0.5)
+
+    async def push() -> bool:
+        try:
+            return await queue.enqueue_async("job_C", "nowhere")
+        finally:
+            await queue.aclose()
+
+    assert asyncio.run(push()) is False
