@@ -285,11 +285,11 @@ def _wait_ready(port: int, path: str, timeout: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def _server(
-    factory: str, port: int, env: dict[str, str], ready_path: str
+    factory: str, port: int, env: dict[str, str], ready_path: str, workers: int = 1
 ) -> Iterator[subprocess.Popen[bytes]]:
     cmd = [
         sys.executable, "-m", "uvicorn", "--factory", factory, "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "1", "--no-access-log", "--log-level", "warning", "--backlog", "2048",
+        "--workers", str(workers), "--no-access-log", "--log-level", "warning", "--backlog", "2048",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env)
     try:
@@ -323,9 +323,15 @@ def service_app() -> Any:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (from /proc), to report the server's cost per request."""
+    """User + system CPU time of a server (from /proc): the process and its live children (uvicorn's worker
+    processes when --service-workers > 1), to report the server's cost per request."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in children.read_text().split() if children.exists() else []:
+        with contextlib.suppress(OSError):
+            total += _cpu_seconds(int(child))
+    return total
 
 
 def _load(
@@ -464,7 +470,9 @@ def main_bench(args: argparse.Namespace) -> None:
         bare_port, service_port = _free_port(), _free_port()
         with (
             _server("bench.bench_service:bare_app", bare_port, env, "/bare") as bare_server,
-            _server("bench.bench_service:service_app", service_port, env, "/healthz") as service_server,
+            _server(
+                "bench.bench_service:service_app", service_port, env, "/healthz", args.service_workers
+            ) as service_server,
         ):
             pids = {bare_port: bare_server.pid, service_port: service_server.pid}
             import httpx
@@ -657,6 +665,9 @@ def main() -> None:
     parser.add_argument("--open-duration", type=float, default=5.0, help="seconds per open-loop row")
     parser.add_argument(
         "--common-rate", type=float, default=200.0, help="the open-loop rate the p99 verdicts read"
+    )
+    parser.add_argument(
+        "--service-workers", type=int, default=1, help="uvicorn worker processes of the service (bare: 1)"
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", help="also write the results here")
