@@ -31,6 +31,11 @@ machine is shared; other load only adds latency). Besides latency, each row repo
 time per request (from /proc), which is less sensitive than throughput to whatever else the machine runs;
 at low open-loop rates it includes the idle server's fixed per-second work.
 
+--workers N runs both servers (service and bare app) with N uvicorn worker processes, so the ratio stays a
+like-for-like comparison; --rate-limiter redis turns the service's rate limiter on with a limit never
+reached, so every request pays for its bucket (a Redis round trip): the setup several API processes need.
+By default the limiter is off, as it was for every earlier figure.
+
 Verdicts: the GET throughput ratio reads the closed loop; the p99 targets are printed for both readings,
 saturated (closed loop) and rate-bounded at --common-rate (default 200/s, a rate below every row's
 saturation point, so the rows are compared at one offered load), and for each row the highest swept rate at
@@ -38,7 +43,7 @@ which its p99 target held.
 
     .venv/bin/python bench/bench_service.py [--concurrency 64] [--rounds 2] [--mode both|closed|open]
         [--duration 6] [--max-requests 30000] [--rates 100,200,400,800,1600,3200] [--open-duration 5]
-        [--common-rate 200] [--grace 3] [--json out.json]
+        [--common-rate 200] [--grace 3] [--workers 1] [--rate-limiter off|memory|redis] [--json out.json]
 """
 
 from __future__ import annotations
@@ -364,10 +369,11 @@ def _load(
             capture_output=True,
             text=True,
             timeout=duration + args.grace + 120,
-            check=True,
         )
     finally:
         os.unlink(fh.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"the load process failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     served = result["requests"] + result["warmup_requests"]
     result["server_cpu_ms_per_request"] = 1000 * (_cpu_seconds(server_pid) - before) / max(served, 1)
@@ -456,7 +462,10 @@ def main_bench(args: argparse.Namespace) -> None:
         "STARE_BROKER_URL": args.redis_url,
         "STARE_TRAINING_QUEUE": queue,
         "STARE_ARTIFACT_ROOT": artifacts,
-        "STARE_RATE_LIMIT_PER_SECOND": "0",
+        "STARE_RATE_LIMIT_PER_SECOND": "0" if args.rate_limiter == "off" else "1000000000",
+        "STARE_RATE_LIMIT_BURST": "1000000000",
+        "STARE_RATE_LIMIT_BACKEND": "redis" if args.rate_limiter == "redis" else "memory",
+        "STARE_RATE_LIMIT_REDIS_URL": args.redis_url,
         "STARE_MAX_ACTIVE_JOBS_PER_TENANT": "0",
         "STARE_DATABASE_POOL_SIZE": "20",
     }
@@ -469,9 +478,9 @@ def main_bench(args: argparse.Namespace) -> None:
         auth = {"Authorization": f"Bearer {key}"}
         bare_port, service_port = _free_port(), _free_port()
         with (
-            _server("bench.bench_service:bare_app", bare_port, env, "/bare") as bare_server,
+            _server("bench.bench_service:bare_app", bare_port, env, "/bare", args.workers) as bare_server,
             _server(
-                "bench.bench_service:service_app", service_port, env, "/healthz", args.service_workers
+                "bench.bench_service:service_app", service_port, env, "/healthz", args.workers
             ) as service_server,
         ):
             pids = {bare_port: bare_server.pid, service_port: service_server.pid}
@@ -514,7 +523,10 @@ def main_bench(args: argparse.Namespace) -> None:
                 if queue.encode() in member:
                     broker.srem(binding, member)
 
-    print(f"\nService benchmark: {args.concurrency} concurrent connections, {args.rounds} rounds")
+    print(
+        f"\nService benchmark: {args.concurrency} concurrent connections, {args.rounds} rounds, "
+        f"{args.workers} process(es) per server, rate limiter {args.rate_limiter}"
+    )
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "command"}}
     if any(closed.values()):
@@ -643,10 +655,10 @@ def _print_verdicts(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     sub = parser.add_subparsers(dest="command")
-    load = sub.add_parser("load", help="(internal) the load generator process")
+    load = sub.add_parser("load", help="(internal) the load generator process", allow_abbrev=False)
     load.add_argument("--plan", required=True)
     load.add_argument("--rate", type=float, default=0.0, help="open loop at this rate; 0: closed loop")
     for p in (parser, load):
@@ -667,7 +679,13 @@ def main() -> None:
         "--common-rate", type=float, default=200.0, help="the open-loop rate the p99 verdicts read"
     )
     parser.add_argument(
-        "--service-workers", type=int, default=1, help="uvicorn worker processes of the service (bare: 1)"
+        "--workers", type=int, default=1, help="uvicorn worker processes, of the service and of the bare app"
+    )
+    parser.add_argument(
+        "--rate-limiter",
+        choices=("off", "memory", "redis"),
+        default="off",
+        help="the service's rate limiter: on with a limit never reached, so every request pays for it",
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", help="also write the results here")

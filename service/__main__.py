@@ -3,7 +3,7 @@
 python -m service migrate                 # upgrade the database to the latest schema
 python -m service create-tenant NAME      # a tenant and its first API key (printed once, on stdout)
 python -m service create-key TENANT       # another key for an existing tenant
-python -m service serve [--host H] [--port P]
+python -m service serve [--host H] [--port P] [--workers N]   # N > 1 needs STARE_RATE_LIMIT_BACKEND=redis
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the HTTP API with uvicorn")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="API processes (each reads its settings from the environment); more than one needs "
+        "STARE_RATE_LIMIT_BACKEND=redis unless rate limiting is off",
+    )
     args = parser.parse_args(argv)
 
     settings = Settings()
@@ -42,7 +49,19 @@ def main(argv: list[str] | None = None) -> int:
 
         from service.app import create_app
 
-        uvicorn.run(create_app(settings), host=args.host, port=args.port)
+        if args.workers <= 1:
+            uvicorn.run(create_app(settings), host=args.host, port=args.port)
+            return 0
+        if settings.rate_limit_per_second > 0 and settings.rate_limit_backend != "redis":
+            print(
+                "several API processes would each keep their own rate-limit buckets: set "
+                "STARE_RATE_LIMIT_BACKEND=redis (or STARE_RATE_LIMIT_PER_SECOND=0)",
+                file=sys.stderr,
+            )
+            return 2
+        uvicorn.run(
+            "service.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers
+        )
         return 0
     db = Database(settings.database_url, pool_size=1)
     try:

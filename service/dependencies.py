@@ -88,7 +88,7 @@ async def authenticate(
         if principal.key.revoked_at is not None:
             raise Unauthenticated("this API key was revoked", code="api_key_revoked")
         services.principals.put(key_hash, principal)
-    wait_s = services.limiter.acquire(principal.key.id)
+    wait_s = await services.limiter.acquire_async(principal.key.id)
     if wait_s > 0:
         raise TooManyRequests(
             f"rate limit of {services.settings.rate_limit_per_second:g} requests/s per key exceeded; retry later",

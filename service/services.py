@@ -11,7 +11,7 @@ from service.database import Database
 from service.job_specs import model_catalogue
 from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
-from service.ratelimit import TokenBucketLimiter
+from service.ratelimit import RateLimiter, RedisTokenBucketLimiter, TokenBucketLimiter
 from service.settings import Settings
 from service.storage import LocalArtifactStorage
 from service.telemetry import Telemetry
@@ -23,7 +23,7 @@ class Services:
     db: Database
     storage: LocalArtifactStorage
     queue: JobQueue
-    limiter: TokenBucketLimiter
+    limiter: RateLimiter
     principals: PrincipalCache
     telemetry: Telemetry
     models: dict[str, tuple[str, bool]]
@@ -46,7 +46,7 @@ class Services:
             db=db,
             storage=LocalArtifactStorage(settings.artifact_root),
             queue=queue,
-            limiter=TokenBucketLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+            limiter=_rate_limiter(settings),
             principals=PrincipalCache(settings.auth_cache_ttl_s),
             telemetry=Telemetry(db),
             models=model_catalogue(settings.extra_models),
@@ -67,9 +67,23 @@ class Services:
         return sent
 
     async def aclose(self) -> None:
+        await self.limiter.aclose()
         await self.queue.aclose()
         await self.db.aclose()
 
     def close(self) -> None:
         self.queue.close()
         self.db.dispose()
+
+
+def _rate_limiter(settings: Settings) -> RateLimiter:
+    in_process = TokenBucketLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+    if settings.rate_limit_backend == "memory":
+        return in_process
+    return RedisTokenBucketLimiter(
+        settings.rate_limit_redis_url or settings.broker_url,
+        settings.rate_limit_per_second,
+        settings.rate_limit_burst,
+        timeout_s=settings.broker_timeout_s,
+        fallback=in_process,
+    )

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # 0 disables rate limiting
     rate_limit_burst: Annotated[int, Field(ge=1)] = 100
+    # memory: buckets in this process (one API process); redis: shared by several (serve --workers N)
+    rate_limit_backend: Literal["memory", "redis"] = "memory"
+    rate_limit_redis_url: str | None = None  # default: broker_url
     auth_cache_ttl_s: Annotated[float, Field(ge=0, le=300)] = 5.0  # 0: look every key up every time
 
     # Catalogue: base models the operator configured on top of trainer.catalog.BUILTIN_MODELS
@@ -79,6 +82,8 @@ class Settings(BaseSettings):
             "database_url password": _url_password(self.database_url),
             "broker_url password": _url_password(self.broker_url),
         }
+        if self.rate_limit_redis_url is not None:
+            secrets["rate_limit_redis_url password"] = _url_password(self.rate_limit_redis_url)
         if self.metrics_token is not None:
             secrets["metrics_token"] = self.metrics_token.get_secret_value()
         return {name: value for name, value in secrets.items() if value is not None}

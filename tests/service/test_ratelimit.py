@@ -1,13 +1,18 @@
-"""Rate limiting: a token bucket per API key; over the limit is a 429 with Retry-After, per key."""
+"""Rate limiting: a token bucket per API key; over the limit is a 429 with Retry-After, per key. In process, or
+in Redis (shared by several API processes, falling back to in process when Redis is down)."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Callable
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
-from service.ratelimit import TokenBucketLimiter
-from tests.service.conftest import TenantKey
+from service.ratelimit import RedisTokenBucketLimiter, TokenBucketLimiter
+from tests.service.conftest import REDIS_URL, TenantKey
 from tests.service.test_errors import assert_error
 
 
@@ -34,3 +39,62 @@ def test_the_bucket_refills_at_the_rate() -> None:
     assert limiter.acquire("k") == 0.0
     now[0] += 10.0
     assert [limiter.acquire("k") for _ in range(3)] == [0.0, 0.0, 0.5]  # refills up to the burst, no more
+
+
+def redis_settings(**overrides: Any) -> dict[str, Any]:
+    """An app whose buckets live in Redis, under a prefix of its own (tests share the Redis server)."""
+    return {"rate_limit_backend": "redis", "rate_limit_redis_url": REDIS_URL, **overrides}
+
+
+def test_with_redis_several_api_processes_share_one_bucket_per_key(
+    make_client: Callable[..., TestClient], make_tenant: Callable[[], TenantKey]
+) -> None:
+    first, second = make_tenant(), make_tenant()
+    # Two apps stand for two API processes; each tenant's key has its own bucket in Redis.
+    apps = [make_client(**redis_settings(rate_limit_per_second=0.2, rate_limit_burst=3)) for _ in range(2)]
+    assert isinstance(apps[0].app.state.services.limiter, RedisTokenBucketLimiter)  # type: ignore[attr-defined]
+    statuses = [apps[i % 2].get("/v1/jobs", headers=first.headers).status_code for i in range(3)]
+    assert statuses == [200, 200, 200]
+    for app in apps:  # the burst is spent, whichever process answers
+        response = app.get("/v1/jobs", headers=first.headers)
+        assert_error(response, 429, "rate_limit_exceeded")
+        assert 1 <= int(response.headers["Retry-After"]) <= 5
+    assert apps[1].get("/v1/jobs", headers=second.headers).status_code == 200
+
+
+def test_the_redis_bucket_refills_at_the_rate() -> None:
+    limiter = RedisTokenBucketLimiter(REDIS_URL, rate=50.0, burst=2, prefix=f"test:{uuid.uuid4().hex}:")
+
+    async def take() -> list[float]:
+        try:
+            waits = [await limiter.acquire_async("k") for _ in range(3)]
+            await asyncio.sleep(0.05)  # 2.5 tokens' worth of time, capped at the burst
+            waits += [await limiter.acquire_async("k") for _ in range(3)]
+            return waits
+        finally:
+            await limiter.aclose()
+
+    waits = asyncio.run(take())
+    assert waits[:2] == [0.0, 0.0] and 0 < waits[2] <= 1 / 50
+    assert waits[3:5] == [0.0, 0.0] and 0 < waits[5] <= 1 / 50
+
+
+def test_without_redis_each_process_limits_on_its_own(
+    make_client: Callable[..., TestClient], tenant: TenantKey
+) -> None:
+    client = make_client(
+        **redis_settings(
+            rate_limit_per_second=0.2, rate_limit_burst=2, rate_limit_redis_url="redis://127.0.0.1:1/0"
+        ),
+        broker_timeout_s=0.5,
+    )
+    statuses = [client.get("/v1/jobs", headers=tenant.headers).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]  # Redis is down: the API answers, and still limits
+
+
+def test_several_processes_without_a_shared_limiter_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.__main__ import main
+
+    monkeypatch.setenv("STARE_RATE_LIMIT_PER_SECOND", "20")
+    monkeypatch.setenv("STARE_RATE_LIMIT_BACKEND", "memory")
+    assert main(["serve", "--workers", "2"]) == 2
