@@ -408,9 +408,14 @@ class Engine:
         self.ref_model = None
         params = [p for p in model.parameters() if p.requires_grad]
         o = spec.optim
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        # fused: one kernel per parameter instead of ~10 elementwise passes over it (tiny-arith: the optimiser
+        # step went from 2.2 to 0.85 ms in the engine). Deterministic run to run like the single-tensor loop,
+        # so resumed runs stay bit-exact; its rounding differs from that loop's in the last bits.
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        # The model without its DDP wrapper, for generation and saving (unwrap_model costs ~0.4 ms a call).
+        self._unwrapped_model = self.accelerator.unwrap_model(self.model)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
 
     def _lr_lambda(self, step: int) -> float:
@@ -445,11 +450,18 @@ class Engine:
         size = len(self.train_examples)
         for pos in range(start, start + n):
             epoch, offset = divmod(pos, size)
-            g = torch.Generator().manual_seed(self.spec.seed * 7_777 + epoch)
-            order = torch.randperm(size, generator=g)
-            out.append(self.train_examples[int(order[offset])])
+            out.append(self.train_examples[self._epoch_order(epoch)[offset]])
         self.cursor += n
         return out, start
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The seeded permutation of the training examples for `epoch`, drawn once per epoch."""
+        cached = getattr(self, "_epoch_order_cache", None)
+        if cached is None or cached[0] != epoch:
+            g = torch.Generator().manual_seed(self.spec.seed * 7_777 + epoch)
+            cached = (epoch, torch.randperm(len(self.train_examples), generator=g).tolist())
+            self._epoch_order_cache = cached
+        return cached[1]
 
     # ------------------------------------------------------------------ SFT warm-start
 
@@ -510,7 +522,7 @@ class Engine:
     def evaluate(self) -> dict[str, float]:
         spec = self.spec
         ev = spec.evaluation
-        model = self.accelerator.unwrap_model(self.model)
+        model = self._unwrapped_model
         model.eval()
         examples = self.eval_examples[self.rank :: self.world]
         k = 1 if ev.greedy else ev.k
@@ -576,7 +588,7 @@ class Engine:
         kept: list[Rollout] = []
         kept_groups = 0
         batches = 0
-        model = self.accelerator.unwrap_model(self.model)
+        model = self._unwrapped_model
         model.eval()
         while True:
             examples, first = self._take_prompts(n_prompts)
