@@ -42,6 +42,9 @@ CHECKPOINT_PREFIX = "step-"  # trainer/checkpoints.py: OUT/checkpoints/step-0000
 EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 75
 FLUSH_S = 0.5  # metric rows reach the database within this long of the step
 MAX_BATCH = 64
+# A checkpoint is recorded the moment it arrives, not with the next batch: until its row exists, a worker
+# lost now would discard the folder (discard_unrecorded_checkpoints) and the next attempt would redo its steps.
+FLUSH_NOW = frozenset({"checkpoint"})
 TRANSIENT_DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
 
 
@@ -247,7 +250,12 @@ def run_claimed(
                 finished_output = True
             # Gather what else arrives within flush_s: one transaction for several steps.
             flush_at = time.monotonic() + FLUSH_S
-            while batch and not finished_output and len(batch) < MAX_BATCH:
+            while (
+                batch
+                and not finished_output
+                and len(batch) < MAX_BATCH
+                and batch[-1].get("type") not in FLUSH_NOW
+            ):
                 try:
                     more = child.events.get(timeout=max(0.0, flush_at - time.monotonic()))
                 except queue.Empty:
