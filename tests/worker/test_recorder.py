@@ -1,0 +1,96 @@
+"""The worker's Recorder on real PostgreSQL: a batch written twice (what `with_db_retry` does when a COMMIT
+succeeded but its reply was lost) leaves the rows of one write, and a lost lease stops every write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from service import repository
+from service.database import Database
+from service.models import Checkpoint, JobEvent, JobMetric
+from tests.service.conftest import (  # noqa: F401 - the service suite's fixtures, used here by name
+    TenantKey,
+    artifact_root,
+    client,
+    db,
+    make_tenant,
+    pg_url,
+    postgres,
+    settings,
+    tenant,
+)
+from tests.service.helpers import create_job, step_metrics
+from worker.settings import WorkerSettings
+from worker.training import LeaseLost, Recorder
+
+
+@pytest.fixture
+def recorder(
+    db: Database,  # noqa: F811
+    client: TestClient,  # noqa: F811
+    tenant: TenantKey,  # noqa: F811
+    artifact_root: Path,  # noqa: F811
+    pg_url: str,  # noqa: F811
+) -> Recorder:
+    job_id = create_job(client, tenant.headers)
+    with db.transaction() as session:
+        claim = repository.claim_job(session, job_id, owner="recorder-test", lease_s=60)
+    assert claim is not None
+    worker_settings = WorkerSettings(database_url=pg_url, artifact_root=artifact_root, db_retry_max_s=5.0)
+    return Recorder(db, claim, worker_settings)
+
+
+def _count(db: Database, model: type, job_id: str, **where: object) -> int:  # noqa: F811 - db: the fixture's name
+    with db.sessions() as session:
+        query = sa.select(sa.func.count()).select_from(model).where(model.job_id == job_id)
+        for column, value in where.items():
+            query = query.where(getattr(model, column) == value)
+        return int(session.execute(query).scalar_one())
+
+
+def test_a_batch_written_twice_leaves_the_rows_of_one_write(
+    recorder: Recorder,
+    db: Database,  # noqa: F811
+    artifact_root: Path,  # noqa: F811
+) -> None:
+    job_id = recorder.claim.job_id
+    folder = artifact_root / "recorder" / job_id / "checkpoints" / "step-000002"
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"\0" * 1000)
+    batch = [
+        {"type": "sft", "step": 100, "total": 200, "loss": 0.5},
+        {"type": "step", "step": 1, "metrics": step_metrics(1, 0.4)},
+        {"type": "step", "step": 2, "metrics": step_metrics(2, 0.5)},
+        {"type": "checkpoint", "step": 2, "path": str(folder)},
+        {"type": "resumed", "step": 2},
+    ]
+    recorder.record_batch(batch)
+    recorder.record_batch(batch)  # the retry of a batch whose COMMIT reply was lost
+    assert _count(db, JobMetric, job_id) == 2
+    assert _count(db, Checkpoint, job_id) == 1
+    for kind in ("checkpoint.created", "sft.progress", "trainer.resumed"):
+        assert _count(db, JobEvent, job_id, type=kind) == 1, kind
+    with db.sessions() as session:
+        latest = repository.latest_checkpoint(session, job_id)
+    assert latest is not None and latest.step == 2 and latest.bytes == 1000
+    assert latest.path == f"recorder/{job_id}/checkpoints/step-000002"
+
+    # A later attempt writes its own events again (the dedupe key carries the attempt), not the same rows.
+    with db.transaction() as session:
+        assert repository.retry_job(
+            session, job_id, recorder.claim.lease_token, repository.JobError("lost", "worker lost", "system")
+        )
+        claim = repository.claim_job(session, job_id, owner="recorder-test-2", lease_s=60)
+    assert claim is not None and claim.attempt == 2
+    second = Recorder(db, claim, recorder.settings)
+    second.record_batch([{"type": "resumed", "step": 2}])
+    assert _count(db, JobEvent, job_id, type="trainer.resumed") == 2
+
+    # The first attempt's lease is gone: its writes are refused, and nothing is written.
+    with pytest.raises(LeaseLost):
+        recorder.record_batch([{"type": "step", "step": 3, "metrics": step_metrics(3, 0.6)}])
+    assert _count(db, JobMetric, job_id) == 2
