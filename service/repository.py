@@ -358,6 +358,18 @@ def count_queued(session: Session, queue: str) -> int:
     )
 
 
+def count_waiting(session: Session, queue: str) -> int:
+    """Jobs of `queue` that wait for a worker (queued or recovering): each should have a doorbell."""
+    return int(
+        session.scalar(
+            sa.select(sa.func.count(Job.id)).where(
+                Job.queue == queue, Job.status.in_(("queued", "recovering"))
+            )
+        )
+        or 0
+    )
+
+
 # The columns the job object shows, labelled with their ORM attribute names, so a Core row reads like a Job
 # (job.job_metadata). Not the submitted spec, the lease or the idempotency record.
 _JOB_VIEW_COLUMNS = [

@@ -57,15 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sweeper":
         db = app.conf.stare_database()
         if args.once:
-            print(sweep_once(db, settings, app.conf.stare_resend))
+            print(sweep_once(db, settings, app.conf.stare_resend, queue_depth=app.conf.stare_queue_depth))
             return 0
-        sweep_forever(db, settings, app.conf.stare_resend, threading.Event())
+        sweep_forever(db, settings, app.conf.stare_resend, threading.Event(), app.conf.stare_queue_depth)
         return 0
     if args.sweep:
         stop = threading.Event()
         threading.Thread(
             target=sweep_forever,
-            args=(app.conf.stare_database(), settings, app.conf.stare_resend, stop),
+            args=(
+                app.conf.stare_database(),
+                settings,
+                app.conf.stare_resend,
+                stop,
+                app.conf.stare_queue_depth,
+            ),
             name="sweeper",
             daemon=True,
         ).start()
