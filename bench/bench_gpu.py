@@ -417,10 +417,6 @@ def update_flops(shape: dict[str, Any], layer_params: int, events: dict[str, Any
 def section_engine(
     device: torch.device, quick: bool, algorithms: list[str], matmul_tflops: float | None
 ) -> dict[str, Any]:
-    from trainer.engine import Engine
-    from trainer.spec import TrainSpec
-    from trainer.tasks import render_prompt
-
     shape = LLAMA_QUICK if quick else LLAMA_05B
     prompts, group, new_tokens = (2, 4, 8) if quick else (16, 8, 256)
     steps = 3 if quick else 4
@@ -432,6 +428,32 @@ def section_engine(
         "timed_steps": steps - 1,
         "runs": [],
     }
+    previous_backend = os.environ.get(BACKEND_ENV)
+    try:
+        _engine_runs(result, shape, algorithms, device, matmul_tflops, prompts, group, new_tokens, steps)
+    finally:  # each run sets the kernel backend through the environment; leave it as it was
+        if previous_backend is None:
+            os.environ.pop(BACKEND_ENV, None)
+        else:
+            os.environ[BACKEND_ENV] = previous_backend
+    return result
+
+
+def _engine_runs(
+    result: dict[str, Any],
+    shape: dict[str, Any],
+    algorithms: list[str],
+    device: torch.device,
+    matmul_tflops: float | None,
+    prompts: int,
+    group: int,
+    new_tokens: int,
+    steps: int,
+) -> None:
+    from trainer.engine import Engine
+    from trainer.spec import TrainSpec
+    from trainer.tasks import render_prompt
+
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "llama"
         t0 = time.perf_counter()
@@ -525,10 +547,8 @@ def section_engine(
                 / statistics.median(r["generation_seconds"] for r in timed),
             }
             result["runs"].append(run)
-            os.environ.pop(BACKEND_ENV, None)
             del engine
             release()
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
