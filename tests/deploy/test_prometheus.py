@@ -24,6 +24,7 @@ from psycopg import sql
 
 from service import migrate, repository
 from service.database import Database
+from tests.service.helpers import new_job
 from worker.metrics import FleetCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,22 +89,7 @@ def _running_job(db: Database) -> tuple[str, str]:
         tenant = repository.create_tenant(session, f"t-{uuid.uuid4().hex[:8]}")
         job, _ = repository.create_job(
             session,
-            repository.NewJob(
-                tenant_id=tenant.id,
-                name=None,
-                spec=spec.model_dump(mode="json"),
-                resolved_spec=spec.resolved(),
-                spec_hash="0" * 64,
-                model="tiny-arith",
-                algorithm="stare",
-                queue="training",
-                training_file_id=None,
-                metadata={},
-                total_steps=10,
-                max_attempts=3,
-                idempotency_key=None,
-                request_hash=None,
-            ),
+            new_job(tenant.id, spec=spec.model_dump(mode="json"), resolved_spec=spec.resolved()),
         )
     with db.transaction() as session:
         claim = repository.claim_job(session, job.id, owner="test-worker", lease_s=60)

@@ -98,3 +98,24 @@ class FakeWorker:
     def finish(self, status: str = "succeeded", error: repository.JobError | None = None) -> None:
         with self.db.transaction() as session:
             assert repository.finish_job(session, self.job_id, self.token, status, error=error)
+
+
+def new_job(tenant_id: str, **overrides: Any) -> repository.NewJob:
+    """A job row ready for repository.create_job, without the HTTP route: the tiny STARE spec, queue
+    "training", 10 steps; keyword arguments replace any field."""
+    fields: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "name": None,
+        "spec": dict(TINY_SPEC),
+        "resolved_spec": {},
+        "spec_hash": "0" * 64,
+        "model": "tiny-arith",
+        "algorithm": "stare",
+        "queue": "training",
+        "training_file_id": None,
+        "metadata": {},
+        "total_steps": 10,
+        "max_attempts": 3,
+    }
+    fields.update(overrides)
+    return repository.NewJob(**fields)

@@ -18,7 +18,7 @@ from service import job_specs, repository
 from service.async_pool import AsyncPool, psycopg_conninfo
 from service.errors import Unprocessable
 from tests.service.conftest import TenantKey
-from tests.service.helpers import GOOD_JSONL, TINY_SPEC, upload
+from tests.service.helpers import GOOD_JSONL, TINY_SPEC, new_job, upload
 from tests.service.test_errors import assert_error
 
 
@@ -122,19 +122,12 @@ def test_a_replay_shows_the_job_as_it_is_now(client: TestClient, tenant: TenantK
 
 
 def _new_job(tenant_id: str, key: str, request_hash: str) -> repository.NewJob:
-    return repository.NewJob(
-        tenant_id=tenant_id,
+    return new_job(
+        tenant_id,
         name="race",
         spec=TINY_SPEC,
         resolved_spec={"name": "race"},
-        spec_hash="0" * 64,
-        model="tiny-arith",
-        algorithm="stare",
-        queue="training",
-        training_file_id=None,
-        metadata={},
         total_steps=20,
-        max_attempts=3,
         idempotency_key=key,
         request_hash=request_hash,
     )

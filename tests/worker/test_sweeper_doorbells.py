@@ -22,7 +22,7 @@ from tests.service.conftest import (  # noqa: F401 - the service suite's fixture
     postgres,
     tenant,
 )
-from tests.service.helpers import TINY_SPEC
+from tests.service.helpers import new_job
 from worker.settings import WorkerSettings
 from worker.sweeper import sweep_once
 
@@ -32,23 +32,7 @@ def _waiting_jobs(db: Database, tenant_id: str, queue: str, n: int) -> list[str]
     ids = []
     with db.transaction() as session:
         for _ in range(n):
-            job, _ = repository.create_job(
-                session,
-                repository.NewJob(
-                    tenant_id=tenant_id,
-                    name=None,
-                    spec=dict(TINY_SPEC),
-                    resolved_spec={},
-                    spec_hash="0" * 64,
-                    model="tiny-arith",
-                    algorithm="stare",
-                    queue=queue,
-                    training_file_id=None,
-                    metadata={},
-                    total_steps=10,
-                    max_attempts=3,
-                ),
-            )
+            job, _ = repository.create_job(session, new_job(tenant_id, queue=queue))
             ids.append(job.id)
         old = repository.utcnow() - timedelta(hours=1)
         session.execute(sa.update(Job).where(Job.id.in_(ids)).values(enqueued_at=old))
@@ -100,23 +84,20 @@ def test_only_missing_doorbells_are_rung_again(
         ).all()
     assert sorted(fresh) == jobs[:expected]
     if depth == 1:  # the broker delivered nothing meanwhile: one message now waits per rung job, plus 1
-        sent.clear()
-        sweep_once(
-            db,
-            settings,
-            lambda j, q: sent.append((j, q)),
-            recover_stale=False,
-            queue_depth=lambda name: 3 if name == queue else 10**6,
-        )
-        assert sent == []
-        sweep_once(
-            db,
-            settings,
-            lambda j, q: sent.append((j, q)),
-            recover_stale=False,
-            queue_depth=lambda name: 2 if name == queue else 10**6,
-        )
-        assert sent == [(jobs[2], queue)]
+
+        def sweep_with_depth(our_depth: int) -> list[tuple[str, str]]:
+            rung: list[tuple[str, str]] = []
+            sweep_once(
+                db,
+                settings,
+                lambda j, q: rung.append((j, q)),
+                recover_stale=False,
+                queue_depth=lambda name: our_depth if name == queue else 10**6,
+            )
+            return rung
+
+        assert sweep_with_depth(3) == []
+        assert sweep_with_depth(2) == [(jobs[2], queue)]
 
 
 def test_without_a_depth_reader_every_old_doorbell_is_rung(
