@@ -4,6 +4,8 @@ in Redis (shared by several API processes, falling back to in process when Redis
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -16,16 +18,24 @@ from tests.service.conftest import REDIS_URL, TenantKey
 from tests.service.test_errors import assert_error
 
 
+def assert_retry_after(response: Any, *, refill_s: float, elapsed_s: float) -> None:
+    """Retry-After is the whole seconds until the next token: the refill time less what has passed since the
+    burst began, rounded up (5 when the burst was spent within a second)."""
+    retry_after = int(response.headers["Retry-After"])
+    assert math.ceil(refill_s - elapsed_s) <= retry_after <= math.ceil(refill_s)
+
+
 def test_over_the_limit_is_a_429_with_retry_after_for_that_key_only(
     make_client: Callable[..., TestClient], make_tenant: Callable[[], TenantKey]
 ) -> None:
     client = make_client(rate_limit_per_second=0.2, rate_limit_burst=3)
     first, second = make_tenant(), make_tenant()
+    start = time.monotonic()
     statuses = [client.get("/v1/jobs", headers=first.headers).status_code for _ in range(3)]
     assert statuses == [200, 200, 200]
     response = client.get("/v1/jobs", headers=first.headers)
     assert_error(response, 429, "rate_limit_exceeded")
-    assert 1 <= int(response.headers["Retry-After"]) <= 5
+    assert_retry_after(response, refill_s=1 / 0.2, elapsed_s=time.monotonic() - start)
     assert client.get("/v1/jobs", headers=second.headers).status_code == 200
     assert client.get("/healthz").status_code == 200  # unauthenticated health checks are not limited
 
@@ -52,13 +62,14 @@ def test_with_redis_several_api_processes_share_one_bucket_per_key(
     first, second = make_tenant(), make_tenant()
     # Two apps stand for two API processes; each tenant's key has its own bucket in Redis.
     apps = [make_client(**redis_settings(rate_limit_per_second=0.2, rate_limit_burst=3)) for _ in range(2)]
+    start = time.monotonic()
     assert isinstance(apps[0].app.state.services.limiter, RedisTokenBucketLimiter)  # type: ignore[attr-defined]
     statuses = [apps[i % 2].get("/v1/jobs", headers=first.headers).status_code for i in range(3)]
     assert statuses == [200, 200, 200]
     for app in apps:  # the burst is spent, whichever process answers
         response = app.get("/v1/jobs", headers=first.headers)
         assert_error(response, 429, "rate_limit_exceeded")
-        assert 1 <= int(response.headers["Retry-After"]) <= 5
+        assert_retry_after(response, refill_s=1 / 0.2, elapsed_s=time.monotonic() - start)
     assert apps[1].get("/v1/jobs", headers=second.headers).status_code == 200
 
 

@@ -331,7 +331,9 @@ def test_adaptive_schedule_below_target_saturates_at_w_max_and_m_min() -> None:
     for (w0, m0), (w1, m1) in itertools.pairwise(history):
         assert w1 == pytest.approx(min(w0 + 0.01, 1.5), abs=1e-12)
         assert m1 == pytest.approx(max(m0 - 0.01, 0.5), abs=1e-12)
-        assert 1.0 <= w1 <= 1.5 and 0.5 <= m1 <= 1.0
+    # (1.5 − 1.1) / α = 40 updates to reach both bounds, exactly, and not one earlier
+    assert history.index((1.5, 0.5)) == 39
+    assert all(w < 1.5 and m > 0.5 for w, m in history[:39])
 
 
 def test_adaptive_schedule_above_target_lowers_w_by_alpha_per_step_to_one() -> None:
