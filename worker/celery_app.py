@@ -13,7 +13,6 @@ Choices for long jobs (see SERVICE.md, "Queue rules"):
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
@@ -21,11 +20,11 @@ from celery import Celery
 
 from service.database import Database
 from service.queue import broker_transport_options
+from worker.broker import queue_depth_reader
 from worker.settings import WorkerSettings
 from worker.training import run_job
 
 SWEEP_TASK = "worker.sweep"
-logger = logging.getLogger(__name__)
 
 
 def create_celery(settings: WorkerSettings) -> Celery:
@@ -60,30 +59,11 @@ def create_celery(settings: WorkerSettings) -> Celery:
     def resend(job_id: str, queue: str) -> None:
         app.send_task(settings.train_task_name, args=[job_id], queue=queue)
 
-    def queue_depth(queue: str) -> int | None:
-        """Messages waiting on `queue` (Redis LLEN: kombu's list for a direct queue at priority 0); None
-        where that cannot be read (another broker, Redis unreachable): the sweeper then re-sends as before."""
-        if not settings.broker_url.startswith(("redis://", "rediss://")):
-            return None
-        try:
-            with lock:
-                if "redis" not in state:
-                    import redis
-
-                    state["redis"] = redis.Redis.from_url(
-                        settings.broker_url, socket_timeout=2.0, socket_connect_timeout=2.0
-                    )
-                client = state["redis"]
-            return int(client.llen(queue))
-        except Exception:
-            logger.warning("could not read the depth of queue %s", queue, exc_info=True)
-            return None
-
     @app.task(name=settings.train_task_name)
     def train_job(job_id: str) -> str:
         return run_job(job_id, settings, database(), resend)
 
     app.conf.stare_resend = resend
-    app.conf.stare_queue_depth = queue_depth
+    app.conf.stare_queue_depth = queue_depth_reader(settings.broker_url)
     app.conf.stare_database = database
     return app

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from service.database import Database
 from service.models import LEASED_STATUSES, Job
+from worker.broker import queue_depth_reader
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class FleetCollector(Collector):
         self, db: Database, broker_url: str | None = None, queues: tuple[str, ...] = ("training",)
     ) -> None:
         self.db, self.broker_url, self.queues = db, broker_url, queues
+        self._depth = queue_depth_reader(broker_url, timeout_s=1.0)
 
     def collect(self) -> Iterator[Metric]:
         families = {
@@ -153,16 +155,6 @@ class FleetCollector(Collector):
         yield up
 
     def _queue_depths(self) -> list[tuple[str, int]]:
-        if not self.broker_url or not self.broker_url.startswith(("redis://", "rediss://")):
-            return []
-        try:
-            import redis
-
-            client = redis.Redis.from_url(self.broker_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-            try:
-                return [(queue, int(client.llen(queue))) for queue in self.queues]
-            finally:
-                client.close()
-        except Exception:
-            logger.warning("fleet scrape could not read the broker", exc_info=True)
-            return []
+        """(queue, messages waiting) for the queues whose depth can be read (a Redis broker)."""
+        depths = [(queue, self._depth(queue)) for queue in self.queues]
+        return [(queue, count) for queue, count in depths if count is not None]

@@ -21,13 +21,11 @@ from typing import Any
 
 from service import repository
 from service.database import Database
+from worker.broker import QueueDepth
 from worker.settings import WorkerSettings
 from worker.training import TRANSIENT_DB_ERRORS
 
 logger = logging.getLogger(__name__)
-
-
-QueueDepth = Callable[[str], "int | None"]  # messages waiting on a queue, None when it cannot be read
 
 
 def sweep_once(
