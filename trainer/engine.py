@@ -19,6 +19,7 @@ a checkpoint (resume with --resume); 1 anything else.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -48,6 +49,7 @@ from trainer.algos import (
     quadrant_analysis,
     stare_weights,
     token_stats_from_logits,
+    zero_advantage_rows_inert,
 )
 from trainer.algos.losses import PolicyLossInputs
 from trainer.algos.stare import StareControllerState, initial_state, update
@@ -108,9 +110,36 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def response_stats(
-    model: torch.nn.Module, batch: Rollout, index: Tensor, temperature: float, *, with_entropy: bool
+    model: torch.nn.Module,
+    batch: Rollout,
+    index: Tensor,
+    temperature: float,
+    *,
+    with_entropy: bool,
+    grad_rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R)."""
+    """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R).
+
+    grad_rows: (b,) bool, the rows whose log-probs need a gradient (None: all). With grad enabled and some
+    rows left out, those run in a second forward without autograd (a third of the work of a forward and
+    backward) and their log-probs come back detached; the values are the same up to float rounding (other
+    matmul shapes). For rows the loss cannot send a gradient to (advantage 0, `zero_advantage_rows_inert`).
+    """
+    if grad_rows is not None and torch.is_grad_enabled() and not bool(grad_rows.all()):
+        keep = grad_rows.nonzero().squeeze(-1)
+        rest = (~grad_rows).nonzero().squeeze(-1)
+        with torch.no_grad():
+            detached = response_stats(model, batch, index[rest], temperature, with_entropy=with_entropy)
+        if keep.numel() == 0:
+            return detached
+        attached = response_stats(model, batch, index[keep], temperature, with_entropy=with_entropy)
+        order = torch.empty_like(index)
+        order[torch.cat([keep, rest])] = torch.arange(index.numel(), device=index.device)
+        joined = [
+            None if a is None or d is None else torch.cat([a, d])[order] for a, d in zip(attached, detached)
+        ]
+        assert joined[0] is not None
+        return joined[0], joined[1], joined[2]
     input_ids = batch.input_ids[index]
     logits = response_logits(
         model, input_ids, batch.attention_mask[index], batch.position_ids()[index], batch.prompt_length
@@ -213,6 +242,7 @@ class StepBatch:
     token_weights: Tensor | None  # STARE ω over the step batch (step scope)
     global_tokens: float
     global_sequences: float
+    grad_rows: Tensor | None = None  # (B,) bool: rows scored with autograd (None: all)
 
 
 def policy_update(
@@ -254,7 +284,10 @@ def policy_update(
             if i == 0 and first_pass is not None:
                 logprob, entropy, correction = first_pass
             else:
-                logprob, entropy, correction = response_stats(model, r, idx, temperature, with_entropy=True)
+                grad_rows = batch.grad_rows[idx] if batch.grad_rows is not None else None
+                logprob, entropy, correction = response_stats(
+                    model, r, idx, temperature, with_entropy=True, grad_rows=grad_rows
+                )
             mask = r.response_mask[idx] * (0.0 if padding else 1.0)
             old = batch.old_logprob[idx] if batch.old_logprob is not None else logprob.detach()
             inputs = PolicyLossInputs(
@@ -274,8 +307,10 @@ def policy_update(
                 loss = loss * float("nan")
             if not torch.isfinite(loss):
                 raise NonFiniteError(step, "loss")
-            # DDP averages gradients over processes; the local loss is a share of the global sum.
-            accelerator.backward(loss * world)
+            # DDP averages gradients over processes; the local loss is a share of the global sum. A loss
+            # without a graph comes from a micro-batch of inert rows only (see StepBatch.grad_rows).
+            if loss.requires_grad:
+                accelerator.backward(loss * world)
         if padding:
             continue
         logprobs[idx] = logprob.detach()
@@ -325,7 +360,10 @@ class Engine:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
-        self.loss_params = make_loss_params(spec.algorithm.name, **spec.algorithm.params)
+        # optim.kl_beta is the KL penalty's weight (β·k3 to the reference policy, ALGORITHMS.md); the spec
+        # keeps it out of algorithm.params so there is one place to set it.
+        kl = {"kl_beta": spec.optim.kl_beta} if spec.optim.kl_beta > 0 else {}
+        self.loss_params = make_loss_params(spec.algorithm.name, **spec.algorithm.params, **kl)
         self.gate_params = StareGateParams(
             target_entropy=spec.algorithm.gate.target_entropy,
             reweight_w=getattr(self.loss_params, "reweight_w", 1.1),
@@ -418,6 +456,35 @@ class Engine:
         self._unwrapped_model = self.accelerator.unwrap_model(self.model)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
 
+    REFERENCE_FILE = Path("reference") / "model.safetensors"
+
+    def _init_reference(self, resumed: bool) -> None:
+        """The KL penalty's reference policy π_ref: the policy as RL starts (after any SFT warm-start), frozen.
+
+        A fresh run writes its weights once to OUT/reference/ (temp file, then rename); a resumed run reads
+        them back, so π_ref survives restarts and checkpoint pruning. Only with optim.kl_beta > 0.
+        """
+        if self.spec.optim.kl_beta <= 0:
+            return
+        from safetensors.torch import load_model, save_model
+
+        path = self.out / self.REFERENCE_FILE
+        reference = copy.deepcopy(self._unwrapped_model)
+        if resumed:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: the KL reference policy of this run is missing")
+            load_model(reference, str(path), device=str(self.device))
+        elif self.is_main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            save_model(reference, str(tmp))
+            os.replace(tmp, path)
+        self.accelerator.wait_for_everyone()
+        align_tensors(reference)
+        reference.eval()
+        reference.requires_grad_(False)
+        self.ref_model = reference
+
     def _lr_lambda(self, step: int) -> float:
         o = self.spec.optim
         if o.warmup_steps and step < o.warmup_steps:
@@ -509,6 +576,28 @@ class Engine:
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
                 self.emit({"type": "sft", "step": i + 1, "total": sft.steps, "loss": loss_value})
         self.sft_done = True
+
+    def _grad_rows(self, advantages: Tensor) -> Tensor | None:
+        """(B,) bool: rows the update scores with autograd; None: all of them.
+
+        Rows whose advantage is exactly 0 (every group with equal rewards, under GRPO's estimators) cannot
+        receive a gradient from the losses of `zero_advantage_rows_inert`, so the update scores them
+        without autograd: same loss, metrics and gradient, a third of the work for those rows. At least
+        one row keeps autograd, so the backward still runs and every parameter that takes part gets its
+        (zero) gradient as without the skip: AdamW then moves exactly the same parameters. One process
+        only: under DDP every rank must make the same forward calls.
+        """
+        spec = self.spec
+        if not spec.optim.skip_zero_advantage or self.world > 1 or advantages.numel() == 0:
+            return None
+        if not zero_advantage_rows_inert(spec.algorithm.name, self.loss_params):
+            return None
+        rows = advantages.reshape(advantages.shape[0], -1).ne(0).any(dim=1)
+        if bool(rows.all()):
+            return None
+        if not bool(rows.any()):
+            rows[0] = True
+        return rows
 
     def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
         """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
@@ -645,12 +734,18 @@ class Engine:
         fused = is_stare and on_policy and spec.optim.kl_beta == 0 and n_micro == 1
         fused = fused and self._forward_is_deterministic
 
+        grad_rows = self._grad_rows(advantages)
         t_old = time.perf_counter()
         old_logprob = entropy = correction = None
         first_pass = None
         if fused:
             first_pass = response_stats(
-                self.model, batch, torch.arange(batch.size), spec.sampling.temperature, with_entropy=True
+                self.model,
+                batch,
+                torch.arange(batch.size),
+                spec.sampling.temperature,
+                with_entropy=True,
+                grad_rows=grad_rows,
             )
             old_logprob, entropy, correction = first_pass[0].detach(), first_pass[1], first_pass[2]
         elif needs_old_pass and batch.size:
@@ -693,8 +788,26 @@ class Engine:
                 )
                 metrics.update({k: float(v) for k, v in stare_m.items()})
 
+        ref_logprob = None
+        if self.ref_model is not None and batch.size:
+            with torch.no_grad():
+                ref_logprob = torch.cat(
+                    [
+                        response_stats(
+                            self.ref_model, batch, idx, spec.sampling.temperature, with_entropy=False
+                        )[0]
+                        for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
+                    ]
+                )
         step_batch = StepBatch(
-            batch, advantages, old_logprob, None, token_weights, global_tokens, global_sequences
+            batch,
+            advantages,
+            old_logprob,
+            ref_logprob,
+            token_weights,
+            global_tokens,
+            global_sequences,
+            grad_rows,
         )
         t1 = t_old if fused else time.perf_counter()
         nan_step = os.environ.get(NAN_STEP_ENV)
@@ -872,8 +985,12 @@ class Engine:
         if not resumed:
             if spec.sft is not None and spec.sft.steps > 0 and not self.sft_done:
                 self._sft()
+            # π_ref is on disk before the step-0 checkpoint: a run that has a checkpoint has its reference.
+            self._init_reference(resumed=False)
             self._run_eval()
             self.save()  # step 0: the starting point (after SFT), so every run has a resumable checkpoint
+        else:
+            self._init_reference(resumed=True)
         bar = None
         if self.progress and self.is_main:
             from tqdm import tqdm

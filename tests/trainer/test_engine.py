@@ -340,3 +340,101 @@ def test_reasoning_gym_task_runs(tmp_path):
     )
     assert Engine(TrainSpec.model_validate(spec), out).run() == ExitCode.OK
     assert len(_steps(out)) == 1
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "micro_batch"),
+    [("grpo_ds", 5), ("stare", 5), ("stare", 64), ("rsi_s", 5)],
+    ids=["grpo_ds", "stare", "stare-one-pass", "rsi_s"],
+)
+def test_skipping_zero_advantage_rows_changes_nothing_but_the_work(
+    tmp_path, monkeypatch, algorithm, micro_batch
+):
+    """Rows of groups with equal rewards (Â = 0) are scored without autograd; the run is the same as one
+    that runs every row forward and backward, up to float rounding (other matmul shapes)."""
+    import trainer.engine as engine_module
+
+    calls: list[tuple[int, bool]] = []
+    real = engine_module.response_logits
+
+    def spy(model, input_ids, *args, **kwargs):
+        calls.append((input_ids.shape[0], torch.is_grad_enabled()))
+        return real(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "response_logits", spy)
+    runs = {}
+    for skip in (True, False):
+        calls.clear()
+        data = small_spec(
+            algorithm={"name": algorithm},
+            optim={"steps": 4, "micro_batch_size": micro_batch, "skip_zero_advantage": skip},
+        )
+        out = tmp_path / f"skip-{skip}"
+        assert Engine(TrainSpec.model_validate(data), out).run() == ExitCode.OK
+        runs[skip] = (step_metrics(read_events(out)), final_weights(out), list(calls))
+
+    (with_skip, w_skip, calls_skip), (without, w_full, calls_full) = runs[True], runs[False]
+    zero_rows = [round(m["reward/zero_std_fraction"] * m["data/responses"]) for m in with_skip.values()]
+    assert any(0 < z < 12 for z in zero_rows)  # the case the skip is for: some groups informative, some not
+    assert sorted(with_skip) == sorted(without) == [1, 2, 3, 4]
+    for step in with_skip:
+        assert with_skip[step].keys() == without[step].keys()
+        for key, value in with_skip[step].items():
+            assert value == pytest.approx(without[step][key], rel=1e-4, abs=1e-6), (step, key)
+    # Adam divides each gradient by its running scale, so rounding-level gradient differences become
+    # weight differences of a small fraction of a step; a wrong gradient would move them by about lr.
+    lr, steps = 1e-3, 4
+    for name in w_full:
+        assert float((w_skip[name] - w_full[name]).abs().max()) <= 0.005 * lr * steps, name
+    # The skip is real: rows scored without autograd beyond what the run without it does (the π_old pass).
+    no_grad_skip = sum(b for b, grad in calls_skip if not grad)
+    no_grad_full = sum(b for b, grad in calls_full if not grad)
+    expected = sum(z - (1 if z == 12 else 0) for z in zero_rows)  # one row keeps autograd in each step
+    assert no_grad_skip - no_grad_full == expected
+    grad_skip = sum(b for b, grad in calls_skip if grad)
+    assert sum(b for b, grad in calls_full if grad) - grad_skip == expected
+
+
+def test_kl_penalty_to_the_reference_policy(tmp_path):
+    """optim.kl_beta adds β·k3 to π_ref, the policy as RL starts (here: the step-0 checkpoint), frozen."""
+    runs = {}
+    for beta in (0.0, 0.5):
+        out = tmp_path / f"beta-{beta}"
+        data = small_spec(algorithm={"name": "grpo"}, optim={"kl_beta": beta, "steps": 3})
+        assert Engine(TrainSpec.model_validate(data), out).run() == ExitCode.OK
+        runs[beta] = _steps(out)
+    with_kl, without = runs[0.5], runs[0.0]
+    assert "kl/ref_k3" not in without[0]
+    # Step 1 samples from π_ref itself: k3 and its gradient (1 − e^0) are exactly 0, so the step equals β = 0's.
+    assert with_kl[0]["kl/ref_k3"] == 0.0
+    assert with_kl[0]["loss/policy"] == without[0]["loss/policy"]
+    assert all(m["kl/ref_k3"] > 0 for m in with_kl[1:])
+    assert with_kl[1]["loss/policy"] != without[1]["loss/policy"]
+    out = tmp_path / "beta-0.5"
+    reference = load_file(str(out / Engine.REFERENCE_FILE))
+    start = load_file(str(out / "checkpoints" / "step-000000" / "model" / "model.safetensors"))
+    shared = reference.keys() & start.keys()
+    assert len(shared) >= len(start) - 1  # tied embeddings may be stored under either name
+    for name in shared:
+        assert torch.equal(reference[name], start[name]), name
+
+
+def test_resumed_run_keeps_its_kl_reference(tmp_path):
+    spec = TrainSpec.model_validate(small_spec(algorithm={"name": "grpo"}, optim={"kl_beta": 0.5}))
+    full = tmp_path / "full"
+    assert Engine(spec, full).run() == ExitCode.OK
+    part = tmp_path / "part"
+    stopper = _StopAfter(3, True)
+    engine = Engine(spec, part, callbacks=[stopper])
+    stopper.engine = engine
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert Engine(spec, part, resume=True).run() == ExitCode.OK
+    a, b = step_metrics(read_events(full)), step_metrics(read_events(part))
+    assert a == b and all(a[s]["kl/ref_k3"] > 0 for s in (2, 3, 4))
+    wa, wb = final_weights(full), final_weights(part)
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+    (part / Engine.REFERENCE_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="reference"):
+        Engine(spec, part, resume=True).run()

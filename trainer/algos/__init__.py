@@ -21,6 +21,7 @@ from trainer.algos.losses import (
     StareParams,
     compute_policy_loss,
     make_loss_params,
+    zero_advantage_rows_inert,
 )
 from trainer.algos.registry import UnknownNameError
 from trainer.algos.selection import relative_surprisal_index, rsi_keep_mask, stare_weights
@@ -57,4 +58,5 @@ __all__ = [
     "token_stats_from_logits",
     "token_stats_reference",
     "update",
+    "zero_advantage_rows_inert",
 ]

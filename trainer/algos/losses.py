@@ -323,6 +323,21 @@ def kl_cov_loss(inputs: PolicyLossInputs, p: KlCovParams) -> tuple[Tensor, Metri
 
 # --------------------------------------------------------------------------- entry points
 
+# Losses whose every term is a multiple of the advantage at the same token (clipped surrogate, STARE's ω
+# multiplies Â, RSI/forking/Clip-Cov masks multiply it): a row whose advantage is exactly 0 gives exactly
+# 0 gradient, whatever its log-probs. KL-Cov is not one of them: its penalty |ℓ − ℓ_old| on the tokens it
+# picks reaches rows with Â = 0 once the policy moved (ppo_epochs > 1), and so is any loss with β > 0.
+ZERO_ADVANTAGE_NO_GRADIENT = frozenset(
+    {"grpo", "grpo_ds", "dapo", "dr_grpo", "stare", "rsi_s", "forking_8020", "clip_cov"}
+)
+
+
+def zero_advantage_rows_inert(name: str, params: ClipLossParams) -> bool:
+    """Whether rows with advantage exactly 0 contribute exactly 0 to the gradient of loss `name`, so a
+    trainer may score them without autograd (their values still enter the loss and its metrics)."""
+    POLICY_LOSSES.get(name)
+    return name in ZERO_ADVANTAGE_NO_GRADIENT and params.kl_beta <= 0
+
 
 def make_loss_params(name: str, **overrides: Any) -> ClipLossParams:
     """The named loss's parameters with overrides; an unknown parameter is an error naming it."""

@@ -1,0 +1,117 @@
+"""Rows with advantage exactly 0 get exactly 0 gradient from the losses that say so
+(`zero_advantage_rows_inert`), which is what lets the engine score them without autograd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.algos import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss, make_loss_params
+from trainer.algos.losses import ZERO_ADVANTAGE_NO_GRADIENT, zero_advantage_rows_inert
+
+B, T = 6, 9
+ZERO_ROWS = [1, 4]
+
+# Parameters that put every branch of each loss to work on a small batch: dual clip, STARE's gate on
+# with both variants, RSI's kept-token denominator, selections wide enough to pick tokens of every row.
+PARAMS: dict[str, list[dict[str, Any]]] = {
+    "grpo": [{}],
+    "grpo_ds": [{}, {"agg_mode": "seq-mean-token-mean"}],
+    "dapo": [{}],
+    "dr_grpo": [{}],
+    "stare": [
+        {"gate_on": True, "top_ratio": 0.5, "reweight_w": 1.5, "reweight_m": 0.5, "variant": "O1"},
+        {"gate_on": True, "top_ratio": 0.5, "reweight_w": 1.5, "reweight_m": 0.5, "variant": "C2"},
+    ],
+    "rsi_s": [{}, {"denominator": "kept"}, {"bound_mode": "quantile", "r_lo": 0.2, "r_hi": 0.8}],
+    "forking_8020": [{"top_entropy_ratio": 0.5}],
+    "clip_cov": [{"clip_cov_ratio": 0.5, "cov_lower": -10.0, "cov_upper": 10.0}],
+}
+
+
+def batch(seed: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    logprob = -torch.rand(B, T, generator=gen) * 4
+    # Off-policy: the ratios spread over both clip edges and the dual-clip cap.
+    old = logprob + torch.randn(B, T, generator=gen) * 0.6
+    advantages = torch.randn(B, generator=gen)
+    advantages[ZERO_ROWS] = 0.0
+    mask = (torch.rand(B, T, generator=gen) > 0.2).float()
+    mask[:, 0] = 1.0
+    return {
+        "logprob": logprob,
+        "old": old,
+        "advantages": advantages,
+        "mask": mask,
+        "entropy": torch.rand(B, T, generator=gen) * 3,
+        "generator": torch.Generator().manual_seed(seed + 1),
+    }
+
+
+def gradient(name: str, overrides: dict[str, Any], data: dict[str, Any]) -> torch.Tensor:
+    leaf = data["logprob"].clone().requires_grad_(True)
+    inputs = PolicyLossInputs(
+        logprob=leaf,
+        old_logprob=data["old"],
+        advantages=data["advantages"],
+        response_mask=data["mask"],
+        entropy=data["entropy"],
+        global_token_count=float(data["mask"].sum()) * 2,  # the batch is half of a larger step
+        global_sequence_count=2.0 * B,
+        max_response_length=T,
+        generator=data["generator"],
+    )
+    loss, _ = compute_policy_loss(name, inputs, make_loss_params(name, **overrides))
+    loss.backward()
+    assert leaf.grad is not None
+    return leaf.grad
+
+
+def test_the_set_covers_every_loss_but_kl_cov() -> None:
+    assert set(POLICY_LOSSES.names()) - ZERO_ADVANTAGE_NO_GRADIENT == {"kl_cov"}
+    assert set(PARAMS) == ZERO_ADVANTAGE_NO_GRADIENT
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_ADVANTAGE_NO_GRADIENT))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_zero_advantage_rows_get_exactly_zero_gradient(name: str, seed: int) -> None:
+    for overrides in PARAMS[name]:
+        grad = gradient(name, overrides, batch(seed))
+        assert torch.equal(grad[ZERO_ROWS].abs(), torch.zeros(len(ZERO_ROWS), T)), (name, overrides)
+        others = [i for i in range(B) if i not in ZERO_ROWS]
+        assert grad[others].abs().sum() > 0, (name, overrides)  # the loss does reach the other rows
+        assert zero_advantage_rows_inert(name, make_loss_params(name, **overrides))
+
+
+def test_kl_cov_reaches_zero_advantage_rows_off_policy() -> None:
+    # Its penalty |ℓ − ℓ_old| on the highest-covariance tokens is not a multiple of Â: with the batch's
+    # mean advantage away from 0, tokens of Â = 0 rows are picked and penalised.
+    data = batch(0)
+    grad = gradient("kl_cov", {"kl_cov_ratio": 0.5, "kl_cov_coef": 1.0}, data)
+    assert grad[ZERO_ROWS].abs().sum() > 0
+    assert not zero_advantage_rows_inert("kl_cov", make_loss_params("kl_cov"))
+
+
+@pytest.mark.parametrize("name", ["grpo", "stare", "rsi_s"])
+def test_a_kl_penalty_makes_no_row_inert(name: str) -> None:
+    assert not zero_advantage_rows_inert(name, make_loss_params(name, kl_beta=0.1))
+    data = batch(3)
+    leaf = data["logprob"].clone().requires_grad_(True)
+    inputs = PolicyLossInputs(
+        logprob=leaf,
+        old_logprob=data["old"],
+        advantages=data["advantages"],
+        response_mask=data["mask"],
+        entropy=data["entropy"],
+        ref_logprob=data["old"] - 0.3,
+    )
+    loss, _ = compute_policy_loss(name, inputs, make_loss_params(name, kl_beta=0.1))
+    loss.backward()
+    assert leaf.grad is not None and leaf.grad[ZERO_ROWS].abs().sum() > 0
+
+
+def test_unknown_loss_name_is_an_error() -> None:
+    with pytest.raises(ValueError, match="nope"):
+        zero_advantage_rows_inert("nope", make_loss_params("grpo"))
