@@ -118,6 +118,8 @@ class AlgorithmSpec(_Strict):
     def _params_valid(self) -> AlgorithmSpec:
         if "gate_on" in self.params:
             raise ValueError("algorithm.params.gate_on is set by the entropy gate, not by the spec")
+        if "kl_beta" in self.params:
+            raise ValueError("algorithm.params.kl_beta: set the KL penalty's weight with optim.kl_beta")
         make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
         if self.name == "stare":
             StareGateParams(
@@ -136,9 +138,11 @@ class AlgorithmSpec(_Strict):
         return self.advantage or LOSS_PARAMS[self.name][1]
 
     def resolved_params(self) -> dict[str, Any]:
-        """Every loss parameter with its default; the gate's per-step state is not a parameter."""
+        """Every loss parameter with its default; the gate's per-step state is not a parameter, and the KL
+        weight is optim.kl_beta."""
         params = dataclasses.asdict(make_loss_params(self.name, **self.params))
         params.pop("gate_on", None)
+        params.pop("kl_beta", None)
         return params
 
 
@@ -165,6 +169,9 @@ class OptimSpec(_Strict):
     grad_clip: Annotated[float, Field(gt=0.0)] | None = 1.0
     ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
     kl_beta: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
+    # Rows with advantage exactly 0 are scored without autograd when the loss cannot send them a gradient
+    # (same loss, metrics and update; see Engine._grad_rows). Off: every row runs forward and backward.
+    skip_zero_advantage: bool = True
     dynamic_sampling: DynamicSamplingSpec = Field(default_factory=DynamicSamplingSpec)
 
 

@@ -62,6 +62,10 @@ def test_bad_values_name_the_field(data, loc):
         ({"name": "grpo", "params": {"warp": 1}}, "warp"),
         ({"name": "grpo", "advantage": "gae"}, "advantage estimator 'gae'"),
         ({"name": "stare", "params": {"gate_on": False}}, "gate_on"),
+        (
+            {"name": "grpo", "params": {"kl_beta": 0.1}},
+            "algorithm.params.kl_beta: set the KL penalty's weight with optim.kl_beta",
+        ),
     ],
 )
 def test_bad_algorithm_parameters_are_named(algorithm, needle):
