@@ -6,6 +6,9 @@ Rows (each variant runs in a fresh subprocess, one at a time):
   fp32 and bf16 logits. This is the primary row; the targets are judged on it.
 - forward + backward of the log-prob: the same forward with the logits requiring grad, then backward of
   Σ g·log p_a (g random); entropy and C carry no gradient in either version.
+- forward + backward with the gradient in the logits: the same, with `grad_in_logits=True` (backward
+  writes the gradient over the logits instead of allocating it), against the same naive case. The
+  logits hold the gradient after each call, so they are refilled (untimed) before every call.
 - chunk-size sweep of the chunked forward at bf16.
 - fused LM head: `token_stats_from_hidden` (hidden states and head weight in, bf16) against the naive
   `hidden @ W.T` followed by `naive_token_stats`, forward only.
@@ -42,6 +45,7 @@ import gc
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -102,6 +106,7 @@ class Case:
     temperature: float = 1.0
     seed: int = 0
     sweep_chunks: tuple[int, ...] = ()  # non-empty: the chunk-size sweep, interleaved in one process
+    grad_in_logits: bool = False  # chunked forward+backward: the gradient written over the logits
 
 
 # ------------------------------------------------------------------------------------------ the math
@@ -144,6 +149,12 @@ def check_correctness(vocab: int) -> dict[str, Any]:
         (ref_grad,) = torch.autograd.grad((ref.logprob * upstream).sum(), logits)
         chunked = token_stats_from_logits(logits, targets, chunk_rows=40)
         (chunked_grad,) = torch.autograd.grad((chunked.logprob * upstream).sum(), logits)
+        in_logits = logits.detach().clone().requires_grad_(True)
+        chunked_in = token_stats_from_logits(in_logits, targets, chunk_rows=40, grad_in_logits=True)
+        (grad_in_logits,) = torch.autograd.grad((chunked_in.logprob * upstream).sum(), in_logits)
+        # Backward wrote the gradient over the logits: the same values as the default path's, bit for bit.
+        assert grad_in_logits.data_ptr() == in_logits.data_ptr()
+        assert torch.equal(grad_in_logits, chunked_grad)
         naive = naive_token_stats(logits, targets)
         (naive_grad,) = torch.autograd.grad((naive[0] * upstream).sum(), logits)
         assert ref.entropy is not None and ref.correction is not None
@@ -163,6 +174,7 @@ def check_correctness(vocab: int) -> dict[str, Any]:
                 torch.equal(a, b) for a, b in zip(got_chunked, expected, strict=True)
             ),
             "chunked_grad_max_abs_diff": float((chunked_grad.float() - ref_grad.float()).abs().max()),
+            "grad_in_logits_bitwise_equal_chunked_grad": True,  # asserted above
         }
     return report
 
@@ -201,7 +213,12 @@ def _make_logits(tokens: int, vocab: int, dtype: torch.dtype, gen: torch.Generat
     """(N, V) logits ~ N(0, 3²): one random 256-row block, each copy cyclically shifted by a random offset
     over the vocabulary. Drawing N·V normals afresh takes ~15 s per case on two cores; the kernels' cost
     does not depend on the values. Every page is written here, before the baseline."""
-    logits = torch.empty((tokens, vocab), dtype=dtype)
+    return _fill_logits(torch.empty((tokens, vocab), dtype=dtype), gen)
+
+
+def _fill_logits(logits: Tensor, gen: torch.Generator) -> Tensor:
+    """Writes `_make_logits`'s values into the existing (N, V) tensor `logits` (no new (N, V) memory)."""
+    tokens, vocab = logits.shape
     block = torch.randn((min(INPUT_BLOCK_ROWS, tokens), vocab), generator=gen) * 3.0
     for start in range(0, tokens, block.shape[0]):
         stop = min(start + block.shape[0], tokens)
@@ -210,8 +227,9 @@ def _make_logits(tokens: int, vocab: int, dtype: torch.dtype, gen: torch.Generat
     return logits
 
 
-def _build(case: Case) -> tuple[Any, Any]:
-    """Inputs and a closure `run(rows)` that computes the case on the first `rows` rows."""
+def _build(case: Case) -> tuple[Any, Any, Any]:
+    """Inputs, a closure `run(rows)` that computes the case on the first `rows` rows, and a closure that
+    restores the inputs before a full-size call (None when the calls leave them as they were)."""
     gen = torch.Generator().manual_seed(case.seed)
     dtype = getattr(torch, case.dtype)
     targets = torch.randint(0, case.vocab, (case.tokens,), generator=gen)
@@ -229,7 +247,13 @@ def _build(case: Case) -> tuple[Any, Any]:
                 # logits would build a full-size gradient.
                 x = logits[:rows].detach().clone().requires_grad_(True) if backward else logits[:rows]
             if case.impl == "chunked":
-                stats = token_stats_from_logits(x, targets[:rows], temperature=t, chunk_rows=case.chunk_rows)
+                stats = token_stats_from_logits(
+                    x,
+                    targets[:rows],
+                    temperature=t,
+                    chunk_rows=case.chunk_rows,
+                    grad_in_logits=case.grad_in_logits,
+                )
                 logprob = stats.logprob
             else:
                 logprob = naive_token_stats(x, targets[:rows], t)[0]
@@ -237,7 +261,13 @@ def _build(case: Case) -> tuple[Any, Any]:
                 torch.autograd.backward(logprob, upstream[:rows])
                 x.grad = None
 
-        return (logits, targets, upstream), run_logits
+        def refill_logits() -> None:
+            # grad_in_logits left the previous call's gradient in the logits: fresh values, in place.
+            with torch.no_grad():
+                _fill_logits(logits, torch.Generator().manual_seed(case.seed + 1))
+
+        refill = refill_logits if case.grad_in_logits and backward else None
+        return (logits, targets, upstream), run_logits, refill
 
     hidden = torch.randn((case.tokens, case.hidden_dim), generator=gen).to(dtype)
     weight = (torch.randn((case.vocab, case.hidden_dim), generator=gen) * (2.0 / case.hidden_dim**0.5)).to(
@@ -253,7 +283,7 @@ def _build(case: Case) -> tuple[Any, Any]:
             head_logits = F.linear(hidden[:rows], weight)  # (N, V) in the head's dtype
             naive_token_stats(head_logits, targets[:rows], t)
 
-    return (hidden, weight, targets), run_hidden
+    return (hidden, weight, targets), run_hidden, None
 
 
 def run_sweep_case(case: Case) -> dict[str, Any]:
@@ -295,7 +325,7 @@ def run_sweep_case(case: Case) -> dict[str, Any]:
 
 def run_case(case: Case) -> dict[str, Any]:
     torch.manual_seed(case.seed)
-    inputs, run = _build(case)
+    inputs, run, refill = _build(case)
     gc.collect()
     # The baseline is read before the warm-up and the high-water mark reset after it: the warm-up's own
     # peak (a small leaf copy plus its chunk buffers) is not a full-size call's, but anything it leaves
@@ -308,6 +338,9 @@ def run_case(case: Case) -> dict[str, Any]:
     peak_before = _peak_rss(reset_ok)
     times = []
     for _ in range(case.repeats):
+        if refill is not None:
+            refill()  # untimed; its transient block buffers stay far below the kernel's peak
+            gc.collect()
         start = time.perf_counter()
         run(case.tokens)
         times.append(time.perf_counter() - start)
@@ -342,7 +375,8 @@ def estimate_peak_bytes(case: Case) -> int:
     if case.impl == "chunked":
         rows = min(case.chunk_rows, case.tokens)
         work = 3 * rows * case.vocab * 4 + (rows * case.vocab * itemsize if case.source == "hidden" else 0)
-        work += nv * itemsize if backward else 0  # the logits' gradient
+        # The logits' gradient, unless it is written over the logits.
+        work += nv * itemsize if backward and not case.grad_in_logits else 0
     else:
         # Forward: log p, p and one product (fp32). Backward: log p (saved), its incoming gradient and the
         # logits' fp32 gradient, plus the cast to bf16 for bf16 logits.
@@ -431,6 +465,7 @@ class Settings:
     backward: bool = True
     sweep_on: bool = True
     hidden_on: bool = True
+    only_rows: str = ""  # a regular expression: only the rows whose name it matches (re.search)
 
 
 def plan(s: Settings) -> list[tuple[str, Case, Case | None]]:
@@ -452,6 +487,23 @@ def plan(s: Settings) -> list[tuple[str, Case, Case | None]]:
                 warmup_rows=warmup,
             )
             rows.append(("main", common, replace(common, impl="naive", repeats=s.naive_repeats)))
+    if s.backward:
+        for dtype in ("float32", "bfloat16"):
+            common = Case(
+                name=f"forward+backward, {dtype} logits",
+                source="logits",
+                impl="chunked",
+                mode="forward+backward",
+                dtype=dtype,
+                tokens=s.tokens,
+                vocab=s.vocab,
+                chunk_rows=s.chunk_rows,
+                repeats=s.repeats,
+                warmup_rows=warmup,
+            )
+            # The naive case is the forward+backward row's own (run once when both rows are planned).
+            in_logits = replace(common, name=f"{common.name}, gradient in the logits", grad_in_logits=True)
+            rows.append(("main", in_logits, replace(common, impl="naive", repeats=s.naive_repeats)))
     if s.sweep_on and s.sweep:
         sweep = Case(
             name="chunk-size sweep",
@@ -482,6 +534,8 @@ def plan(s: Settings) -> list[tuple[str, Case, Case | None]]:
     )
     if s.hidden_on:
         rows.append(("hidden", head, replace(head, impl="naive", repeats=s.naive_repeats)))
+    if s.only_rows:
+        rows = [row for row in rows if re.search(s.only_rows, row[1].name)]
     return rows
 
 
@@ -515,9 +569,10 @@ def summarise(group: str, chunked: dict[str, Any], naive: dict[str, Any] | None)
         "total_peak_ratio": _ratio(get(chunked, "peak_rss_bytes"), get(naive, "peak_rss_bytes")),
     }
     case = chunked["case"]
-    if case["mode"] == "forward+backward":
+    if case["mode"] == "forward+backward" and not case.get("grad_in_logits"):
         # Both versions must return the logits' gradient, (N, V) in the logits' dtype; what each needs
-        # beyond that output is the kernel's own cost.
+        # beyond that output is the kernel's own cost. (With grad_in_logits the chunked version returns
+        # it in the logits' memory: no such row.)
         itemsize = torch.empty((), dtype=getattr(torch, case["dtype"])).element_size()
         grad = case["tokens"] * case["vocab"] * itemsize
         c_work, n_work = get(chunked, "working_bytes"), get(naive, "working_bytes")
@@ -647,6 +702,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-sweep", action="store_true", help="skip the chunk-size sweep")
     parser.add_argument("--no-hidden", action="store_true", help="skip the fused-head row")
     parser.add_argument(
+        "--only-rows",
+        default="",
+        metavar="REGEX",
+        help="run only the rows whose name matches (re.search), e.g. 'gradient in the logits'",
+    )
+    parser.add_argument(
         "--warm-allocator",
         action="store_true",
         help="keep freed memory in glibc's heap (time of the arithmetic alone; peak RSS then an upper bound)",
@@ -684,6 +745,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         backward=not (args.no_backward or args.warm_allocator),
         sweep_on=not args.no_sweep,
         hidden_on=not args.no_hidden,
+        only_rows=args.only_rows,
     )
 
 
@@ -707,11 +769,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"correctness vs token_stats_reference: ok {correctness}", flush=True)
     margin = int(args.margin_gib * GIB)
     rows = []
+    done: dict[Case, dict[str, Any]] = {}  # a naive case shared by two rows runs once
     for group, chunked_case, naive_case in plan(s):
         results: list[dict[str, Any] | None] = []
         for case in (chunked_case, naive_case):
             if case is None:
                 results.append(None)
+                continue
+            if case in done:
+                print(f"- {case.name} [{case.impl}]: measured above", flush=True)
+                results.append(done[case])
                 continue
             print(
                 f"- {case.name} [{case.impl}, chunk_rows={case.chunk_rows}, N={case.tokens:,}] ...",
@@ -736,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             results.append(record)
+            done[case] = record
         assert results[0] is not None
         rows.append(summarise(group, results[0], results[1]))
     naive_bf16 = next(

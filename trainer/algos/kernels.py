@@ -13,8 +13,9 @@ that every chunk of the call reuses (at most three: 0.87 GiB at the default 512 
 The per-chunk operations are the reference's own (log_softmax, exp, elementwise products, row sums), so
 on CPU the values equal `token_stats_reference` bit for bit. The log-probability is differentiable through a custom
 autograd function whose backward rebuilds softmax one chunk at a time, so nothing of size (rows, V) is
-saved for backward beyond the logits that already exist. Entropy and C are diagnostics and selectors:
-they carry no gradient.
+saved for backward beyond the logits that already exist; with `grad_in_logits=True` backward also
+allocates no gradient of their size, writing it over the logits (see `token_stats_from_logits`). Entropy
+and C are diagnostics and selectors: they carry no gradient.
 
 `token_stats_from_hidden` goes one step further and fuses the LM head: hidden states (N, D) and the head
 weight (V, D) go in, logits exist only one chunk at a time, and backward recomputes each chunk.
@@ -52,6 +53,24 @@ def _check_temperature(temperature: float) -> None:
 def _check_chunk(chunk_rows: int) -> None:
     if int(chunk_rows) != chunk_rows or chunk_rows < 1:
         raise ValueError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
+
+
+def _check_flag(name: str, value: bool) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def _no_internal_overlap(tensor: Tensor) -> bool:
+    """Whether no two elements of `tensor` share memory (a sufficient test: with the dimensions ordered by
+    stride, each stride exceeds the span of the smaller ones). False for expanded (stride 0) views."""
+    span = 0  # largest offset reachable through the dimensions seen so far
+    for stride, size in sorted((tensor.stride(d), tensor.size(d)) for d in range(tensor.dim())):
+        if size == 1:
+            continue
+        if stride <= span:
+            return False
+        span += (size - 1) * stride
+    return True
 
 
 class _ChunkBuffers:
@@ -137,6 +156,35 @@ def _logprob_grad_chunk(
     return grad.div_(temperature) if temperature != 1.0 else grad
 
 
+def _logprob_grad_into_chunk(
+    chunk: Tensor,
+    z: Tensor,
+    targets: Tensor,
+    grad_logprob: Tensor,
+    temperature: float,
+    buffers: _ChunkBuffers,
+) -> None:
+    """`_logprob_grad_chunk`'s gradient, written over `chunk` (this chunk's slice of the logits) in the
+    logits' dtype, with the same values. z is `_scaled_fp32(chunk)`: either a copy of it in the "spare"
+    buffer, or, for fp32 logits at T = 1, the chunk itself. No operation reads memory that it or an earlier
+    one wrote over; no `out=` overlaps its input.
+    """
+    if chunk.dtype != torch.float32:
+        # z is the fp32 "spare" copy: the gradient is built in "log_probs", then rounded into the chunk.
+        chunk.copy_(_logprob_grad_chunk(z, targets, grad_logprob, temperature, buffers))
+        return
+    if z.data_ptr() != chunk.data_ptr():
+        # z is the "spare" copy (T ≠ 1): the chunk is no longer read and takes the gradient directly.
+        _logprob_grad_chunk(z, targets, grad_logprob, temperature, buffers, out=chunk)
+        return
+    # fp32 at T = 1: z is the chunk. The log-softmax reads all of it into "log_probs" before exp writes
+    # the chunk; then the default path's operations, in its order (exp, ·(−g), + g at the target).
+    g = grad_logprob.to(torch.float32).unsqueeze(-1)
+    logp = torch.log_softmax(z, dim=-1, out=buffers.get("log_probs", z.shape[0]))
+    torch.exp(logp, out=chunk).mul_(g.neg())
+    chunk.scatter_add_(-1, targets.unsqueeze(-1), g)
+
+
 def _store(out: Tensor, start: int, value: Tensor | None) -> None:
     if value is not None and out.numel():
         out[start : start + value.shape[0]] = value
@@ -154,6 +202,7 @@ class _ChunkedLogProb(torch.autograd.Function):
         chunk_rows: int,
         want_entropy: bool,
         want_correction: bool,
+        grad_in_logits: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
         n, vocab = logits.shape
         device = logits.device
@@ -171,6 +220,7 @@ class _ChunkedLogProb(torch.autograd.Function):
         ctx.save_for_backward(logits, targets)
         ctx.temperature = temperature
         ctx.chunk_rows = chunk_rows
+        ctx.grad_in_logits = grad_in_logits
         ctx.mark_non_differentiable(entropy, correction)
         return logprob, entropy, correction
 
@@ -178,11 +228,26 @@ class _ChunkedLogProb(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logprob: Tensor, _grad_entropy: Tensor, _grad_correction: Tensor
     ) -> tuple[Tensor | None, ...]:
+        # Unpacking checks the logits' version: a second backward after grad_in_logits wrote over them
+        # (retain_graph) raises here.
         logits, targets = ctx.saved_tensors
         temperature: float = ctx.temperature
         n, vocab = logits.shape
-        grad_logits = torch.empty_like(logits)
         buffers = _ChunkBuffers(min(ctx.chunk_rows, n), vocab, logits.device)
+        if ctx.grad_in_logits:
+            _require_no_graph_for_grad_in_logits()
+            # Each chunk is read (into "log_probs" or "spare") before its slice is written; no chunk
+            # reads another's rows, so the slices already written are never read again.
+            for start in range(0, n, ctx.chunk_rows):
+                stop = min(start + ctx.chunk_rows, n)
+                chunk = logits[start:stop]
+                z = _scaled_fp32(chunk, temperature, buffers)
+                _logprob_grad_into_chunk(
+                    chunk, z, targets[start:stop], grad_logprob[start:stop], temperature, buffers
+                )
+            # The logits' own storage, shape and strides, as a tensor without autograd history.
+            return logits.detach(), None, None, None, None, None, None
+        grad_logits = torch.empty_like(logits)
         for start in range(0, n, ctx.chunk_rows):
             stop = min(start + ctx.chunk_rows, n)
             z = _scaled_fp32(logits[start:stop], temperature, buffers)
@@ -193,7 +258,16 @@ class _ChunkedLogProb(torch.autograd.Function):
             )
             if direct is None:
                 grad_logits[start:stop] = grad
-        return grad_logits, None, None, None, None, None
+        return grad_logits, None, None, None, None, None, None
+
+
+def _require_no_graph_for_grad_in_logits() -> None:
+    """Backward with create_graph=True would record the overwrite of the logits in the new graph."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "grad_in_logits=True does not support create_graph=True (higher-order gradients): the "
+            "gradient is written over the logits; call with grad_in_logits=False"
+        )
 
 
 def triton_available() -> bool:
@@ -237,9 +311,9 @@ def triton_self_check(device: torch.device | str) -> bool:
                     leaf = logits.detach().clone().requires_grad_(True)
                     flat = (leaf, targets, 0.7, True, True)
                     outs = (
-                        TritonLogProb.apply(*flat)
+                        TritonLogProb.apply(*flat, False)
                         if fused
-                        else _ChunkedLogProb.apply(*flat[:3], 5, True, True)
+                        else _ChunkedLogProb.apply(*flat[:3], 5, True, True, False)
                     )
                     (outs[0] * g).sum().backward()
                     assert leaf.grad is not None
@@ -284,15 +358,33 @@ def token_stats_from_logits(
     with_entropy: bool = True,
     with_correction: bool = True,
     backend: str = "auto",
+    grad_in_logits: bool = False,
 ) -> TokenStats:
     """Scores `target_ids` (shape S) under `logits` (shape S + (V,)), any float dtype, in fp32.
 
     backend: "torch" = the chunked computation of this module (`chunk_rows` rows at a time; on CPU bit for
     bit the reference's values); "triton" = the fused kernel of `triton_kernels` (one row at a time on
     chip, no (rows, V) buffer; `chunk_rows` unused); "auto" = triton for CUDA logits when available.
+
+    grad_in_logits: backward writes the logits' gradient over the logits themselves, chunk by chunk (row by
+    row with "triton"), and passes that tensor on as their gradient: no (N, V) tensor is allocated in
+    backward (the default allocates a fresh gradient as large as the logits). The values are the default
+    path's, bit for bit, and the forward is unchanged. Meant for logits that are an intermediate nothing
+    else reads afterwards, e.g. the LM head's output (its matmul's backward saves the head's inputs, not
+    its output). The contract: the caller gives up the logits. After backward their memory (and that of
+    any tensor sharing it, such as the tensor they were sliced from) holds the gradient, in their dtype;
+    a leaf's `.grad` may then be the same memory as the leaf. Misuse fails loudly instead of reading the
+    overwritten values: autograd's saved-tensor version check makes a second backward through this call
+    (retain_graph=True), and the backward of any other op that saved the same logits and runs after this
+    one (e.g. `logits.sin()`, `logits ** 2`), raise RuntimeError ("... modified by an inplace
+    operation"); backward with create_graph=True raises too. When the logits cannot be viewed as (N, V)
+    without a copy (`reshape` copies), or their elements overlap in memory (an `expand`ed tensor), or for
+    "triton" their last dimension is strided, the kernel works on a contiguous copy made in forward and
+    backward overwrites that copy instead; the logits are then left as they were.
     """
     _check_temperature(temperature)
     _check_chunk(chunk_rows)
+    _check_flag("grad_in_logits", grad_in_logits)
     if logits.dim() < 1 or logits.shape[:-1] != target_ids.shape:
         raise ValueError(
             f"target_ids shape {tuple(target_ids.shape)} must equal logits shape without the vocabulary "
@@ -302,16 +394,24 @@ def token_stats_from_logits(
         raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
     lead_shape = target_ids.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    if grad_in_logits and not _no_internal_overlap(flat_logits):
+        flat_logits = flat_logits.contiguous()  # writing the gradient over shared elements would mix rows
     flat_targets = target_ids.reshape(-1).long()  # (N,)
     if resolve_backend(backend, logits) == "triton":
         from trainer.algos.triton_kernels import TritonLogProb
 
         logprob, entropy, correction = TritonLogProb.apply(
-            flat_logits, flat_targets, float(temperature), with_entropy, with_correction
+            flat_logits, flat_targets, float(temperature), with_entropy, with_correction, grad_in_logits
         )
     else:
         logprob, entropy, correction = _ChunkedLogProb.apply(
-            flat_logits, flat_targets, float(temperature), int(chunk_rows), with_entropy, with_correction
+            flat_logits,
+            flat_targets,
+            float(temperature),
+            int(chunk_rows),
+            with_entropy,
+            with_correction,
+            grad_in_logits,
         )
     return TokenStats(
         logprob=logprob.view(lead_shape),

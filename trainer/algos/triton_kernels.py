@@ -9,6 +9,9 @@ each row of the vocabulary is streamed through on-chip memory instead of materia
   Σ p² and Σ p² log p give H = −Σ p log p and C = Σ p² (−log p − H) = −Σ p² log p − H Σ p².
   log p_a = z_a/T − log Z. log Z is kept (4 bytes a row) for backward.
 - backward of Σ g·log p_a: one pass, ∂/∂z_k = g (1[k = a] − p_k) / T, written in the logits' dtype.
+  Each program reads a block of its row and then writes that block's gradient, and never reads the block
+  again (the target's logit is not reloaded: it is handled inside its block), so with `grad_in_logits`
+  the gradient pointer is the logits' own and backward allocates no (N, V) tensor.
 
 Memory above the inputs: the outputs and log Z, O(N); no (rows, V) buffer at all. Traffic: the logits are
 read twice forward and once backward, against the dozen full passes of an unfused computation.
@@ -133,6 +136,7 @@ class TritonLogProb(torch.autograd.Function):
         temperature: float,
         want_entropy: bool,
         want_correction: bool,
+        grad_in_logits: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
@@ -160,6 +164,7 @@ class TritonLogProb(torch.autograd.Function):
             )
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
+        ctx.grad_in_logits = grad_in_logits
         ctx.mark_non_differentiable(entropy, correction)
         return logprob, entropy, correction
 
@@ -167,9 +172,21 @@ class TritonLogProb(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logprob: Tensor, _grad_entropy: Tensor, _grad_correction: Tensor
     ) -> tuple[Tensor | None, ...]:
+        # Unpacking checks the logits' version: a second backward after grad_in_logits wrote over them
+        # (retain_graph) raises here.
         logits, targets, lse = ctx.saved_tensors
         n, vocab = logits.shape
-        grad_logits = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        if ctx.grad_in_logits:
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    "grad_in_logits=True does not support create_graph=True (higher-order gradients): "
+                    "the gradient is written over the logits; call with grad_in_logits=False"
+                )
+            # Unit stride along V (forward made sure of it); rows never overlap (the caller copies logits
+            # whose elements share memory). Each block is loaded before it is overwritten, and only once.
+            grad_logits = logits.detach()
+        else:
+            grad_logits = torch.empty_like(logits, memory_format=torch.contiguous_format)
         if n:
             _logprob_backward[(n,)](
                 logits,
@@ -184,4 +201,8 @@ class TritonLogProb(torch.autograd.Function):
                 BLOCK=_block(vocab),
                 num_warps=NUM_WARPS,
             )
-        return grad_logits, None, None, None, None
+        if ctx.grad_in_logits:
+            # The kernel wrote through a raw pointer, which autograd does not see: bump the logits' version
+            # as an in-place op would, so every later unpack of the saved logits fails loudly.
+            torch.autograd.graph.increment_version(logits)
+        return grad_logits, None, None, None, None, None
