@@ -18,7 +18,19 @@ micro-batched forward/backward of the clipped loss, one AdamW step. The two side
         order (the engine's seeded epoch order, fed to TRL as an unshuffled dataset), the same prompt
         rendering (plain text with <bos> for tiny-arith; the chat template for SmolLM2), temperature 1.0,
         top_p 1.0, top_k 0, the same max new tokens, and the same reward (our verifier wrapped as a TRL
-        reward function).
+        reward function): `numeric` with abs_tol 60, so that these untrained models earn mixed rewards and
+        both sides take real gradient steps (an exact-match reward gives them all-zero rewards, hence
+        all-zero advantages and gradients), while some groups still come out with equal rewards, as in
+        real runs.
+
+Sides (VARIANTS; tiny-arith runs all five, SmolLM2 the first two and TRL):
+  ours        the engine as shipped: rows with advantage 0 scored without autograd
+              (optim.skip_zero_advantage) and the glibc heap setting of trainer/heap.py;
+  ours_full   every row forward and backward (skip off), heap setting on;
+  ours_plain  every row forward and backward and glibc's default heap: the engine's compute path alone;
+  trl         TRL as it ships;
+  trl_heap    TRL with our heap setting applied to its process (what TRL would gain from it).
+The headline ratio is ours against trl; the others show where the difference comes from.
 
 Equal lengths: every response is forced to the full max_new_tokens on both sides with
 `min_new_tokens = max_new_tokens` (HF's MinNewTokensLengthLogitsProcessor masks EOS until then): ours through
@@ -28,8 +40,8 @@ counts per step agree. Tokens/s = (prompt + response tokens, padding excluded) /
 tokens/s = P·G·R / step wall time.
 
 Timing. Each side lives in its own spawned process (same torch thread count, set before anything runs;
-1 by default, see --threads) and waits for a "step" command; the parent alternates them, ours, TRL, ours,
-TRL, ..., so background load hits both alike. Ours: Engine.train_step(). TRL: from the command to the end
+1 by default, see --threads) and waits for a "step" command; the parent runs rounds of one step per side,
+in an order that rotates every round, so background load hits all sides alike. Ours: Engine.train_step(). TRL: from the command to the end
 of that optimiser step (a TrainerCallback blocks in on_step_end), which covers the Trainer's own loop
 overhead (data loading, callbacks) as well as generation and the update. Both wall time and the process's
 CPU time are taken; CPU time is the steadier figure on a shared machine. The first `warmup` steps of each
@@ -73,6 +85,17 @@ STARE_OVERHEAD_TARGET = 0.03
 STARE_PARAMS = {"top_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9, "variant": "O1"}
 STARE_GATE_TARGET = 100.0
 
+# The sides of the comparison with TRL: (label, trainer, options). "heap": the engine's glibc heap setting
+# (trainer/heap.py; on by default in our engine, off by default in any other process); "skip": scoring
+# rows with advantage 0 without autograd (optim.skip_zero_advantage, on by default).
+VARIANTS: dict[str, tuple[str, str, dict[str, bool]]] = {
+    "ours": ("ours (grpo), as shipped", "ours", {"heap": True, "skip": True}),
+    "ours_full": ("ours, every row forward+backward", "ours", {"heap": True, "skip": False}),
+    "ours_plain": ("ours, every row, glibc default heap", "ours", {"heap": False, "skip": False}),
+    "trl": ("TRL GRPOTrainer", "trl", {"heap": False}),
+    "trl_heap": ("TRL GRPOTrainer, our heap setting", "trl", {"heap": True}),
+}
+
 
 @dataclass(frozen=True)
 class Case:
@@ -88,6 +111,8 @@ class Case:
     warmup: int  # untimed steps per side
     steps: int  # timed steps per side
     seed: int = 0
+    verifier_params: tuple[tuple[str, Any], ...] = ()
+    variants: tuple[str, ...] = ("ours", "ours_full", "trl")  # sides of the comparison with TRL
 
     @property
     def responses(self) -> int:
@@ -98,8 +123,26 @@ class Case:
 
 
 def default_cases(quick: bool) -> tuple[list[Case], list[Case]]:
-    tiny = Case("tiny-arith", 8, 8, 16, False, "exact", 2e-4, warmup=3, steps=20)
-    smol = Case("smollm2-135m-instruct", 4, 4, 16, True, "numeric", 1e-6, warmup=1, steps=5)
+    # A numeric reward with a tolerance: an untrained model's answers then earn mixed rewards, so both
+    # trainers take real gradient steps (an exact-match reward gives these models all-zero rewards, i.e.
+    # all-zero advantages and gradients), and some groups still come out all-equal, as in real runs.
+    loose = (("abs_tol", 60.0),)
+    tiny = Case(
+        "tiny-arith",
+        8,
+        8,
+        16,
+        False,
+        "numeric",
+        2e-4,
+        warmup=3,
+        steps=20,
+        verifier_params=loose,
+        variants=tuple(VARIANTS),
+    )
+    smol = Case(
+        "smollm2-135m-instruct", 4, 4, 16, True, "numeric", 1e-6, warmup=1, steps=5, verifier_params=loose
+    )
     if quick:
         tiny = replace(tiny, warmup=1, steps=3)
         smol = replace(smol, warmup=1, steps=1)
@@ -111,7 +154,7 @@ def default_cases(quick: bool) -> tuple[list[Case], list[Case]]:
 # ------------------------------------------------------------------------------------------ both sides
 
 
-def train_spec(case: Case, algorithm: str) -> Any:
+def train_spec(case: Case, algorithm: str, skip_zero_advantage: bool = True) -> Any:
     from trainer.spec import TrainSpec
 
     algo: dict[str, Any] = {"name": algorithm}
@@ -131,7 +174,7 @@ def train_spec(case: Case, algorithm: str) -> Any:
                 "eval_size": 0,
                 "use_chat_template": case.chat,
             },
-            "verifier": {"name": case.verifier},
+            "verifier": {"name": case.verifier, "params": dict(case.verifier_params)},
             "algorithm": algo,
             "sampling": {
                 "group_size": case.samples,
@@ -147,6 +190,7 @@ def train_spec(case: Case, algorithm: str) -> Any:
                 "grad_clip": 1.0,
                 "ppo_epochs": 1,
                 "kl_beta": 0.0,
+                "skip_zero_advantage": skip_zero_advantage,
             },
         }
     )
@@ -167,10 +211,10 @@ def engine_prompt_order(spec: Any, steps: int) -> list[Any]:
 
 
 class OurSide:
-    def __init__(self, case: Case, algorithm: str, scratch: str) -> None:
+    def __init__(self, case: Case, algorithm: str, scratch: str, skip_zero_advantage: bool = True) -> None:
         from trainer.engine import Engine, seed_everything
 
-        spec = train_spec(case, algorithm)
+        spec = train_spec(case, algorithm, skip_zero_advantage)
         self.engine = Engine(spec, scratch, progress=False)
         seed_everything(spec.seed)
         self.engine._load_data()
@@ -192,20 +236,21 @@ class OurSide:
             "response_tokens": response,
             "generation_seconds": m["perf/generation_seconds"],
             "update_seconds": m["perf/update_seconds"],
+            "zero_std_fraction": m["reward/zero_std_fraction"],
         }
         if "stare/gate_on" in m:
             out["gate_on"] = m["stare/gate_on"]
         return out
 
 
-def trl_reward_function(verifier: str, chat: bool) -> Any:
+def trl_reward_function(verifier: str, params: dict[str, Any], chat: bool) -> Any:
     from trainer.tasks import Example
     from trainer.verifiers import score, shape_reward
 
     def reward(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[0]["content"] if chat else c for c in completions]
         return [
-            shape_reward(score(verifier, t, Example(prompt="", answer=a)), "binary")
+            shape_reward(score(verifier, t, Example(prompt="", answer=a), params), "binary")
             for t, a in zip(texts, answer)
         ]
 
@@ -313,7 +358,7 @@ def run_trl(case: Case, conn: Connection, scratch: str) -> None:
     handoff = Handoff()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=trl_reward_function(case.verifier, case.chat),
+        reward_funcs=trl_reward_function(case.verifier, dict(case.verifier_params), case.chat),
         args=config,
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
@@ -334,16 +379,25 @@ def run_trl(case: Case, conn: Connection, scratch: str) -> None:
     trainer.train()
 
 
-def worker(side: str, case: Case, algorithm: str, threads: int, conn: Connection) -> None:
+def worker(
+    side: str, case: Case, algorithm: str, threads: int, options: dict[str, bool], conn: Connection
+) -> None:
+    # Before anything allocates: the heap setting is per process (trainer/heap.py reads the variable when
+    # the engine starts; the TRL side applies it here).
+    os.environ["STARE_HEAP_TUNING"] = "1" if options.get("heap", False) else "0"
     import torch
 
+    from trainer import heap
+
+    if options.get("heap", False):
+        assert heap.keep_freed_heap(), "the heap setting did not apply"
     torch.set_num_threads(threads)
     scratch = tempfile.TemporaryDirectory(prefix=f"bench-engine-{side}-")
     try:
         if side == "trl":
             run_trl(case, conn, scratch.name)
         else:
-            ours = OurSide(case, algorithm, scratch.name)
+            ours = OurSide(case, algorithm, scratch.name, skip_zero_advantage=options.get("skip", True))
             conn.send({"ready": True, "threads": torch.get_num_threads()})
             for _ in range(case.warmup + case.steps):
                 message = conn.recv()
@@ -362,11 +416,15 @@ def worker(side: str, case: Case, algorithm: str, threads: int, conn: Connection
 
 
 class Side:
-    def __init__(self, name: str, side: str, case: Case, algorithm: str, threads: int) -> None:
+    def __init__(
+        self, name: str, side: str, case: Case, algorithm: str, threads: int, options: dict[str, bool]
+    ) -> None:
         self.name = name
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker, args=(side, case, algorithm, threads, child), daemon=True)
+        self.proc = ctx.Process(
+            target=worker, args=(side, case, algorithm, threads, options, child), daemon=True
+        )
         self.proc.start()
         t0 = time.perf_counter()
         ready = self.recv()
@@ -417,41 +475,59 @@ def summarise_side(side: Side, warmup: int, rss: int) -> dict[str, Any]:
         "tokens_per_s": median([r["tokens"] / r["seconds"] for r in timed]),
         "response_tokens_per_s": median([r["response_tokens"] / r["seconds"] for r in timed]),
         "peak_rss_bytes": rss,
+        **(
+            {"zero_std_fraction": median([r["zero_std_fraction"] for r in timed])}
+            if "zero_std_fraction" in timed[0]
+            else {}
+        ),
         **({"gate_on_fraction": median([r["gate_on"] for r in timed])} if "gate_on" in timed[0] else {}),
     }
 
 
-def interleaved(case: Case, a: tuple[str, str, str], b: tuple[str, str, str], threads: int) -> dict[str, Any]:
-    """Starts both sides (name, side, algorithm), then alternates their steps; returns both summaries."""
+def interleaved(
+    case: Case, sides: list[tuple[str, str, str, dict[str, bool]]], threads: int
+) -> dict[str, Any]:
+    """Starts every side (key, trainer, algorithm, options), then runs rounds of one step per side, in an
+    order that rotates each round; returns each side's summary under its key, and the per-round ratios
+    `ratios[a][b]` = (b's step time / a's step time) for every pair of sides."""
     load_before = os.getloadavg()
-    side_a = Side(a[0], a[1], case, a[2], threads)
-    side_b = Side(b[0], b[1], case, b[2], threads)
+    procs = {
+        key: Side(key, trainer, case, algorithm, threads, options)
+        for key, trainer, algorithm, options in sides
+    }
+    keys = list(procs)
     t0 = time.perf_counter()
     for i in range(case.warmup + case.steps):
-        ra, rb = side_a.step(), side_b.step()
+        order = keys[i % len(keys) :] + keys[: i % len(keys)]
+        records = {key: procs[key].step() for key in order}
         tag = "warm-up" if i < case.warmup else "timed"
-        print(
-            f"    step {i + 1} ({tag}): {a[0]} {ra['seconds']:.3f} s, {b[0]} {rb['seconds']:.3f} s, "
-            f"load {ra['load1']:.2f}",
-            flush=True,
-        )
+        times = ", ".join(f"{key} {records[key]['seconds']:.3f} s" for key in keys)
+        print(f"    step {i + 1} ({tag}): {times}, load {os.getloadavg()[0]:.2f}", flush=True)
     loop_s = time.perf_counter() - t0
-    rss_a, rss_b = side_a.stop(), side_b.stop()
-    sa = summarise_side(side_a, case.warmup, rss_a)
-    sb = summarise_side(side_b, case.warmup, rss_b)
-    pair_ratios = [y / x for x, y in zip(sa["step_s"], sb["step_s"])]  # b time / a time
-    cpu_pair_ratios = [y / x for x, y in zip(sa["cpu_step_s"], sb["cpu_step_s"])]
-    loads = [r["load1"] for r in side_a.records[case.warmup :] + side_b.records[case.warmup :]]
+    rss = {key: procs[key].stop() for key in keys}
+    summaries = {key: summarise_side(procs[key], case.warmup, rss[key]) for key in keys}
+    ratios: dict[str, dict[str, Any]] = {}
+    for a in keys:
+        ratios[a] = {}
+        for b in keys:
+            if a == b:
+                continue
+            sa, sb = summaries[a], summaries[b]
+            pairs = [y / x for x, y in zip(sa["step_s"], sb["step_s"])]
+            cpu_pairs = [y / x for x, y in zip(sa["cpu_step_s"], sb["cpu_step_s"])]
+            ratios[a][b] = {
+                "pair_ratios": pairs,
+                "median_pair_ratio": median(pairs),
+                "quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs,
+                "ratio_of_medians": sb["median_step_s"] / sa["median_step_s"],
+                "median_cpu_pair_ratio": median(cpu_pairs),
+            }
+    loads = [r["load1"] for key in keys for r in procs[key].records[case.warmup :]]
     return {
         "case": asdict(case),
         "label": case.label(),
-        a[0]: sa,
-        b[0]: sb,
-        "pair_ratios": pair_ratios,
-        "median_pair_ratio": median(pair_ratios),
-        "ratio_of_medians": sb["median_step_s"] / sa["median_step_s"],
-        "cpu_pair_ratios": cpu_pair_ratios,
-        "median_cpu_pair_ratio": median(cpu_pair_ratios),
+        "sides": summaries,
+        "ratios": ratios,
         "load_average_before": list(load_before),
         "load1_during": {"min": min(loads), "median": median(loads), "max": max(loads)},
         "loop_s": loop_s,
@@ -465,29 +541,44 @@ def fmt_rss(n: int) -> str:
 def markdown(vs_trl: list[dict[str, Any]], stare: list[dict[str, Any]]) -> str:
     lines = [
         "| model, batch | side | median step, wall (s) | generation / update (s) | median step, CPU (s) "
-        "| tokens/step (response) | tokens/s | response tokens/s | peak RSS "
-        "| speed-up vs TRL, wall: median of pairs (of medians) | speed-up, CPU time | target | met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens/step (response) | tokens/s | peak RSS | groups with equal rewards "
+        "| speed-up vs TRL, wall: median of pairs (of medians) [quartiles] | CPU time "
+        "| vs TRL with our heap setting | target | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in vs_trl:
         target = TARGET_VS_TRL.get(r["case"]["model"], float("nan"))
-        for side in ("ours", "trl"):
-            s = r[side]
-            first = side == "ours"
-            lines.append(
-                f"| {r['label'] if first else ''} | {'ours (grpo)' if first else 'TRL GRPOTrainer'} "
-                f"| {s['median_step_s']:.3f} | {s['median_generation_s']:.3f} / {s['median_update_s']:.3f} "
-                f"| {s['median_cpu_step_s']:.3f} "
-                f"| {s['tokens_per_step']:.0f} ({s['response_tokens_per_step']:.0f}) "
-                f"| {s['tokens_per_s']:.0f} | {s['response_tokens_per_s']:.0f} | {fmt_rss(s['peak_rss_bytes'])} "
-                + (
-                    f"| **{r['median_pair_ratio']:.2f}×** ({r['ratio_of_medians']:.2f}×) "
-                    f"| {r['median_cpu_pair_ratio']:.2f}× | ≥ {target}× "
-                    f"| {'yes' if r['median_pair_ratio'] >= target else 'no'} |"
-                    if first
-                    else "| | | | |"
-                )
-            )
+        for n, key in enumerate(r["case"]["variants"]):
+            s = r["sides"][key]
+            zero = f"{s['zero_std_fraction']:.0%}" if "zero_std_fraction" in s else ""
+            cells = [
+                r["label"] if n == 0 else "",
+                VARIANTS[key][0],
+                f"{s['median_step_s']:.3f}",
+                f"{s['median_generation_s']:.3f} / {s['median_update_s']:.3f}",
+                f"{s['median_cpu_step_s']:.3f}",
+                f"{s['tokens_per_step']:.0f} ({s['response_tokens_per_step']:.0f})",
+                f"{s['tokens_per_s']:.0f}",
+                fmt_rss(s["peak_rss_bytes"]),
+                zero,
+            ]
+            vs = r["ratios"].get(key, {}).get("trl")
+            if VARIANTS[key][1] == "ours" and vs is not None:
+                q = vs["quartiles"]
+                cells += [
+                    f"**{vs['median_pair_ratio']:.2f}×** ({vs['ratio_of_medians']:.2f}×) "
+                    f"[{q[0]:.2f} / {q[len(q) // 2]:.2f} / {q[-1]:.2f}]",
+                    f"{vs['median_cpu_pair_ratio']:.2f}×",
+                ]
+                heap_vs = r["ratios"][key].get("trl_heap")
+                cells.append(f"{heap_vs['median_pair_ratio']:.2f}×" if heap_vs else "")
+                if key == "ours":
+                    cells += [f"≥ {target}×", "yes" if vs["median_pair_ratio"] >= target else "no"]
+                else:
+                    cells += ["", ""]
+            else:
+                cells += ["", "", "", "", ""]
+            lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         "| model, batch | algorithm | median step, wall (s) | generation / update (s) | median step, CPU (s) "
@@ -495,17 +586,18 @@ def markdown(vs_trl: list[dict[str, Any]], stare: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in stare:
+        vs = r["ratios"]["grpo_ds"]["stare"]
+        over = vs["median_pair_ratio"] - 1
         for algo in ("grpo_ds", "stare"):
-            s = r[algo]
-            over = r["median_pair_ratio"] - 1
+            s = r["sides"][algo]
             gate = f" (gate on in {s['gate_on_fraction']:.0%} of steps)" if "gate_on_fraction" in s else ""
             lines.append(
                 f"| {r['label'] if algo == 'grpo_ds' else ''} | {algo}{gate} | {s['median_step_s']:.3f} "
                 f"| {s['median_generation_s']:.3f} / {s['median_update_s']:.3f} | {s['median_cpu_step_s']:.3f} "
                 f"| {fmt_rss(s['peak_rss_bytes'])} "
                 + (
-                    f"| **{over:+.1%}** ({r['ratio_of_medians'] - 1:+.1%}) "
-                    f"| {r['median_cpu_pair_ratio'] - 1:+.1%} | ≤ +3 % "
+                    f"| **{over:+.1%}** ({vs['ratio_of_medians'] - 1:+.1%}) "
+                    f"| {vs['median_cpu_pair_ratio'] - 1:+.1%} | ≤ +3 % "
                     f"| {'yes' if over <= STARE_OVERHEAD_TARGET else 'no'} |"
                     if algo == "stare"
                     else "| | | | |"
@@ -575,27 +667,34 @@ def main(argv: list[str] | None = None) -> int:
     vs_trl, stare = [], []
     if args.only in ("all", "trl"):
         for case in (c for c in trl_cases if c.model in models):
-            print(f"- ours vs TRL: {case.label()}", flush=True)
-            r = interleaved(case, ("ours", "ours", "grpo"), ("trl", "trl", "grpo"), args.threads)
-            if r["ours"]["tokens_per_step"] != r["trl"]["tokens_per_step"]:
-                print(
-                    f"  WARNING: tokens per step differ: ours {r['ours']['tokens_per_step']}, "
-                    f"TRL {r['trl']['tokens_per_step']}",
-                    flush=True,
-                )
-            print(
-                f"  speed-up {r['median_pair_ratio']:.2f}× wall, {r['median_cpu_pair_ratio']:.2f}× CPU time "
-                "(medians of pairs)",
-                flush=True,
-            )
+            print(f"- ours vs TRL: {case.label()} ({', '.join(case.variants)})", flush=True)
+            sides = [(key, VARIANTS[key][1], "grpo", VARIANTS[key][2]) for key in case.variants]
+            r = interleaved(case, sides, args.threads)
+            tokens = {key: r["sides"][key]["tokens_per_step"] for key in case.variants}
+            if len(set(tokens.values())) != 1:
+                print(f"  WARNING: tokens per step differ: {tokens}", flush=True)
+            for key in case.variants:
+                vs = r["ratios"][key].get("trl")
+                if VARIANTS[key][1] == "ours" and vs is not None:
+                    print(
+                        f"  {key}: {vs['median_pair_ratio']:.2f}× TRL wall, {vs['median_cpu_pair_ratio']:.2f}× "
+                        "CPU time (medians of pairs)",
+                        flush=True,
+                    )
             vs_trl.append(r)
     if args.only in ("all", "stare"):
         for case in (c for c in stare_cases if c.model in models):
             print(f"- STARE vs grpo_ds: {case.label()}", flush=True)
-            r = interleaved(case, ("grpo_ds", "ours", "grpo_ds"), ("stare", "ours", "stare"), args.threads)
+            shipped = VARIANTS["ours"][2]
+            r = interleaved(
+                case,
+                [("grpo_ds", "ours", "grpo_ds", shipped), ("stare", "ours", "stare", shipped)],
+                args.threads,
+            )
+            vs = r["ratios"]["grpo_ds"]["stare"]
             print(
-                f"  STARE overhead {r['median_pair_ratio'] - 1:+.1%} wall, "
-                f"{r['median_cpu_pair_ratio'] - 1:+.1%} CPU time (medians of pairs)",
+                f"  STARE overhead {vs['median_pair_ratio'] - 1:+.1%} wall, "
+                f"{vs['median_cpu_pair_ratio'] - 1:+.1%} CPU time (medians of pairs)",
                 flush=True,
             )
             stare.append(r)

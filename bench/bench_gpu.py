@@ -477,6 +477,9 @@ def _engine_runs(
                     "prompts_per_step": prompts,
                     "micro_batch_size": prompts * group,
                     "grad_clip": 1.0,
+                    # Random weights earn all-zero rewards: with the skip every row would be scored without
+                    # autograd and the update (and its MFU) would measure no backward at all.
+                    "skip_zero_advantage": False,
                 },
                 "checkpoint": {"interval": 1000, "keep_last": 1},
                 "evaluation": {"interval": 0},
