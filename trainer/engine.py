@@ -449,6 +449,7 @@ class Engine:
         align_tensors(model)
         self.tokenizer = tokenizer
         self.ref_model = None
+        self._ref_adapters_off = False  # π_ref is this model with its LoRA adapters switched off
         params = [p for p in model.parameters() if p.requires_grad]
         o = spec.optim
         # fused: one kernel per parameter instead of ~10 elementwise passes over it (tiny-arith: the optimiser
@@ -469,7 +470,13 @@ class Engine:
         A fresh run writes its weights once to OUT/reference/ (temp file, then rename); a resumed run reads
         them back, so π_ref survives restarts and checkpoint pruning. Only with optim.kl_beta > 0.
         """
-        if self.spec.optim.kl_beta <= 0:
+        spec = self.spec
+        if spec.optim.kl_beta <= 0:
+            return
+        if spec.model.lora is not None and (spec.sft is None or spec.sft.steps == 0):
+            # LoRA starts with B = 0, so the adapters add exactly 0 and π_ref is the base model: the policy
+            # with its adapters off. No copy and no file; a resumed run gets the same base from the source.
+            self._ref_adapters_off = True
             return
         from safetensors.torch import load_model, save_model
 
@@ -489,6 +496,23 @@ class Engine:
         reference.eval()
         reference.requires_grad_(False)
         self.ref_model = reference
+
+    def _reference_logprob(self, batch: Rollout) -> Tensor | None:
+        """log π_ref of every response token (B, R), without autograd; None without a KL penalty."""
+        if self._ref_adapters_off:
+            model, adapters_off = self._unwrapped_model, self._unwrapped_model.disable_adapter()
+        elif self.ref_model is not None:
+            model, adapters_off = self.ref_model, contextlib.nullcontext()
+        else:
+            return None
+        spec = self.spec
+        with torch.no_grad(), adapters_off:
+            return torch.cat(
+                [
+                    response_stats(model, batch, idx, spec.sampling.temperature, with_entropy=False)[0]
+                    for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
+                ]
+            )
 
     def _lr_lambda(self, step: int) -> float:
         o = self.spec.optim
@@ -793,17 +817,7 @@ class Engine:
                 )
                 metrics.update({k: float(v) for k, v in stare_m.items()})
 
-        ref_logprob = None
-        if self.ref_model is not None and batch.size:
-            with torch.no_grad():
-                ref_logprob = torch.cat(
-                    [
-                        response_stats(
-                            self.ref_model, batch, idx, spec.sampling.temperature, with_entropy=False
-                        )[0]
-                        for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
-                    ]
-                )
+        ref_logprob = self._reference_logprob(batch) if batch.size else None
         step_batch = StepBatch(
             batch,
             advantages,

@@ -438,3 +438,28 @@ def test_resumed_run_keeps_its_kl_reference(tmp_path):
     (part / Engine.REFERENCE_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="reference"):
         Engine(spec, part, resume=True).run()
+
+
+def test_lora_kl_reference_is_the_base_model_with_adapters_off(tmp_path):
+    data = small_spec(
+        model={"name": "tiny-arith", "lora": {"r": 4, "alpha": 8}},
+        algorithm={"name": "grpo"},
+        optim={"kl_beta": 0.5, "steps": 3, "lr": 1e-2},
+    )
+    spec = TrainSpec.model_validate(data)
+    out = tmp_path / "run"
+    assert Engine(spec, out).run() == ExitCode.OK
+    steps = _steps(out)
+    assert steps[0]["kl/ref_k3"] == 0.0  # B = 0 at the start: the adapters add exactly nothing
+    assert all(m["kl/ref_k3"] > 0 for m in steps[1:])
+    assert not (out / Engine.REFERENCE_FILE.parent).exists()  # no copy of the model is kept
+
+    # The same run resumed from step 2 reaches the same step 3: π_ref comes back without a file.
+    part = tmp_path / "part"
+    stopper = _StopAfter(2, True)
+    engine = Engine(spec, part, callbacks=[stopper])
+    stopper.engine = engine
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert Engine(spec, part, resume=True).run() == ExitCode.OK
+    assert step_metrics(read_events(part)) == step_metrics(read_events(out))
