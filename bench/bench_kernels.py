@@ -486,24 +486,14 @@ def plan(s: Settings) -> list[tuple[str, Case, Case | None]]:
                 repeats=s.repeats,
                 warmup_rows=warmup,
             )
-            rows.append(("main", common, replace(common, impl="naive", repeats=s.naive_repeats)))
-    if s.backward:
-        for dtype in ("float32", "bfloat16"):
-            common = Case(
-                name=f"forward+backward, {dtype} logits",
-                source="logits",
-                impl="chunked",
-                mode="forward+backward",
-                dtype=dtype,
-                tokens=s.tokens,
-                vocab=s.vocab,
-                chunk_rows=s.chunk_rows,
-                repeats=s.repeats,
-                warmup_rows=warmup,
-            )
-            # The naive case is the forward+backward row's own (run once when both rows are planned).
-            in_logits = replace(common, name=f"{common.name}, gradient in the logits", grad_in_logits=True)
-            rows.append(("main", in_logits, replace(common, impl="naive", repeats=s.naive_repeats)))
+            naive = replace(common, impl="naive", repeats=s.naive_repeats)
+            rows.append(("main", common, naive))
+            if mode == "forward+backward":
+                # The same naive case (run once when both rows are planned).
+                in_logits = replace(
+                    common, name=f"{common.name}, gradient in the logits", grad_in_logits=True
+                )
+                rows.append(("main", in_logits, naive))
     if s.sweep_on and s.sweep:
         sweep = Case(
             name="chunk-size sweep",

@@ -184,6 +184,16 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path, hard, algor
         assert torch.equal(wa[name], wb[name]), name
 
 
+def crash_after_then_resume(spec: TrainSpec, out: Path, step: int) -> None:
+    """A run into `out` that crashes (KeyboardInterrupt) after `step`, then resumed to the end."""
+    stopper = _StopAfter(step, True)
+    engine = Engine(spec, out, callbacks=[stopper])
+    stopper.engine = engine
+    with pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert Engine(spec, out, resume=True).run() == ExitCode.OK
+
+
 def _write_spec(tmp_path: Path, data: dict) -> Path:
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -424,12 +434,7 @@ def test_resumed_run_keeps_its_kl_reference(tmp_path):
     full = tmp_path / "full"
     assert Engine(spec, full).run() == ExitCode.OK
     part = tmp_path / "part"
-    stopper = _StopAfter(3, True)
-    engine = Engine(spec, part, callbacks=[stopper])
-    stopper.engine = engine
-    with pytest.raises(KeyboardInterrupt):
-        engine.run()
-    assert Engine(spec, part, resume=True).run() == ExitCode.OK
+    crash_after_then_resume(spec, part, 3)
     a, b = step_metrics(read_events(full)), step_metrics(read_events(part))
     assert a == b and all(a[s]["kl/ref_k3"] > 0 for s in (2, 3, 4))
     wa, wb = final_weights(full), final_weights(part)
@@ -456,10 +461,5 @@ def test_lora_kl_reference_is_the_base_model_with_adapters_off(tmp_path):
 
     # The same run resumed from step 2 reaches the same step 3: π_ref comes back without a file.
     part = tmp_path / "part"
-    stopper = _StopAfter(2, True)
-    engine = Engine(spec, part, callbacks=[stopper])
-    stopper.engine = engine
-    with pytest.raises(KeyboardInterrupt):
-        engine.run()
-    assert Engine(spec, part, resume=True).run() == ExitCode.OK
+    crash_after_then_resume(spec, part, 2)
     assert step_metrics(read_events(part)) == step_metrics(read_events(out))

@@ -235,33 +235,30 @@ class _ChunkedLogProb(torch.autograd.Function):
         n, vocab = logits.shape
         buffers = _ChunkBuffers(min(ctx.chunk_rows, n), vocab, logits.device)
         if ctx.grad_in_logits:
-            _require_no_graph_for_grad_in_logits()
-            # Each chunk is read (into "log_probs" or "spare") before its slice is written; no chunk
-            # reads another's rows, so the slices already written are never read again.
-            for start in range(0, n, ctx.chunk_rows):
-                stop = min(start + ctx.chunk_rows, n)
-                chunk = logits[start:stop]
-                z = _scaled_fp32(chunk, temperature, buffers)
-                _logprob_grad_into_chunk(
-                    chunk, z, targets[start:stop], grad_logprob[start:stop], temperature, buffers
-                )
-            # The logits' own storage, shape and strides, as a tensor without autograd history.
-            return logits.detach(), None, None, None, None, None, None
-        grad_logits = torch.empty_like(logits)
+            require_no_graph_for_grad_in_logits()
+            # The logits' own storage, shape and strides, as a tensor without autograd history. Each chunk
+            # is read (into "log_probs" or "spare") before its slice is written; no chunk reads another's
+            # rows, so the slices already written are never read again.
+            grad_logits = logits.detach()
+        else:
+            grad_logits = torch.empty_like(logits)
         for start in range(0, n, ctx.chunk_rows):
             stop = min(start + ctx.chunk_rows, n)
-            z = _scaled_fp32(logits[start:stop], temperature, buffers)
+            chunk = logits[start:stop]
+            z = _scaled_fp32(chunk, temperature, buffers)
+            t, g = targets[start:stop], grad_logprob[start:stop]
+            if ctx.grad_in_logits:
+                _logprob_grad_into_chunk(chunk, z, t, g, temperature, buffers)
+                continue
             # fp32 logits: the gradient is built in place in its slice of grad_logits (no copy).
             direct = grad_logits[start:stop] if grad_logits.dtype == torch.float32 else None
-            grad = _logprob_grad_chunk(
-                z, targets[start:stop], grad_logprob[start:stop], temperature, buffers, out=direct
-            )
+            grad = _logprob_grad_chunk(z, t, g, temperature, buffers, out=direct)
             if direct is None:
                 grad_logits[start:stop] = grad
         return grad_logits, None, None, None, None, None, None
 
 
-def _require_no_graph_for_grad_in_logits() -> None:
+def require_no_graph_for_grad_in_logits() -> None:
     """Backward with create_graph=True would record the overwrite of the logits in the new graph."""
     if torch.is_grad_enabled():
         raise RuntimeError(

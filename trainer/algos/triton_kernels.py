@@ -29,6 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from trainer.algos.kernels import require_no_graph_for_grad_in_logits
+
 MAX_BLOCK = 4096  # vocabulary entries per step of a program's loop
 NUM_WARPS = 8
 
@@ -177,11 +179,7 @@ class TritonLogProb(torch.autograd.Function):
         logits, targets, lse = ctx.saved_tensors
         n, vocab = logits.shape
         if ctx.grad_in_logits:
-            if torch.is_grad_enabled():
-                raise RuntimeError(
-                    "grad_in_logits=True does not support create_graph=True (higher-order gradients): "
-                    "the gradient is written over the logits; call with grad_in_logits=False"
-                )
+            require_no_graph_for_grad_in_logits()
             # Unit stride along V (forward made sure of it); rows never overlap (the caller copies logits
             # whose elements share memory). Each block is loaded before it is overwritten, and only once.
             grad_logits = logits.detach()
