@@ -752,7 +752,8 @@ class Engine:
         global_tokens, global_sequences = float(counts[0]), float(counts[1])
         is_stare = spec.algorithm.name == "stare"
         on_policy = spec.optim.ppo_epochs == 1
-        needs_old_pass = is_stare or not on_policy or spec.optim.kl_beta > 0
+        # The KL penalty needs π_ref's pass (_reference_logprob), not a π_old pass.
+        needs_old_pass = is_stare or not on_policy
         n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
         n_micro = int(self._reduce(n_micro, "max", torch.int64))
         # On-policy STARE whose step batch is one micro-batch on every process: π_old is π_θ until the
@@ -760,7 +761,7 @@ class Engine:
         # training forward is run first and serves as the π_old pass: the gate is updated from it, then the
         # loss is taken on the same graph. One forward instead of two; more micro-batches would hold all
         # their graphs at once, so they keep the separate no-grad pass.
-        fused = is_stare and on_policy and spec.optim.kl_beta == 0 and n_micro == 1
+        fused = is_stare and on_policy and n_micro == 1
         fused = fused and self._forward_is_deterministic
 
         grad_rows = self._grad_rows(advantages)
