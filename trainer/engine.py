@@ -4,8 +4,9 @@ One optimiser step k:
   1. rollout: prompts from the data cursor, G samples each, verifier rewards (+ DAPO overlong shaping);
      with dynamic sampling, regenerate (≤ max_gen_batches) until the batch holds enough informative groups;
   2. advantages (registry), global token/sequence counts (all-reduced across processes);
-  3. π_old pass (no grad): log-probs, entropy and C(p) per token. Skipped when strictly on-policy and no
-     controller needs it before the update: the training pass then supplies the same numbers;
+  3. π_old pass (no grad): log-probs, entropy and C(p) per token. Skipped when strictly on-policy: the
+     training pass then supplies the same numbers, and where STARE needs them before the update they were
+     recorded during generation (the sampling policy is π_old) or come from the training forward run first;
   4. STARE gate update from H̄ (token-mean entropy of π_old), once, before the update;
   5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
   6. one event with every metric; checkpoint / evaluation at their intervals.
@@ -121,15 +122,26 @@ def response_stats(
     """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R).
 
     grad_rows: (b,) bool, the rows whose log-probs need a gradient (None: all). With grad enabled and some
-    rows left out, those run in a second forward without autograd (a third of the work of a forward and
-    backward) and their log-probs come back detached; the values are the same up to float rounding (other
-    matmul shapes). For rows the loss cannot send a gradient to (advantage 0, `zero_advantage_rows_inert`).
+    rows left out, those come back detached: read from the rollout's sampling statistics when it carries
+    them (no forward at all), else from a second forward without autograd (a third of the work of a forward
+    and backward). The values are the same up to float rounding (other matmul shapes). For rows the loss
+    cannot send a gradient to (advantage 0, `zero_advantage_rows_inert`).
     """
     if grad_rows is not None and torch.is_grad_enabled() and not bool(grad_rows.all()):
         keep = grad_rows.nonzero().squeeze(-1)
         rest = (~grad_rows).nonzero().squeeze(-1)
-        with torch.no_grad():
-            detached = response_stats(model, batch, index[rest], temperature, with_entropy=with_entropy)
+        detached: tuple[Tensor, Tensor | None, Tensor | None]
+        if batch.sample_logprob is not None:
+            assert batch.sample_entropy is not None and batch.sample_correction is not None
+            rows = index[rest]
+            detached = (
+                batch.sample_logprob[rows],
+                batch.sample_entropy[rows] if with_entropy else None,
+                batch.sample_correction[rows] if with_entropy else None,
+            )
+        else:
+            with torch.no_grad():
+                detached = response_stats(model, batch, index[rest], temperature, with_entropy=with_entropy)
         if keep.numel() == 0:
             return detached
         attached = response_stats(model, batch, index[keep], temperature, with_entropy=with_entropy)
@@ -461,6 +473,17 @@ class Engine:
         # The model without its DDP wrapper, for generation and saving (unwrap_model costs ~0.4 ms a call).
         self._unwrapped_model = self.accelerator.unwrap_model(self.model)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
+        # Rollouts record each token's log-prob/entropy/C under the sampling policy when the update can use
+        # them in place of a forward: for rows it leaves out of autograd (_grad_rows), and as on-policy
+        # STARE's π_old pass (the sampling policy is π_old). Generation runs in eval mode, so only where the
+        # training forward has no dropout are they the same numbers (up to float rounding).
+        skip_rows = (
+            o.skip_zero_advantage
+            and self.world == 1
+            and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
+        )
+        stare_old = spec.algorithm.name == "stare" and o.ppo_epochs == 1
+        self._sample_stats_used = self._forward_is_deterministic and (skip_rows or stare_old)
 
     REFERENCE_FILE = Path("reference") / "model.safetensors"
 
@@ -711,7 +734,14 @@ class Engine:
         while True:
             examples, first = self._take_prompts(n_prompts)
             mine = list(range(self.rank, n_prompts, self.world))
-            r = rollout(model, self.tokenizer, [examples[i] for i in mine], first + self.rank, spec)
+            r = rollout(
+                model,
+                self.tokenizer,
+                [examples[i] for i in mine],
+                first + self.rank,
+                spec,
+                sample_stats=self._sample_stats_used,
+            )
             r.group_ids = torch.tensor([first + mine[i // spec.sampling.group_size] for i in range(r.size)])
             batches += 1
             if ds.enabled:
@@ -760,13 +790,15 @@ class Engine:
         # optimiser step and a forward with grad gives the same values as one without (no dropout), so the
         # training forward is run first and serves as the π_old pass: the gate is updated from it, then the
         # loss is taken on the same graph. One forward instead of two; more micro-batches would hold all
-        # their graphs at once, so they keep the separate no-grad pass.
+        # their graphs at once, so they read π_old off the rollout (recorded during generation) or, without
+        # it, run the separate no-grad pass.
         fused = is_stare and on_policy and n_micro == 1
         fused = fused and self._forward_is_deterministic
 
         grad_rows = self._grad_rows(advantages)
         t_old = time.perf_counter()
         old_logprob = entropy = correction = None
+        loss_old_logprob: Tensor | None = None  # π_old for the loss's ratio; None: the training pass's own
         first_pass = None
         if fused:
             first_pass = response_stats(
@@ -778,6 +810,16 @@ class Engine:
                 grad_rows=grad_rows,
             )
             old_logprob, entropy, correction = first_pass[0].detach(), first_pass[1], first_pass[2]
+        elif needs_old_pass and batch.size and on_policy and batch.has_sample_stats:
+            # On-policy, π_old is the policy that sampled: its numbers were recorded during generation. The
+            # loss keeps the training pass's own log-probs as π_old (ratio exactly 1, as when fused); the
+            # gate and the surprisal ranking read the recorded ones.
+            old_logprob, entropy, correction = (
+                batch.sample_logprob,
+                batch.sample_entropy,
+                batch.sample_correction,
+            )
+            loss_old_logprob = None
         elif needs_old_pass and batch.size:
             with torch.no_grad():
                 parts = [
@@ -787,6 +829,7 @@ class Engine:
             old_logprob = torch.cat([p[0] for p in parts])
             entropy = torch.cat([p[1] for p in parts if p[1] is not None])
             correction = torch.cat([p[2] for p in parts if p[2] is not None])
+            loss_old_logprob = old_logprob
 
         metrics: dict[str, float] = {}
         params: Any = self.loss_params
@@ -822,7 +865,7 @@ class Engine:
         step_batch = StepBatch(
             batch,
             advantages,
-            old_logprob,
+            loss_old_logprob,
             ref_logprob,
             token_weights,
             global_tokens,

@@ -8,10 +8,12 @@ training forward scores exactly the tokens generate sampled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from trainer.algos.kernels import token_stats_from_logits
 from trainer.algos.shaping import overlong_penalty
 from trainer.spec import TrainSpec
 from trainer.tasks import Example, render_prompt
@@ -40,6 +43,10 @@ class Rollout:
     group_ids: Tensor  # (B,) long, global prompt index
     truncated: Tensor  # (B,) bool: no EOS within the budget
     texts: list[str] = field(default_factory=list)
+    # Per response token under the sampling policy (B, R), 0 past the response; None when not recorded.
+    sample_logprob: Tensor | None = None
+    sample_entropy: Tensor | None = None
+    sample_correction: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -49,33 +56,27 @@ class Rollout:
     def response_lengths(self) -> Tensor:
         return self.response_mask.sum(-1)
 
+    @property
+    def has_sample_stats(self) -> bool:
+        return self.sample_logprob is not None
+
     def position_ids(self) -> Tensor:
         return position_ids_from_mask(self.attention_mask)
 
+    def _map_tensors(self, fn: Any) -> dict[str, Any]:
+        return {
+            f.name: fn(value) if isinstance(value, Tensor) else value
+            for f in dataclasses.fields(self)
+            if not isinstance(value := getattr(self, f.name), (int, list))
+        }
+
     def to(self, device: torch.device | str) -> Rollout:
         """The same rollout with its tensors on `device` (the texts stay)."""
-        return dataclasses.replace(
-            self,
-            input_ids=self.input_ids.to(device),
-            attention_mask=self.attention_mask.to(device),
-            response_mask=self.response_mask.to(device),
-            rewards=self.rewards.to(device),
-            correct=self.correct.to(device),
-            group_ids=self.group_ids.to(device),
-            truncated=self.truncated.to(device),
-        )
+        return dataclasses.replace(self, **self._map_tensors(lambda t: t.to(device)))
 
     def select(self, index: Tensor) -> Rollout:
-        return Rollout(
-            input_ids=self.input_ids[index],
-            attention_mask=self.attention_mask[index],
-            response_mask=self.response_mask[index],
-            prompt_length=self.prompt_length,
-            rewards=self.rewards[index],
-            correct=self.correct[index],
-            group_ids=self.group_ids[index],
-            truncated=self.truncated[index],
-            texts=[self.texts[i] for i in index.tolist()],
+        return dataclasses.replace(
+            self, **self._map_tensors(lambda t: t[index]), texts=[self.texts[i] for i in index.tolist()]
         )
 
 
@@ -90,11 +91,15 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
     p_max = max(r.prompt_length for r in parts)
     r_max = max(r.response_mask.shape[1] for r in parts)
     ids, attn, resp = [], [], []
+    with_stats = all(r.has_sample_stats for r in parts)
+    stats: dict[str, list[Tensor]] = {name: [] for name in SAMPLE_STAT_FIELDS}
     for r in parts:
         p_pad, r_pad = p_max - r.prompt_length, r_max - r.response_mask.shape[1]
         ids.append(torch.nn.functional.pad(r.input_ids, (p_pad, r_pad), value=pad_token_id))
         attn.append(torch.nn.functional.pad(r.attention_mask, (p_pad, r_pad), value=0))
         resp.append(torch.nn.functional.pad(r.response_mask, (0, r_pad), value=0.0))
+        for name in SAMPLE_STAT_FIELDS if with_stats else ():
+            stats[name].append(torch.nn.functional.pad(getattr(r, name), (0, r_pad), value=0.0))
     return Rollout(
         input_ids=torch.cat(ids),
         attention_mask=torch.cat(attn),
@@ -105,7 +110,11 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         group_ids=torch.cat([r.group_ids for r in parts]),
         truncated=torch.cat([r.truncated for r in parts]),
         texts=[t for r in parts for t in r.texts],
+        **{name: torch.cat(values) for name, values in stats.items() if with_stats},
     )
+
+
+SAMPLE_STAT_FIELDS = ("sample_logprob", "sample_entropy", "sample_correction")
 
 
 def hf_model(model: Any) -> Any:
@@ -154,6 +163,84 @@ def shared_prompt_cache(
     return cache
 
 
+class SampledTokenStats:
+    """Records the log-prob, entropy and C(p) of each token generate samples, from its own forward passes.
+
+    A forward hook on the transformers model sees the raw logits of every decoding step: those of call t give
+    the distribution of response token t, whose identity arrives as the input of call t + 1 (the last one
+    with `finish`). Steps are buffered and scored together, one kernel call per `buffer_bytes` of logits
+    (for a small model, one per rollout instead of one per token). The statistics are of the policy at
+    `temperature` over the whole vocabulary, as the training pass scores it, whatever top-p or other logits
+    processors did to the sampling distribution. Use it in eval mode (no dropout), like generate itself.
+    """
+
+    def __init__(self, temperature: float, buffer_bytes: int = 64 * 2**20) -> None:
+        self.temperature = temperature
+        self.buffer_bytes = buffer_bytes
+        self._pending: Tensor | None = None  # (B, V) logits whose sampled token is not known yet
+        self._buffer: list[tuple[Tensor, Tensor]] = []  # (logits (B, V), sampled tokens (B,)) to score
+        self._buffered = 0
+        self._parts: list[tuple[Tensor, Tensor, Tensor]] = []  # scored: (B, n) log-prob, entropy, C
+        self._steps = 0
+        self._broken = False  # a call without input_ids (inputs_embeds): no statistics this time
+
+    @contextlib.contextmanager
+    def recording(self, model: Any) -> Iterator[None]:
+        handle = hf_model(model).register_forward_hook(self._hook, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _hook(self, _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        logits = output["logits"] if isinstance(output, dict) else getattr(output, "logits", None)
+        if input_ids is None or logits is None:
+            self._broken = True
+            return
+        if self._pending is not None:
+            self._add(input_ids[:, -1])
+        self._pending = logits[:, -1, :]
+
+    def _add(self, tokens: Tensor) -> None:
+        assert self._pending is not None
+        self._buffer.append((self._pending, tokens.to(self._pending.device)))
+        self._buffered += self._pending.numel() * self._pending.element_size()
+        self._pending = None
+        self._steps += 1
+        if self._buffered >= self.buffer_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        logits = torch.stack([row for row, _ in self._buffer], dim=1)  # (B, n, V)
+        tokens = torch.stack([token for _, token in self._buffer], dim=1)  # (B, n)
+        self._buffer, self._buffered = [], 0
+        stats = token_stats_from_logits(logits, tokens, temperature=self.temperature)
+        assert stats.entropy is not None and stats.correction is not None
+        self._parts.append((stats.logprob, stats.entropy, stats.correction))
+
+    def finish(self, responses: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """(log-prob, entropy, C), each (B, R) on the CPU and 0 past each response; None if not recorded."""
+        width = responses.shape[1]
+        if self._pending is not None and width:
+            self._add(responses[:, -1])
+        self._flush()
+        parts, steps, self._parts, self._steps = self._parts, self._steps, [], 0
+        if self._broken or steps != width:
+            return None
+        if not width:
+            empty = torch.zeros_like(response_mask)
+            return empty, empty.clone(), empty.clone()
+        mask = response_mask.bool()
+        logprob, entropy, correction = (
+            torch.cat(column, dim=1).to("cpu", torch.float32).masked_fill(~mask, 0.0)
+            for column in zip(*parts)
+        )
+        return logprob, entropy, correction
+
+
 def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
     """(B, R) ids → (mask up to and including the first EOS, truncated flag)."""
     eos_ids = torch.tensor(
@@ -178,10 +265,12 @@ def generate(
     max_new_tokens: int,
     greedy: bool = False,
     add_special_tokens: bool = True,
+    recorder: SampledTokenStats | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples.
 
     Runs on the model's device; what it returns is on the CPU (texts are decoded and scored there).
+    `recorder` (optional) watches generate's forward passes; read it with `recorder.finish`.
     """
     device = model_device(model)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
@@ -210,7 +299,8 @@ def generate(
             kwargs[cache_argument(model)] = shared_prompt_cache(
                 model, enc["input_ids"], enc["attention_mask"], num_samples
             )
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
+        with recorder.recording(model) if recorder is not None else contextlib.nullcontext():
+            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     out = out.to("cpu", copy=True)
     prompt_mask = prompt_mask.cpu()
     p_len = prompt_ids.shape[1]
@@ -226,9 +316,13 @@ def rollout(
     examples: list[Example],
     group_offset: int,
     spec: TrainSpec,
+    *,
+    sample_stats: bool = False,
 ) -> Rollout:
-    """Samples spec.sampling.group_size responses per example and scores them."""
+    """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
+    each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`)."""
     g = spec.sampling.group_size
+    recorder = SampledTokenStats(spec.sampling.temperature) if sample_stats else None
     prompts = [
         render_prompt(ex, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
         for ex in examples
@@ -242,8 +336,10 @@ def rollout(
         top_p=spec.sampling.top_p,
         max_new_tokens=spec.sampling.max_new_tokens,
         add_special_tokens=not spec.task.use_chat_template,
+        recorder=recorder,
     )
     responses = input_ids[:, p_len:]
+    stats = recorder.finish(responses, response_mask) if recorder is not None else None
     lengths = response_mask.sum(-1).long().tolist()
     texts = tokenizer.batch_decode(
         [row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True
@@ -273,6 +369,7 @@ def rollout(
         group_ids=group_ids,
         truncated=truncated,
         texts=texts,
+        **(dict(zip(SAMPLE_STAT_FIELDS, stats)) if stats is not None else {}),
     )
 
 

@@ -352,57 +352,92 @@ def test_reasoning_gym_task_runs(tmp_path):
     assert len(_steps(out)) == 1
 
 
+def run_counting_forwards(monkeypatch, data: dict, out: Path, *, sample_stats: bool = True):
+    """Runs the spec; returns (step metrics, final weights, [(rows, grad enabled)] per scoring forward).
+    sample_stats=False: rollouts never record sampling statistics, so the update cannot read them."""
+    import trainer.engine as engine_module
+
+    calls: list[tuple[int, bool]] = []
+    real, real_rollout = engine_module.response_logits, engine_module.rollout
+
+    def spy(model, input_ids, *args, **kwargs):
+        calls.append((input_ids.shape[0], torch.is_grad_enabled()))
+        return real(model, input_ids, *args, **kwargs)
+
+    def rollout(*args, **kwargs):
+        return real_rollout(*args, **{**kwargs, "sample_stats": kwargs.get("sample_stats") and sample_stats})
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_module, "response_logits", spy)
+        patch.setattr(engine_module, "rollout", rollout)
+        assert Engine(TrainSpec.model_validate(data), out).run() == ExitCode.OK
+    return step_metrics(read_events(out)), final_weights(out), calls
+
+
+def assert_same_run(a: dict, b: dict, wa: dict, wb: dict, lr: float, steps: int) -> None:
+    """Metrics equal up to float rounding; weights within a small fraction of an Adam step (Adam divides each
+    gradient by its running scale, so rounding-level gradient differences become weight differences of a
+    small fraction of a step, while a wrong gradient would move them by about lr)."""
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    for step in a:
+        assert a[step].keys() == b[step].keys()
+        for key, value in a[step].items():
+            assert value == pytest.approx(b[step][key], rel=1e-4, abs=1e-6), (step, key)
+    for name in wb:
+        assert float((wa[name] - wb[name]).abs().max()) <= 0.005 * lr * steps, name
+
+
+@pytest.mark.parametrize("source", ["rollout", "forward"])
 @pytest.mark.parametrize(
     ("algorithm", "micro_batch"),
     [("grpo_ds", 5), ("stare", 5), ("stare", 64), ("rsi_s", 5)],
     ids=["grpo_ds", "stare", "stare-one-pass", "rsi_s"],
 )
 def test_skipping_zero_advantage_rows_changes_nothing_but_the_work(
-    tmp_path, monkeypatch, algorithm, micro_batch
+    tmp_path, monkeypatch, algorithm, micro_batch, source
 ):
-    """Rows of groups with equal rewards (Â = 0) are scored without autograd; the run is the same as one
-    that runs every row forward and backward, up to float rounding (other matmul shapes)."""
-    import trainer.engine as engine_module
-
-    calls: list[tuple[int, bool]] = []
-    real = engine_module.response_logits
-
-    def spy(model, input_ids, *args, **kwargs):
-        calls.append((input_ids.shape[0], torch.is_grad_enabled()))
-        return real(model, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(engine_module, "response_logits", spy)
+    """Rows of groups with equal rewards (Â = 0) are scored without autograd, from the rollout's sampling
+    statistics (no forward at all) or, without them, from a forward without autograd; the run is the same as
+    one that runs every row forward and backward, up to float rounding (other matmul shapes)."""
     runs = {}
     for skip in (True, False):
-        calls.clear()
         data = small_spec(
             algorithm={"name": algorithm},
             optim={"steps": 4, "micro_batch_size": micro_batch, "skip_zero_advantage": skip},
         )
-        out = tmp_path / f"skip-{skip}"
-        assert Engine(TrainSpec.model_validate(data), out).run() == ExitCode.OK
-        runs[skip] = (step_metrics(read_events(out)), final_weights(out), list(calls))
+        runs[skip] = run_counting_forwards(
+            monkeypatch, data, tmp_path / f"skip-{skip}", sample_stats=source == "rollout"
+        )
 
     (with_skip, w_skip, calls_skip), (without, w_full, calls_full) = runs[True], runs[False]
     zero_rows = [round(m["reward/zero_std_fraction"] * m["data/responses"]) for m in with_skip.values()]
     assert any(0 < z < 12 for z in zero_rows)  # the case the skip is for: some groups informative, some not
-    assert sorted(with_skip) == sorted(without) == [1, 2, 3, 4]
-    for step in with_skip:
-        assert with_skip[step].keys() == without[step].keys()
-        for key, value in with_skip[step].items():
-            assert value == pytest.approx(without[step][key], rel=1e-4, abs=1e-6), (step, key)
-    # Adam divides each gradient by its running scale, so rounding-level gradient differences become
-    # weight differences of a small fraction of a step; a wrong gradient would move them by about lr.
-    lr, steps = 1e-3, 4
-    for name in w_full:
-        assert float((w_skip[name] - w_full[name]).abs().max()) <= 0.005 * lr * steps, name
-    # The skip is real: rows scored without autograd beyond what the run without it does (the π_old pass).
+    assert_same_run(with_skip, without, w_skip, w_full, lr=1e-3, steps=4)
+    # The skip is real: the skipped rows leave the forward with autograd, and are scored without autograd
+    # beyond what the run without the skip does (its π_old pass) only when no rollout statistics stand in.
     no_grad_skip = sum(b for b, grad in calls_skip if not grad)
     no_grad_full = sum(b for b, grad in calls_full if not grad)
     expected = sum(z - (1 if z == 12 else 0) for z in zero_rows)  # one row keeps autograd in each step
-    assert no_grad_skip - no_grad_full == expected
+    assert no_grad_skip - no_grad_full == (expected if source == "forward" else 0)
     grad_skip = sum(b for b, grad in calls_skip if grad)
     assert sum(b for b, grad in calls_full if grad) - grad_skip == expected
+
+
+@pytest.mark.parametrize("ppo_epochs", [1, 2])
+def test_on_policy_stare_reads_pi_old_off_the_rollout(tmp_path, monkeypatch, ppo_epochs):
+    """On-policy STARE over several micro-batches needs π_old (gate, surprisal ranking) before the update:
+    it reads the numbers generate recorded instead of running a no-grad pass over the batch, and the run is
+    the one with the pass, up to float rounding. Off-policy (ppo_epochs 2) the pass stays."""
+    data = small_spec(
+        optim={"steps": 4, "micro_batch_size": 5, "skip_zero_advantage": False, "ppo_epochs": ppo_epochs}
+    )
+    rollout_run = run_counting_forwards(monkeypatch, data, tmp_path / "rollout")
+    pass_run = run_counting_forwards(monkeypatch, data, tmp_path / "pass", sample_stats=False)
+    assert_same_run(rollout_run[0], pass_run[0], rollout_run[1], pass_run[1], lr=1e-3, steps=4)
+    assert any(m["stare/gate_on"] == 1.0 for m in rollout_run[0].values())  # the ranking really ran
+    batch_rows = 4 * 12
+    assert sum(b for b, grad in pass_run[2] if not grad) == batch_rows
+    assert sum(b for b, grad in rollout_run[2] if not grad) == (0 if ppo_epochs == 1 else batch_rows)
 
 
 def test_kl_penalty_to_the_reference_policy(tmp_path):

@@ -3,11 +3,12 @@ rewards follow the verifier; the engine's prompt order is the seeded per-epoch p
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainer.engine import Engine, response_stats
-from trainer.models import load_model_and_tokenizer
-from trainer.rollout import generate, rollout
+from trainer.models import apply_lora, load_model_and_tokenizer
+from trainer.rollout import SampledTokenStats, concat_rollouts, generate, rollout
 from trainer.spec import TrainSpec
 from trainer.tasks import Example
 from trainer.verifiers import score
@@ -83,3 +84,110 @@ def test_prompt_order_is_the_seeded_permutation_of_each_epoch():
         expected.append(engine.train_examples[int(order[offset])])
     assert taken == expected
     assert taken[:size] != taken[size : 2 * size]  # each epoch has its own order
+
+
+@pytest.mark.parametrize(
+    ("group_size", "temperature", "top_p", "lora"),
+    [(3, 1.0, 1.0, False), (3, 0.7, 0.8, False), (1, 1.3, 1.0, False), (3, 1.0, 1.0, True)],
+    ids=["shared-prompt-cache", "tempered-top-p", "no-shared-cache", "lora"],
+)
+def test_sampling_statistics_are_the_training_pass_values(group_size, temperature, top_p, lora):
+    """The log-prob, entropy and C recorded from generate's own forward passes equal what the training
+    forward computes for the same tokens, up to float rounding, whatever top-p did to the sampling."""
+    model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=3)
+    if lora:
+        model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=None)
+        with torch.no_grad():  # adapters that change the policy (peft starts them at B = 0)
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.5)
+    # A frequent token as EOS, so that rows stop at different lengths (and masked positions exist).
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("1")
+    spec = TrainSpec.model_validate(
+        {
+            **tiny_spec().model_dump(),
+            "sampling": {
+                "group_size": group_size,
+                "temperature": temperature,
+                "top_p": top_p,
+                "max_new_tokens": 7,
+            },
+        }
+    )
+    examples = [
+        Example(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in [(1, 2), (30, 4), (55, 66), (9, 10)]
+    ]
+    torch.manual_seed(0)
+    batch = rollout(model, tokenizer, examples, 0, spec, sample_stats=True)
+    torch.manual_seed(0)
+    plain = rollout(model, tokenizer, examples, 0, spec)
+    assert torch.equal(batch.input_ids, plain.input_ids)  # recording does not change what is sampled
+    assert not plain.has_sample_stats
+    lengths = batch.response_lengths
+    assert lengths.min() < lengths.max() and bool(batch.truncated.any())
+    with torch.no_grad():
+        logprob, entropy, correction = response_stats(
+            model, batch, torch.arange(batch.size), temperature, with_entropy=True
+        )
+    mask = batch.response_mask.bool()
+    for recorded, computed in (
+        (batch.sample_logprob, logprob),
+        (batch.sample_entropy, entropy),
+        (batch.sample_correction, correction),
+    ):
+        assert recorded is not None and computed is not None
+        assert recorded.shape == batch.response_mask.shape and not recorded.is_inference()
+        torch.testing.assert_close(recorded[mask], computed[mask], rtol=1e-5, atol=1e-5)
+        assert bool((recorded[~mask] == 0).all())
+    assert float(batch.sample_entropy[mask].min()) > 0.1  # a real distribution, not a degenerate one
+
+
+def test_sampling_statistics_follow_rows_through_select_and_concat():
+    model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=4)
+    spec = tiny_spec()
+    torch.manual_seed(1)
+    a = rollout(model, tokenizer, [Example(prompt="1+2=", answer="3")], 0, spec, sample_stats=True)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("1")
+    b = rollout(model, tokenizer, [Example(prompt="123+45=", answer="168")], 1, spec, sample_stats=True)
+    joined = concat_rollouts([a, b], tokenizer.pad_token_id)
+    width = joined.response_mask.shape[1]
+    assert joined.sample_logprob is not None and joined.sample_logprob.shape == (a.size + b.size, width)
+    for part, rows in ((a, slice(0, a.size)), (b, slice(a.size, None))):
+        assert part.sample_logprob is not None
+        n = part.response_mask.shape[1]
+        assert torch.equal(joined.sample_logprob[rows, :n], part.sample_logprob)
+        assert bool((joined.sample_logprob[rows, n:] == 0).all())
+    picked = joined.select(torch.tensor([3, 0]))
+    assert picked.sample_entropy is not None and joined.sample_entropy is not None
+    assert torch.equal(picked.sample_entropy, joined.sample_entropy[[3, 0]])
+    assert picked.texts == [joined.texts[3], joined.texts[0]]
+    # Without statistics on every part, the joined rollout has none (never half-filled).
+    assert not concat_rollouts([a, rollout(model, tokenizer, a_examples(), 2, spec)], 0).has_sample_stats
+
+
+def a_examples() -> list[Example]:
+    return [Example(prompt="4+4=", answer="8")]
+
+
+def test_sampling_statistics_do_not_depend_on_how_steps_are_buffered():
+    model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=2)
+    results = []
+    for buffer_bytes in (1, 3 * 4 * len(tokenizer) * 6, 2**30):  # every step, every ~3 steps, once
+        recorder = SampledTokenStats(0.9, buffer_bytes=buffer_bytes)
+        torch.manual_seed(0)
+        ids, _, mask, _, p_len = generate(
+            model,
+            tokenizer,
+            ["1+2=", "30+4="],
+            num_samples=3,
+            temperature=0.9,
+            top_p=1.0,
+            max_new_tokens=8,
+            recorder=recorder,
+        )
+        stats = recorder.finish(ids[:, p_len:], mask)
+        assert stats is not None and stats[0].shape == (6, 8)
+        results.append(stats)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
