@@ -128,3 +128,30 @@ def test_engine_trains_checkpoints_and_resumes_on_cuda(tmp_path: Path, algorithm
     assert any(e["type"] == "resumed" and e["step"] == 4 for e in events)
     assert [e["step"] for e in events if e["type"] == "step"] == [1, 2, 3, 4, 5, 6]
     assert events[-1]["type"] == "finished"
+
+
+def test_sampling_statistics_on_cuda_match_the_training_pass() -> None:
+    """The per-token numbers recorded during generation on the GPU (Triton kernel where available) are the
+    training forward's, up to float rounding, in fp32."""
+    from trainer.engine import response_stats
+    from trainer.models import load_model_and_tokenizer
+    from trainer.rollout import rollout
+    from trainer.tasks import Example
+
+    model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=3)
+    model = model.to(CUDA).eval()
+    spec = TrainSpec.model_validate(
+        small_spec(sampling={"group_size": 3, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 6})
+    )
+    examples = [Example(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in [(1, 2), (30, 4), (55, 66)]]
+    torch.manual_seed(0)
+    batch = rollout(model, tokenizer, examples, 0, spec, sample_stats=True)
+    assert batch.sample_logprob is not None and batch.sample_entropy is not None
+    with torch.no_grad():
+        logprob, entropy, _ = response_stats(
+            model, batch.to(CUDA), torch.arange(batch.size, device=CUDA), 0.8, with_entropy=True
+        )
+    assert entropy is not None
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(batch.sample_logprob[mask], logprob.cpu()[mask], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(batch.sample_entropy[mask], entropy.cpu()[mask], rtol=1e-4, atol=1e-4)
