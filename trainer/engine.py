@@ -482,7 +482,12 @@ class Engine:
             and self.world == 1
             and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
         )
-        stare_old = spec.algorithm.name == "stare" and o.ppo_epochs == 1
+        # On-policy STARE whose step batch fits one micro-batch takes π_old from its training forward
+        # (train_step's one-pass path), so only a larger batch needs the record for that.
+        rows_per_process = -(-o.prompts_per_step // self.world) * spec.sampling.group_size
+        stare_old = (
+            spec.algorithm.name == "stare" and o.ppo_epochs == 1 and rows_per_process > o.micro_batch_size
+        )
         self._sample_stats_used = self._forward_is_deterministic and (skip_rows or stare_old)
 
     REFERENCE_FILE = Path("reference") / "model.safetensors"
@@ -624,7 +629,7 @@ class Engine:
             opt.zero_grad(set_to_none=True)
             self.accelerator.backward(out.loss)
             opt.step()
-            loss_value = float(out.loss)
+            loss_value = float(out.loss.detach())
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
                 self.emit({"type": "sft", "step": i + 1, "total": sft.steps, "loss": loss_value})
         self.sft_done = True

@@ -498,3 +498,28 @@ def test_lora_kl_reference_is_the_base_model_with_adapters_off(tmp_path):
     part = tmp_path / "part"
     crash_after_then_resume(spec, part, 2)
     assert step_metrics(read_events(part)) == step_metrics(read_events(out))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "optim", "recorded"),
+    [
+        ("stare", {"micro_batch_size": 5, "skip_zero_advantage": False}, True),  # π_old for the gate
+        ("stare", {"micro_batch_size": 12, "skip_zero_advantage": False}, False),  # one pass: its own
+        ("stare", {"micro_batch_size": 5, "skip_zero_advantage": False, "ppo_epochs": 2}, False),
+        ("grpo_ds", {"skip_zero_advantage": True}, True),  # rows with advantage 0
+        ("grpo_ds", {"skip_zero_advantage": True, "kl_beta": 0.1}, False),  # no row is inert
+        ("kl_cov", {"skip_zero_advantage": True}, False),
+        ("grpo_ds", {"skip_zero_advantage": False}, False),
+    ],
+)
+def test_rollouts_record_sampling_statistics_only_where_the_update_reads_them(
+    tmp_path, algorithm, optim, recorded
+):
+    engine = Engine(
+        TrainSpec.model_validate(small_spec(algorithm={"name": algorithm}, optim=optim)), tmp_path
+    )
+    engine._load_data()
+    engine._load(None)
+    assert engine._sample_stats_used is recorded
+    batch, _ = engine._collect()
+    assert batch.has_sample_stats is recorded
