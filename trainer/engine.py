@@ -477,7 +477,9 @@ class Engine:
         # them in place of a forward: for rows it leaves out of autograd (_grad_rows), and as on-policy
         # STARE's π_old pass (the sampling policy is π_old). Generation runs in eval mode, so only where the
         # training forward has no dropout are they the same numbers (up to float rounding).
-        skip_rows = (
+        # Rows with advantage 0 leave autograd (_grad_rows) with a loss that sends them no gradient, in one
+        # process (under DDP every rank must make the same forward calls).
+        self._skip_rows = (
             o.skip_zero_advantage
             and self.world == 1
             and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
@@ -488,7 +490,7 @@ class Engine:
         stare_old = (
             spec.algorithm.name == "stare" and o.ppo_epochs == 1 and rows_per_process > o.micro_batch_size
         )
-        self._sample_stats_used = self._forward_is_deterministic and (skip_rows or stare_old)
+        self._sample_stats_used = self._forward_is_deterministic and (self._skip_rows or stare_old)
 
     REFERENCE_FILE = Path("reference") / "model.safetensors"
 
@@ -642,12 +644,9 @@ class Engine:
         without autograd: same loss, metrics and gradient, a third of the work for those rows. At least
         one row keeps autograd, so the backward still runs and every parameter that takes part gets its
         (zero) gradient as without the skip: AdamW then moves exactly the same parameters. One process
-        only: under DDP every rank must make the same forward calls.
+        only (`_skip_rows`).
         """
-        spec = self.spec
-        if not spec.optim.skip_zero_advantage or self.world > 1 or advantages.numel() == 0:
-            return None
-        if not zero_advantage_rows_inert(spec.algorithm.name, self.loss_params):
+        if not self._skip_rows or advantages.numel() == 0:
             return None
         rows = advantages.reshape(advantages.shape[0], -1).ne(0).any(dim=1)
         if bool(rows.all()):
@@ -824,7 +823,6 @@ class Engine:
                 batch.sample_entropy,
                 batch.sample_correction,
             )
-            loss_old_logprob = None
         elif needs_old_pass and batch.size:
             with torch.no_grad():
                 parts = [

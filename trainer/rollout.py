@@ -181,7 +181,6 @@ class SampledTokenStats:
         self._buffer: list[tuple[Tensor, Tensor]] = []  # (logits (B, V), sampled tokens (B,)) to score
         self._buffered = 0
         self._parts: list[tuple[Tensor, Tensor, Tensor]] = []  # scored: (B, n) log-prob, entropy, C
-        self._steps = 0
         self._broken = False  # a call without input_ids (inputs_embeds): no statistics this time
 
     @contextlib.contextmanager
@@ -207,7 +206,6 @@ class SampledTokenStats:
         self._buffer.append((self._pending, tokens.to(self._pending.device)))
         self._buffered += self._pending.numel() * self._pending.element_size()
         self._pending = None
-        self._steps += 1
         if self._buffered >= self.buffer_bytes:
             self._flush()
 
@@ -227,12 +225,9 @@ class SampledTokenStats:
         if self._pending is not None and width:
             self._add(responses[:, -1])
         self._flush()
-        parts, steps, self._parts, self._steps = self._parts, self._steps, [], 0
-        if self._broken or steps != width:
+        parts, self._parts = self._parts, []
+        if self._broken or not parts or sum(part[0].shape[1] for part in parts) != width:
             return None
-        if not width:
-            empty = torch.zeros_like(response_mask)
-            return empty, empty.clone(), empty.clone()
         mask = response_mask.bool()
         logprob, entropy, correction = (
             torch.cat(column, dim=1).to("cpu", torch.float32).masked_fill(~mask, 0.0)
