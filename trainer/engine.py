@@ -52,9 +52,10 @@ from trainer.algos import (
     token_stats_from_logits,
     zero_advantage_rows_inert,
 )
+from trainer.algos.entropy_control import EntropyCoefState, initial_coef_state, update_coef
 from trainer.algos.losses import PolicyLossInputs
 from trainer.algos.stare import StareControllerState, initial_state, update
-from trainer.hyperparams import StareGateParams
+from trainer.hyperparams import AdaptiveEntropyParams, StareGateParams
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.report import write_report
 from trainer.rollout import (
@@ -66,7 +67,7 @@ from trainer.rollout import (
     reflection_rate,
     rollout,
 )
-from trainer.spec import TrainSpec
+from trainer.spec import SftSpec, TrainSpec
 from trainer.tasks import Example, make_train_eval, render_prompt
 from trainer.verifiers import score
 
@@ -97,6 +98,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
+# Losses whose per-step controller reads H̄ of π_old on the training batch before the update.
+ENTROPY_MEASURED_FIRST = frozenset({"stare", "adaptive_entropy"})
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -118,6 +123,7 @@ def response_stats(
     *,
     with_entropy: bool,
     grad_rows: Tensor | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R).
 
@@ -126,6 +132,7 @@ def response_stats(
     them (no forward at all), else from a second forward without autograd (a third of the work of a forward
     and backward). The values are the same up to float rounding (other matmul shapes). For rows the loss
     cannot send a gradient to (advantage 0, `zero_advantage_rows_inert`).
+    entropy_grad: the entropy carries its gradient too (a loss with an entropy term); needs every row.
     """
     if grad_rows is not None and torch.is_grad_enabled() and not bool(grad_rows.all()):
         keep = grad_rows.nonzero().squeeze(-1)
@@ -162,6 +169,7 @@ def response_stats(
         temperature=temperature,
         with_entropy=with_entropy,
         with_correction=with_entropy,
+        entropy_grad=entropy_grad and torch.is_grad_enabled(),
         # The logits are this function's own intermediate: backward may write their gradient over them
         # instead of allocating another (rows, R, V) tensor (10 GB in bf16 for the 0.5B GPU benchmark).
         grad_in_logits=torch.is_grad_enabled(),
@@ -242,6 +250,18 @@ def forward_is_deterministic(model: torch.nn.Module) -> bool:
     return not any(isinstance(m, torch.nn.Dropout) and m.p > 0.0 for m in model.modules())
 
 
+def sft_lr_factor(sft: SftSpec, i: int) -> float:
+    """Multiplier of sft.lr at SFT step i (0-based): linear warm-up, then constant or cosine decay that
+    reaches sft.min_lr_ratio at the last step."""
+    if i < sft.warmup_steps:
+        return (i + 1) / sft.warmup_steps
+    if sft.schedule == "constant":
+        return 1.0
+    span = max(1, sft.steps - 1 - sft.warmup_steps)
+    progress = min(1.0, (i - sft.warmup_steps) / span)
+    return sft.min_lr_ratio + (1.0 - sft.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def micro_batches(n: int, size: int) -> list[Tensor]:
     return [torch.arange(s, min(s + size, n)) for s in range(0, n, size)]
 
@@ -274,12 +294,14 @@ def policy_update(
     nan_injection: bool = False,
     step: int = 0,
     first_pass: tuple[Tensor, Tensor | None, Tensor | None] | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[dict[str, float], Tensor, Tensor, Tensor]:
     """Forward/backward over micro-batches with step-global normalisers; no optimiser step here.
 
     Returns (token-weighted metrics, logprob, entropy, correction) of the training pass. Every process runs
     the same number of micro-batches (padded with zero-weight ones) so gradient synchronisation never hangs.
-    `first_pass`: response_stats of micro-batch 0, already run with grad (the engine's on-policy STARE path).
+    `first_pass`: response_stats of micro-batch 0, already run with grad (the engine's one-pass path).
+    `entropy_grad`: the loss has an entropy term, so the training pass's entropy carries its gradient.
     """
     r = batch.rollout
     rows = micro_batches(r.size, micro_batch_size)
@@ -301,7 +323,13 @@ def policy_update(
             else:
                 grad_rows = batch.grad_rows[idx] if batch.grad_rows is not None else None
                 logprob, entropy, correction = response_stats(
-                    model, r, idx, temperature, with_entropy=True, grad_rows=grad_rows
+                    model,
+                    r,
+                    idx,
+                    temperature,
+                    with_entropy=True,
+                    grad_rows=grad_rows,
+                    entropy_grad=entropy_grad,
                 )
             mask = r.response_mask[idx] * (0.0 if padding else 1.0)
             old = batch.old_logprob[idx] if batch.old_logprob is not None else logprob.detach()
@@ -330,7 +358,7 @@ def policy_update(
             continue
         logprobs[idx] = logprob.detach()
         assert entropy is not None and correction is not None
-        entropies[idx] = entropy
+        entropies[idx] = entropy.detach()
         corrections[idx] = correction
         w = float(metrics["tokens/active"])
         weight_total += w
@@ -391,6 +419,11 @@ class Engine:
             m_min=spec.algorithm.gate.m_min,
         )
         self.controller: StareControllerState = initial_state(self.gate_params)
+        self.entropy_coef: EntropyCoefState | None = (
+            initial_coef_state(self.loss_params)
+            if isinstance(self.loss_params, AdaptiveEntropyParams)
+            else None
+        )
         self.step = 0
         self.cursor = 0
         self.steps_out_of_band = 0
@@ -488,7 +521,9 @@ class Engine:
         # (train_step's one-pass path), so only a larger batch needs the record for that.
         rows_per_process = -(-o.prompts_per_step // self.world) * spec.sampling.group_size
         stare_old = (
-            spec.algorithm.name == "stare" and o.ppo_epochs == 1 and rows_per_process > o.micro_batch_size
+            spec.algorithm.name in ENTROPY_MEASURED_FIRST
+            and o.ppo_epochs == 1
+            and rows_per_process > o.micro_batch_size
         )
         self._sample_stats_used = self._forward_is_deterministic and (self._skip_rows or stare_old)
 
@@ -596,7 +631,13 @@ class Engine:
         assert sft is not None
         model = self.model
         tok = self.tokenizer
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=sft.lr)
+        opt = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=sft.lr,
+            betas=(0.9, sft.adam_beta2),
+            weight_decay=sft.weight_decay,
+        )
+        params = [p for group in opt.param_groups for p in group["params"]]
         gen = torch.Generator().manual_seed(self.spec.seed + 11)
         model.train()
         loss_value = float("nan")
@@ -630,6 +671,10 @@ class Engine:
             )
             opt.zero_grad(set_to_none=True)
             self.accelerator.backward(out.loss)
+            if sft.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
+            for group in opt.param_groups:
+                group["lr"] = sft.lr * sft_lr_factor(sft, i)
             opt.step()
             loss_value = float(out.loss.detach())
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
@@ -785,9 +830,12 @@ class Engine:
         counts = self._reduce([mask.sum().item(), float(batch.size)], "sum", torch.float64)
         global_tokens, global_sequences = float(counts[0]), float(counts[1])
         is_stare = spec.algorithm.name == "stare"
+        # STARE's gate and the adaptive entropy coefficient read H̄ of π_old before the update.
+        measures_first = spec.algorithm.name in ENTROPY_MEASURED_FIRST
+        entropy_grad = self.entropy_coef is not None
         on_policy = spec.optim.ppo_epochs == 1
         # The KL penalty needs π_ref's pass (_reference_logprob), not a π_old pass.
-        needs_old_pass = is_stare or not on_policy
+        needs_old_pass = measures_first or not on_policy
         n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
         n_micro = int(self._reduce(n_micro, "max", torch.int64))
         # On-policy STARE whose step batch is one micro-batch on every process: π_old is π_θ until the
@@ -796,7 +844,7 @@ class Engine:
         # loss is taken on the same graph. One forward instead of two; more micro-batches would hold all
         # their graphs at once, so they read π_old off the rollout (recorded during generation) or, without
         # it, run the separate no-grad pass.
-        fused = is_stare and on_policy and n_micro == 1
+        fused = measures_first and on_policy and n_micro == 1
         fused = fused and self._forward_is_deterministic
 
         grad_rows = self._grad_rows(advantages)
@@ -812,8 +860,10 @@ class Engine:
                 spec.sampling.temperature,
                 with_entropy=True,
                 grad_rows=grad_rows,
+                entropy_grad=entropy_grad,
             )
             old_logprob, entropy, correction = first_pass[0].detach(), first_pass[1], first_pass[2]
+            entropy = entropy.detach() if entropy is not None else None
         elif needs_old_pass and batch.size and on_policy and batch.has_sample_stats:
             # On-policy, π_old is the policy that sampled: its numbers were recorded during generation. The
             # loss keeps the training pass's own log-probs as π_old (ratio exactly 1, as when fused); the
@@ -837,13 +887,20 @@ class Engine:
         metrics: dict[str, float] = {}
         params: Any = self.loss_params
         token_weights = None
-        if is_stare:
+        if measures_first:
             assert (entropy is not None and old_logprob is not None) or not batch.size
             h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
             sums = self._reduce([h_sum, global_tokens / self.world], "sum", torch.float64)
             h_bar = float(sums[0]) / max(global_tokens, 1.0)
             if not math.isfinite(h_bar):
                 raise NonFiniteError(step, "entropy")
+        if self.entropy_coef is not None:
+            assert isinstance(self.loss_params, AdaptiveEntropyParams)
+            self.entropy_coef = update_coef(
+                self.entropy_coef, h_bar, self.gate_params.target_entropy, self.loss_params
+            )
+            params = dataclasses.replace(params, coef=self.entropy_coef.applied)
+        if is_stare:
             self.controller = update(self.controller, h_bar, self.gate_params)
             params = dataclasses.replace(
                 params,
@@ -891,6 +948,7 @@ class Engine:
                 nan_injection=nan_step is not None and int(nan_step) == step,
                 step=step,
                 first_pass=first_pass if epoch == 0 else None,
+                entropy_grad=entropy_grad,
             )
             if epoch == 0 and entropy is None:
                 old_logprob, entropy, correction = lp, ent, corr
@@ -955,6 +1013,14 @@ class Engine:
                     "stare/batch_entropy": h_bar,
                 }
             )
+        if self.entropy_coef is not None:
+            metrics.update(
+                {
+                    "entropy_bonus/coef": self.entropy_coef.applied,
+                    "entropy_bonus/active": float(self.entropy_coef.applied > 0),
+                    "entropy_bonus/target_entropy": self.gate_params.target_entropy,
+                }
+            )
         self.step = step
         return metrics
 
@@ -964,6 +1030,7 @@ class Engine:
         return {
             "cursor": self.cursor,
             "controller": self.controller.to_dict(),
+            "entropy_coef": self.entropy_coef.to_dict() if self.entropy_coef is not None else None,
             "steps_out_of_band": self.steps_out_of_band,
             "sft_done": self.sft_done,
             "algorithm": self.spec.algorithm.name,
@@ -999,6 +1066,8 @@ class Engine:
         self.step = int(state["step"])
         self.cursor = int(state["cursor"])
         self.controller = StareControllerState.from_dict(state["controller"])
+        if self.entropy_coef is not None and state.get("entropy_coef") is not None:
+            self.entropy_coef = EntropyCoefState.from_dict(state["entropy_coef"])
         self.steps_out_of_band = int(state["steps_out_of_band"])
         self.sft_done = bool(state["sft_done"])
 

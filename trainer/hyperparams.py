@@ -170,6 +170,33 @@ class KlCovParams(ClipLossParams):
 
 
 @dataclass(frozen=True)
+class AdaptiveEntropyParams(ClipLossParams):
+    """An entropy bonus whose coefficient adapts toward a target entropy (Skywork-OR1's adaptive entropy
+    control, arXiv 2505.22312 §3.2; TRL's GRPOTrainer `use_adaptive_entropy`). The target is the same
+    setting as STARE's gate (algorithm.gate.target_entropy), so the two are compared at one target.
+
+    Per step k, from H̄_k (token-mean entropy of π_old over the training batch, as STARE's gate measures):
+        c_{k+1} = clip(c_k + Δ·sgn(H_tgt − H̄_k), 0, c_max)
+        α_k     = c_k · 1[H̄_k < H_tgt]
+    and the loss is the grpo_ds per-token loss − α_k·H_t (H_t differentiable), token-mean aggregated.
+    """
+
+    coef_init: float = 0.0  # c_0
+    coef_step: float = 0.005  # Δ
+    coef_max: float = 0.1  # upper clip of c
+    coef: float = 0.0  # α_k, set each step from the controller state
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("coef_init", "coef_step", "coef_max", "coef"):
+            _finite(name, getattr(self, name))
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)!r}")
+        if self.coef_init > self.coef_max:
+            raise ValueError(f"coef_init must be ≤ coef_max, got {self.coef_init!r} > {self.coef_max!r}")
+
+
+@dataclass(frozen=True)
 class StareGateParams:
     target_entropy: float = 0.3
     reweight_w: float = 1.1
@@ -207,7 +234,10 @@ LOSS_PARAMS: dict[str, tuple[type[ClipLossParams], str]] = {
     "forking_8020": (ForkingParams, "grpo"),
     "clip_cov": (ClipCovParams, "grpo"),
     "kl_cov": (KlCovParams, "grpo"),
+    "adaptive_entropy": (AdaptiveEntropyParams, "grpo"),
 }
+# Parameters a controller sets at every step; a spec may not set them.
+CONTROLLED_PARAMS = frozenset({"gate_on", "coef"})
 ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo")
 
 

@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainer.hyperparams import ADVANTAGE_ESTIMATOR_NAMES, LOSS_PARAMS, StareGateParams, make_loss_params
+from trainer.hyperparams import (
+    ADVANTAGE_ESTIMATOR_NAMES,
+    CONTROLLED_PARAMS,
+    LOSS_PARAMS,
+    StareGateParams,
+    make_loss_params,
+)
 
 
 class _Strict(BaseModel):
@@ -116,8 +122,10 @@ class AlgorithmSpec(_Strict):
 
     @model_validator(mode="after")
     def _params_valid(self) -> AlgorithmSpec:
-        if "gate_on" in self.params:
-            raise ValueError("algorithm.params.gate_on is set by the entropy gate, not by the spec")
+        for name in sorted(CONTROLLED_PARAMS & set(self.params)):
+            raise ValueError(
+                f"algorithm.params.{name} is set at every step by its controller, not by the spec"
+            )
         if "kl_beta" in self.params:
             raise ValueError("algorithm.params.kl_beta: set the KL penalty's weight with optim.kl_beta")
         make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
@@ -141,7 +149,8 @@ class AlgorithmSpec(_Strict):
         """Every loss parameter with its default; the gate's per-step state is not a parameter, and the KL
         weight is optim.kl_beta."""
         params = dataclasses.asdict(make_loss_params(self.name, **self.params))
-        params.pop("gate_on", None)
+        for name in CONTROLLED_PARAMS:
+            params.pop(name, None)
         params.pop("kl_beta", None)
         return params
 
@@ -179,6 +188,14 @@ class SftSpec(_Strict):
     steps: Annotated[int, Field(ge=0, le=1_000_000)] = 800
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 3e-3
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 128
+    # Learning-rate schedule: linear warm-up over warmup_steps, then constant or cosine decay to
+    # min_lr_ratio * lr at the last step.
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    grad_clip: Annotated[float, Field(gt=0.0)] | None = None
+    adam_beta2: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.999
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
 
 
 class EntropyBandSpec(_Strict):

@@ -156,9 +156,14 @@ class _StopAfter:
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["graceful", "crash"])
-@pytest.mark.parametrize("algorithm", ["stare", "grpo"])
+@pytest.mark.parametrize("algorithm", ["stare", "grpo", "adaptive_entropy"])
 def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path, hard, algorithm):
-    spec = TrainSpec.model_validate(small_spec(algorithm={"name": algorithm}))
+    # adaptive_entropy: a large step and a target above the tiny model's entropy, so the coefficient is
+    # non-zero and changing when the run is cut: the resumed run must restore it.
+    params = {"coef_step": 0.05, "coef_init": 0.02} if algorithm == "adaptive_entropy" else {}
+    spec = TrainSpec.model_validate(
+        small_spec(algorithm={"name": algorithm, "params": params, "gate": {"target_entropy": 5.0}})
+    )
     full = tmp_path / "full"
     assert Engine(spec, full).run() == ExitCode.OK
 

@@ -15,7 +15,9 @@ on CPU the values equal `token_stats_reference` bit for bit. The log-probability
 autograd function whose backward rebuilds softmax one chunk at a time, so nothing of size (rows, V) is
 saved for backward beyond the logits that already exist; with `grad_in_logits=True` backward also
 allocates no gradient of their size, writing it over the logits (see `token_stats_from_logits`). Entropy
-and C are diagnostics and selectors: they carry no gradient.
+and C are diagnostics and selectors: they carry no gradient, except where a loss term needs the entropy's
+own (an entropy bonus): `entropy_grad=True` makes H differentiable too, with ∂H/∂z_k = p_k (s_k − H)/T
+added in the same chunked backward (torch path only; ALGORITHMS §1 gives the closed form).
 
 `token_stats_from_hidden` goes one step further and fuses the LM head: hidden states (N, D) and the head
 weight (V, D) go in, logits exist only one chunk at a time, and backward recomputes each chunk.
@@ -41,7 +43,7 @@ class TokenStats:
     """Per-token results, shaped like the target ids. `entropy`/`correction` are None when not asked for."""
 
     logprob: Tensor  # fp32; differentiable when the input requires grad
-    entropy: Tensor | None  # fp32 nats, no grad
+    entropy: Tensor | None  # fp32 nats; no grad unless asked for (entropy_grad)
     correction: Tensor | None  # fp32 C(p), no grad
 
 
@@ -185,6 +187,19 @@ def _logprob_grad_into_chunk(
     chunk.scatter_add_(-1, targets.unsqueeze(-1), g)
 
 
+def _add_entropy_grad_chunk(
+    grad: Tensor, z: Tensor, entropy: Tensor, grad_entropy: Tensor, temperature: float, buffers: _ChunkBuffers
+) -> None:
+    """grad += g_H · p (−log p − H) / T for one chunk: ∂(Σ g_H·H)/∂(logits). `grad` is fp32 (n, V) and
+    shares no memory with z or the "probs"/"entropy_grad" buffers."""
+    n = z.shape[0]
+    logp = torch.log_softmax(z, dim=-1, out=buffers.get("probs", n))
+    p = torch.exp(logp, out=buffers.get("entropy_grad", n))
+    g = grad_entropy.to(torch.float32).unsqueeze(-1)
+    term = logp.neg_().sub_(entropy.unsqueeze(-1)).mul_(p).mul_(g)
+    grad.add_(term.div_(temperature) if temperature != 1.0 else term)
+
+
 def _store(out: Tensor, start: int, value: Tensor | None) -> None:
     if value is not None and out.numel():
         out[start : start + value.shape[0]] = value
@@ -203,6 +218,7 @@ class _ChunkedLogProb(torch.autograd.Function):
         want_entropy: bool,
         want_correction: bool,
         grad_in_logits: bool,
+        entropy_grad: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor]:
         n, vocab = logits.shape
         device = logits.device
@@ -217,20 +233,26 @@ class _ChunkedLogProb(torch.autograd.Function):
             _store(logprob, start, lp)
             _store(entropy, start, h)
             _store(correction, start, c)
-        ctx.save_for_backward(logits, targets)
+        ctx.save_for_backward(logits, targets, entropy if entropy_grad else None)
         ctx.temperature = temperature
         ctx.chunk_rows = chunk_rows
         ctx.grad_in_logits = grad_in_logits
-        ctx.mark_non_differentiable(entropy, correction)
+        ctx.entropy_grad = entropy_grad
+        if entropy_grad:
+            ctx.mark_non_differentiable(correction)
+        else:
+            ctx.mark_non_differentiable(entropy, correction)
         return logprob, entropy, correction
 
     @staticmethod
     def backward(
-        ctx: Any, grad_logprob: Tensor, _grad_entropy: Tensor, _grad_correction: Tensor
+        ctx: Any, grad_logprob: Tensor, grad_entropy: Tensor | None, _grad_correction: Tensor
     ) -> tuple[Tensor | None, ...]:
         # Unpacking checks the logits' version: a second backward after grad_in_logits wrote over them
         # (retain_graph) raises here.
-        logits, targets = ctx.saved_tensors
+        logits, targets, saved_entropy = ctx.saved_tensors
+        if not ctx.entropy_grad or grad_entropy is None or grad_entropy.numel() == 0:
+            saved_entropy = None
         temperature: float = ctx.temperature
         n, vocab = logits.shape
         buffers = _ChunkBuffers(min(ctx.chunk_rows, n), vocab, logits.device)
@@ -253,9 +275,13 @@ class _ChunkedLogProb(torch.autograd.Function):
             # fp32 logits: the gradient is built in place in its slice of grad_logits (no copy).
             direct = grad_logits[start:stop] if grad_logits.dtype == torch.float32 else None
             grad = _logprob_grad_chunk(z, t, g, temperature, buffers, out=direct)
+            if saved_entropy is not None:
+                assert grad_entropy is not None
+                h, g_h = saved_entropy[start:stop], grad_entropy[start:stop]
+                _add_entropy_grad_chunk(grad, z, h, g_h, temperature, buffers)
             if direct is None:
                 grad_logits[start:stop] = grad
-        return grad_logits, None, None, None, None, None, None
+        return grad_logits, None, None, None, None, None, None, None
 
 
 def require_no_graph_for_grad_in_logits() -> None:
@@ -356,12 +382,16 @@ def token_stats_from_logits(
     with_correction: bool = True,
     backend: str = "auto",
     grad_in_logits: bool = False,
+    entropy_grad: bool = False,
 ) -> TokenStats:
     """Scores `target_ids` (shape S) under `logits` (shape S + (V,)), any float dtype, in fp32.
 
     backend: "torch" = the chunked computation of this module (`chunk_rows` rows at a time; on CPU bit for
     bit the reference's values); "triton" = the fused kernel of `triton_kernels` (one row at a time on
     chip, no (rows, V) buffer; `chunk_rows` unused); "auto" = triton for CUDA logits when available.
+
+    entropy_grad: the entropy comes back differentiable as well (for a loss with an entropy term), its
+    gradient p (s − H)/T added chunk by chunk in backward; it runs the torch path without grad_in_logits.
 
     grad_in_logits: backward writes the logits' gradient over the logits themselves, chunk by chunk (row by
     row with "triton"), and passes that tensor on as their gradient: no (N, V) tensor is allocated in
@@ -382,6 +412,12 @@ def token_stats_from_logits(
     _check_temperature(temperature)
     _check_chunk(chunk_rows)
     _check_flag("grad_in_logits", grad_in_logits)
+    _check_flag("entropy_grad", entropy_grad)
+    if entropy_grad and not with_entropy:
+        raise ValueError("entropy_grad=True needs with_entropy=True")
+    if entropy_grad:
+        # The entropy's gradient is built by the chunked torch backward into a fresh tensor.
+        backend, grad_in_logits = "torch", False
     if logits.dim() < 1 or logits.shape[:-1] != target_ids.shape:
         raise ValueError(
             f"target_ids shape {tuple(target_ids.shape)} must equal logits shape without the vocabulary "
@@ -409,6 +445,7 @@ def token_stats_from_logits(
             with_entropy,
             with_correction,
             grad_in_logits,
+            entropy_grad,
         )
     return TokenStats(
         logprob=logprob.view(lead_shape),

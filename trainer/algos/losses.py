@@ -18,6 +18,8 @@ Registered losses (ALGORITHMS.md §4–6):
 - forking_8020: loss on the top 20 % entropy tokens only; the denominator counts all active tokens.
 - clip_cov: random max(1, ⌊r·N⌋) tokens with 1 < cov < 5 that are not already clipped lose their gradient.
 - kl_cov: the top max(1, ⌊κ·N⌋) tokens by cov get −Âρ + coef·|ℓ_θ − ℓ_old|; others −Âρ (unclipped).
+- adaptive_entropy: grpo_ds per-token loss − α·H_t, α adapted toward a target entropy each step
+  (Skywork-OR1's adaptive entropy control; controller in algos/entropy_control.py).
 
 Deliberate departures and choices:
 - rsi_s with denominator "kept" divides by the kept count of the scope it is given (a micro-batch), then
@@ -52,6 +54,7 @@ from trainer.algos.selection import (
 )
 from trainer.hyperparams import (
     LOSS_PARAMS,
+    AdaptiveEntropyParams,
     ClipCovParams,
     ClipLossParams,
     ForkingParams,
@@ -318,6 +321,21 @@ def kl_cov_loss(inputs: PolicyLossInputs, p: KlCovParams) -> tuple[Tensor, Metri
         penalised, p.kl_cov_coef * (logprob - old).abs(), torch.zeros_like(ratio)
     )
     metrics["kl_cov/penalised_fraction"] = _active_mean(penalised, mask)
+    return _finish(per_token, inputs, p, metrics)
+
+
+@_register("adaptive_entropy")
+def adaptive_entropy_loss(inputs: PolicyLossInputs, p: AdaptiveEntropyParams) -> tuple[Tensor, Metrics]:
+    """grpo_ds per-token loss − α·H_t; H_t must carry its gradient (kernels' entropy_grad) when α > 0."""
+    if inputs.entropy is None:
+        raise ValueError("adaptive_entropy needs inputs.entropy (per-token entropy of the current pass)")
+    logprob, old, adv, mask = _prepare(inputs)
+    per_token, metrics, _ = clipped_surrogate(logprob, old, adv, mask, p)
+    if p.coef > 0:
+        if not inputs.entropy.requires_grad and torch.is_grad_enabled() and logprob.requires_grad:
+            raise ValueError("adaptive_entropy with coef > 0 needs a differentiable entropy")
+        per_token = per_token - p.coef * inputs.entropy
+    metrics["entropy_bonus/coef"] = torch.tensor(float(p.coef))
     return _finish(per_token, inputs, p, metrics)
 
 

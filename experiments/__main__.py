@@ -1,0 +1,68 @@
+"""`python -m experiments run [--quick] [--jobs N] [--root DIR] [--suite NAME ...]`, then `page`.
+
+`run` runs every run of the plan that has not finished (finished runs are skipped, interrupted ones resumed),
+then writes the page; `page` only rebuilds the page from what is on disk; `list` prints the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from experiments.page import write_page
+from experiments.plan import all_runs, build_plan
+from experiments.runner import Runner, is_finished, run_dir
+from experiments.system import cpu_label
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = REPO / "runs" / "experiments"
+HEADER = REPO / "experiments" / "RESULTS_HEADER.md"
+FOOTER = REPO / "experiments" / "RESULTS_FOOTER.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "page", "list"):
+        p = sub.add_parser(name)
+        p.add_argument("--quick", action="store_true", help="the ≤ 10 min plan (2 seeds, headline pair)")
+        p.add_argument(
+            "--root", type=Path, default=None, help=f"run folders (default {DEFAULT_ROOT}[-quick])"
+        )
+        p.add_argument("--suite", action="append", help="only these suites (repeatable)")
+        p.add_argument("--md", type=Path, default=None, help="markdown page (default docs/RESULTS.md)")
+        p.add_argument("--html", type=Path, default=None, help="HTML page (default docs/results.html)")
+        if name == "run":
+            p.add_argument(
+                "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: cores)"
+            )
+    args = parser.parse_args(argv)
+    plan = build_plan(quick=args.quick, suites=tuple(args.suite) if args.suite else None)
+    root = args.root or Path(str(DEFAULT_ROOT) + ("-quick" if args.quick else ""))
+    runs = all_runs(plan)
+    if args.command == "list":
+        for r in runs:
+            state = "finished" if is_finished(run_dir(root, r)) else "to run"
+            print(f"{r.id:<40} threads {r.threads}  {state}")
+        return 0
+    if args.command == "run":
+        print(f"{len(runs)} runs in {root}, {args.jobs} at a time, on {cpu_label()}", flush=True)
+        t0 = time.monotonic()
+        counts = Runner(root, runs, jobs=args.jobs, log=lambda m: print(m, flush=True)).run()
+        print(f"{counts} in {time.monotonic() - t0:.0f} s", flush=True)
+        if counts["stopped"]:
+            print("stopped: run the same command again to resume", flush=True)
+            return 75
+    md = args.md or (REPO / "docs" / ("RESULTS-quick.md" if args.quick else "RESULTS.md"))
+    page = args.html or (REPO / "docs" / ("results-quick.html" if args.quick else "results.html"))
+    write_page(root, plan, md, page, header=HEADER.read_text().strip(), footer=FOOTER.read_text().strip())
+    print(f"wrote {md} and {page}")
+    failed = sum(1 for r in runs if not is_finished(run_dir(root, r)))
+    return 1 if args.command == "run" and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

