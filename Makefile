@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install demo demo-engine test test-fast lint typecheck layers bench clean
+.PHONY: install demo demo-engine test test-fast lint typecheck layers bench results results-quick clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,14 +31,21 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install
-	$(BIN)/ruff check trainer service worker tests bench
-	$(BIN)/ruff format --check trainer service worker tests bench
+	$(BIN)/ruff check trainer service worker experiments tests bench
+	$(BIN)/ruff format --check trainer service worker experiments tests bench
 
 typecheck: install
 	$(BIN)/mypy
 
 layers: install
 	$(BIN)/lint-imports
+
+# The results page (docs/RESULTS.md, docs/results.html): every algorithm over seeds; resumable.
+results: install
+	$(BIN)/python -m experiments run
+
+results-quick: install
+	$(BIN)/python -m experiments run --quick
 
 bench: install
 	$(BIN)/pip install --quiet -e ".[bench]"

@@ -29,8 +29,8 @@ ARM_COLORS = {
     "kl_cov": "#000000",
 }
 # The demo's own acceptance, per run: held-out avg@k up by at least this much, gate on for some steps.
-DEMO_MIN_GAIN = 0.03
-DEMO_MIN_GATE = 0.05
+DEMO_MIN_GAIN = 0.05
+DEMO_MIN_GATE = 0.2
 
 
 def collect(root: Path, plan: Sequence[Suite]) -> dict[str, Any]:

@@ -262,6 +262,17 @@ def sft_lr_factor(sft: SftSpec, i: int) -> float:
     return sft.min_lr_ratio + (1.0 - sft.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def sft_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
+    """Token-mean cross-entropy of next-token predictions against (1 − ε)·one-hot(label) + ε/V, over the
+    positions whose label is not −100. Position t predicts label t + 1, as in the model's own loss."""
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        labels[:, 1:].reshape(-1),
+        ignore_index=-100,
+        label_smoothing=label_smoothing,
+    )
+
+
 def micro_batches(n: int, size: int) -> list[Tensor]:
     return [torch.arange(s, min(s + size, n)) for s in range(0, n, size)]
 
@@ -663,20 +674,20 @@ class Engine:
                 attn[row, width - len(s) :] = 1
                 labels[row, width - len(s) + len(p) :] = torch.tensor(s[len(p) :])
             ids, attn, labels = ids.to(self.device), attn.to(self.device), labels.to(self.device)
-            out = model(
-                input_ids=ids,
-                attention_mask=attn,
-                position_ids=(attn.cumsum(-1) - 1).clamp_min(0),
-                labels=labels,
-            )
+            position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+            if sft.label_smoothing > 0:
+                logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits
+                loss = sft_loss(logits, labels, sft.label_smoothing)
+            else:
+                loss = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, labels=labels).loss
             opt.zero_grad(set_to_none=True)
-            self.accelerator.backward(out.loss)
+            self.accelerator.backward(loss)
             if sft.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
             for group in opt.param_groups:
                 group["lr"] = sft.lr * sft_lr_factor(sft, i)
             opt.step()
-            loss_value = float(out.loss.detach())
+            loss_value = float(loss.detach())
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
                 self.emit({"type": "sft", "step": i + 1, "total": sft.steps, "loss": loss_value})
         self.sft_done = True

@@ -196,6 +196,9 @@ class SftSpec(_Strict):
     grad_clip: Annotated[float, Field(gt=0.0)] | None = None
     adam_beta2: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.999
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
+    # Cross-entropy against (1 − ε)·one-hot + ε/V: the warm-started policy keeps some probability off its
+    # answer, so sampled accuracy and entropy leave RL room to sharpen.
+    label_smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
 
 
 class EntropyBandSpec(_Strict):

@@ -70,7 +70,7 @@ def test_bad_parameters_are_refused_naming_them(bad: dict) -> None:
 
 
 def test_the_spec_refuses_the_controlled_coefficient() -> None:
-    with pytest.raises(ValueError, match="algorithm.params.coef"):
+    with pytest.raises(ValueError, match=r"algorithm\.params\.coef"):
         TrainSpec.model_validate(small_spec(algorithm={"name": "adaptive_entropy", "params": {"coef": 0.1}}))
 
 
@@ -97,7 +97,9 @@ def _loss_grad(name: str, logits: torch.Tensor, targets: torch.Tensor, batch: di
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_the_gradient_is_grpo_ds_minus_alpha_times_the_closed_form_entropy_gradient(temperature: float) -> None:
+def test_the_gradient_is_grpo_ds_minus_alpha_times_the_closed_form_entropy_gradient(
+    temperature: float,
+) -> None:
     logits, targets, batch = _case(temperature)
     alpha = 0.05
     base_loss, base_grad, _ = _loss_grad("grpo_ds", logits, targets, batch, temperature)
@@ -153,3 +155,37 @@ def test_the_engine_applies_the_coefficient_from_its_controller(tmp_path) -> Non
     assert Engine(TrainSpec.model_validate(above), tmp_path / "above").run() == ExitCode.OK
     steps = [e["metrics"] for e in read_events(tmp_path / "above") if e["type"] == "step"]
     assert all(s["entropy_bonus/coef"] == 0.0 for s in steps)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 512])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_entropy_gradient_matches_autograd_of_the_naive_computation(
+    chunk_rows: int, temperature: float, dtype: torch.dtype
+) -> None:
+    g = torch.Generator().manual_seed(chunk_rows)
+    logits = (torch.randn(3, 5, 37, generator=g) * 2).to(dtype)
+    targets = torch.randint(37, (3, 5), generator=g)
+    w_lp, w_h = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    leaf = logits.clone().requires_grad_(True)
+    stats = token_stats_from_logits(
+        leaf, targets, temperature=temperature, chunk_rows=chunk_rows, entropy_grad=True
+    )
+    assert stats.entropy is not None and stats.entropy.requires_grad
+    (stats.logprob * w_lp + stats.entropy * w_h).sum().backward()
+    ref = logits.detach().float().requires_grad_(True)
+    logp = torch.log_softmax(ref / temperature, -1)
+    h = -(logp.exp() * logp).sum(-1)
+    (logp.gather(-1, targets[..., None]).squeeze(-1) * w_lp + h * w_h).sum().backward()
+    assert leaf.grad is not None and ref.grad is not None
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    assert_close(leaf.grad.float(), ref.grad, **tol)
+    assert_close(stats.entropy, h.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_entropy_grad_needs_the_entropy_and_leaves_it_detached_by_default() -> None:
+    logits = torch.randn(4, 9, requires_grad=True)
+    targets = torch.randint(9, (4,))
+    assert not token_stats_from_logits(logits, targets).entropy.requires_grad
+    with pytest.raises(ValueError, match="with_entropy"):
+        token_stats_from_logits(logits, targets, with_entropy=False, entropy_grad=True)

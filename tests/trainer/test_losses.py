@@ -63,7 +63,18 @@ def k3(d: float) -> float:
 
 def test_the_registry_holds_every_documented_loss() -> None:
     assert POLICY_LOSSES.names() == sorted(
-        ["grpo", "grpo_ds", "dapo", "dr_grpo", "stare", "rsi_s", "forking_8020", "clip_cov", "kl_cov"]
+        [
+            "grpo",
+            "grpo_ds",
+            "dapo",
+            "dr_grpo",
+            "stare",
+            "rsi_s",
+            "forking_8020",
+            "clip_cov",
+            "kl_cov",
+            "adaptive_entropy",
+        ]
     )
 
 

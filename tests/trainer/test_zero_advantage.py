@@ -72,8 +72,9 @@ def gradient(
     return leaf.grad
 
 
-def test_the_set_covers_every_loss_but_kl_cov() -> None:
-    assert set(POLICY_LOSSES.names()) - ZERO_ADVANTAGE_NO_GRADIENT == {"kl_cov"}
+def test_the_set_covers_every_loss_but_kl_cov_and_the_entropy_bonus() -> None:
+    # adaptive_entropy's −α·H reaches every row (tests/trainer/test_adaptive_entropy.py).
+    assert set(POLICY_LOSSES.names()) - ZERO_ADVANTAGE_NO_GRADIENT == {"kl_cov", "adaptive_entropy"}
     assert set(PARAMS) == ZERO_ADVANTAGE_NO_GRADIENT
 
 

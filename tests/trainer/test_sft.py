@@ -1,0 +1,50 @@
+"""The SFT warm-start's schedule and loss (sft.schedule, warmup_steps, min_lr_ratio, label_smoothing)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from trainer.engine import sft_loss, sft_lr_factor
+from trainer.spec import SftSpec
+
+
+def test_cosine_schedule_warms_up_linearly_then_decays_to_the_floor_at_the_last_step() -> None:
+    sft = SftSpec(steps=110, warmup_steps=10, schedule="cosine", min_lr_ratio=0.05)
+    factors = [sft_lr_factor(sft, i) for i in range(sft.steps)]
+    assert factors[:10] == pytest.approx([(i + 1) / 10 for i in range(10)])
+    assert factors[10] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(0.05)
+    mid = 10 + 99 // 2
+    assert all(a >= b for a, b in itertools.pairwise(factors[10:]))
+    assert factors[mid] == pytest.approx(0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (mid - 10) / 99)))
+
+
+def test_constant_schedule_is_flat_after_the_warm_up() -> None:
+    sft = SftSpec(steps=50, warmup_steps=4)
+    assert [sft_lr_factor(sft, i) for i in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    assert sft_lr_factor(SftSpec(steps=50), 0) == 1.0
+
+
+def test_sft_label_smoothing_is_cross_entropy_against_the_smoothed_target() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 4, 7, generator=g)
+    labels = torch.tensor([[-100, -100, 3, 1], [-100, 5, 2, 0]])
+    eps = 0.1
+    logp = torch.log_softmax(logits, -1)
+    terms = []
+    for b in range(2):
+        for t in range(3):  # position t predicts label t + 1
+            y = int(labels[b, t + 1])
+            if y == -100:
+                continue
+            target = torch.full((7,), eps / 7)
+            target[y] += 1 - eps
+            terms.append(-(target * logp[b, t]).sum())
+    assert_close(sft_loss(logits, labels, eps), torch.stack(terms).mean())
+    plain = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7), labels[:, 1:].reshape(-1))
+    assert_close(sft_loss(logits, labels, 0.0), plain)
