@@ -13,7 +13,7 @@ from typing import Any
 
 from experiments import analysis as an
 from experiments.plan import HEADLINE, Suite
-from experiments.runner import RESULT_FILE, events_of, run_dir
+from experiments.runner import RESULT_FILE, events_of, read_json, run_dir
 from experiments.system import cpu_info, cpu_label
 from trainer.report import _CSS, BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILION, Band, Trace, line_chart_svg
 
@@ -43,7 +43,7 @@ def collect(root: Path, plan: Sequence[Suite]) -> dict[str, Any]:
             events = events_of(path)
             if not events:
                 continue
-            result = _json(path / RESULT_FILE) or {}
+            result = read_json(path / RESULT_FILE) or {}
             summary = an.summarize_run(
                 run.id,
                 events,
@@ -57,14 +57,6 @@ def collect(root: Path, plan: Sequence[Suite]) -> dict[str, Any]:
             runs.append({"summary": summary, "events": events, "cpu": result.get("cpu")})
         suites.append({"suite": suite, "runs": runs})
     return {"suites": suites}
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 # ------------------------------------------------------------------------------------------- tables
@@ -136,7 +128,12 @@ def paired(
 def correlations(suite: Suite, runs: list[dict[str, Any]]) -> list[tuple[str, an.Correlation]]:
     out = []
     for arm in suite.arms:
-        pairs = [p for r in runs if r["summary"].arm == arm for p in an.drift_pairs(r["events"])]
+        pairs = [
+            p
+            for r in runs
+            if r["summary"].arm == arm and r["summary"].finished
+            for p in an.drift_pairs(r["events"])
+        ]
         if pairs:
             out.append((arm, an.pearson([p for p, _ in pairs], [m for _, m in pairs])))
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,7 +142,7 @@ class Runner:
     def _finish(self, active: _Active, code: int) -> None:
         path = run_dir(self.root, active.run)
         wall = time.monotonic() - active.started
-        previous = _read_json(path / RESULT_FILE) or {}
+        previous = read_json(path / RESULT_FILE) or {}
         result = {
             "run": active.run.id,
             "exit_code": code,
@@ -227,7 +228,7 @@ class Runner:
         return all(is_finished(run_dir(self.root, self._by_id(d))) for d in run.needs)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -236,6 +237,4 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)

@@ -114,6 +114,13 @@ def test_under_stare_below_target_the_gate_is_on_and_weights_are_as_specified(fi
         if m["stare/positive_candidate_ratio"] > 0:
             assert m["stare/positive_reweight_ratio"] > 0
         assert m["stare/mean_weight"] == pytest.approx(1 + 0.1 * m["stare/positive_reweight_ratio"], abs=1e-6)
+        # One micro-batch per step (16 responses, micro_batch_size 16): the scope is the step's N active
+        # tokens, |T⁺| = candidate ratio·N and |L⁺| = max(1, ⌈0.1·|T⁺|⌉) (the official int(n·P + 0.999999)).
+        n = round(m["response/length_mean"] * m["data/responses"])
+        candidates = round(m["stare/positive_candidate_ratio"] * n)
+        if candidates:
+            selected = min(candidates, max(1, int(candidates * 0.1 + 0.999999)))
+            assert m["stare/positive_reweight_ratio"] == pytest.approx(selected / n, abs=1e-6)
 
 
 def test_both_arms_start_from_the_same_sft_weights(finished_root: Path) -> None:
