@@ -679,7 +679,9 @@ class Engine:
                 logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits
                 loss = sft_loss(logits, labels, sft.label_smoothing)
             else:
-                loss = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, labels=labels).loss
+                loss = model(
+                    input_ids=ids, attention_mask=attn, position_ids=position_ids, labels=labels
+                ).loss
             opt.zero_grad(set_to_none=True)
             self.accelerator.backward(loss)
             if sft.grad_clip is not None:
