@@ -259,9 +259,13 @@ def paired_difference(metric: str, pairs: Sequence[tuple[float, float]]) -> Pair
     mean = statistics.fmean(diffs)
     if n < 2:
         return PairedDiff(metric, mean, None, None, n, False)
-    half = t975(n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+    sd = statistics.stdev(diffs)
+    half = t975(n - 1) * sd / math.sqrt(n)
     low, high = mean - half, mean + half
-    return PairedDiff(metric, mean, low, high, n, low > 0 or high < 0)
+    # Two seeds, or differences without any spread (pass@k moves in steps of 1/prompts), give an interval
+    # that says nothing about the seed-to-seed variation: never called significant.
+    spread = sd > 1e-9 * max(1.0, abs(mean))
+    return PairedDiff(metric, mean, low, high, n, n >= 3 and spread and (low > 0 or high < 0))
 
 
 @dataclass(frozen=True)

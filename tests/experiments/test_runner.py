@@ -248,6 +248,11 @@ def test_paired_difference_uses_a_t_interval(pairs: list[tuple[float, float]], s
     assert d.significant is significant
 
 
+def test_no_spread_or_two_seeds_is_never_significant() -> None:
+    assert not an.paired_difference("m", [(0.6, 0.5), (0.7, 0.6), (0.8, 0.7)]).significant
+    assert not an.paired_difference("m", [(1.0, 0.0), (1.1, 0.0)]).significant
+
+
 def test_pearson_and_its_fisher_interval() -> None:
     xs = [float(i) for i in range(10)]
     c = an.pearson(xs, [2 * x + 1 for x in xs])
