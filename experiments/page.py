@@ -98,7 +98,7 @@ def arm_rows(suite: Suite, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "collapse": (
                     f"never (0/{len(sums)})"
                     if not hit
-                    else f"{sorted(hit)[len(hit) // 2]} ({len(hit)}/{len(sums)})"
+                    else f"{', '.join(str(c) for c in sorted(hit))} ({len(hit)}/{len(sums)})"
                 ),
                 "gate_on": an.mean_std(s.gate_on_fraction for s in sums),
                 "length": an.mean_std(s.response_length for s in sums),
@@ -236,7 +236,7 @@ def suite_markdown(entry: dict[str, Any]) -> str:
                 "steps in band",
                 "min entropy",
                 "last entropy",
-                "steps to collapse (median, runs)",
+                "collapse step (seeds that collapsed)",
                 "gate on",
                 "response length",
                 "wall s",
