@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from experiments.page import write_page
-from experiments.plan import all_runs, build_plan
+from experiments.plan import OPTIONAL_SUITES, all_runs, build_plan
 from experiments.runner import Runner, is_finished, run_dir
 from experiments.system import cpu_label
 
@@ -58,7 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             return 75
     md = args.md or (REPO / "docs" / ("RESULTS-quick.md" if args.quick else "RESULTS.md"))
     page = args.html or (REPO / "docs" / ("results-quick.html" if args.quick else "results.html"))
-    write_page(root, plan, md, page, header=HEADER.read_text().strip(), footer=FOOTER.read_text().strip())
+    # Optional suites (the SmolLM2 background run) join the page once they have run folders.
+    shown = plan + [
+        suite
+        for name, make in OPTIONAL_SUITES.items()
+        if name not in {s.name for s in plan}
+        for suite in [make()]
+        if any(run_dir(root, r).exists() for r in suite.runs)
+    ]
+    write_page(root, shown, md, page, header=HEADER.read_text().strip(), footer=FOOTER.read_text().strip())
     print(f"wrote {md} and {page}")
     failed = sum(1 for r in runs if not is_finished(run_dir(root, r)))
     return 1 if args.command == "run" and failed else 0
