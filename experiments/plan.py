@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,6 @@ class Suite:
     arms: tuple[str, ...] = ()
     collapse_steps: int = 10  # "collapse": entropy below entropy_band.low for this many consecutive steps
     warmup_steps: int = 10  # steps left out of "fraction in band" (the RL warm-up)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def demo_spec() -> dict[str, Any]:
