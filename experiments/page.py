@@ -260,6 +260,17 @@ def suite_markdown(entry: dict[str, Any]) -> str:
             ],
         )
     )
+    # How hard STARE pushes while its gate is on: the share of tokens it reweights and the mean weight.
+    for arm in (a for a in suite.arms if a.startswith("stare")):
+        sums = [r["summary"] for r in runs if r["summary"].arm == arm and r["summary"].finished]
+        ratio = an.mean_std(s.reweight_ratio_when_on for s in sums)
+        weight = an.mean_std(s.mean_weight_when_on for s in sums)
+        if ratio.mean is not None:
+            parts += [
+                "",
+                f"{arm} while the gate is on: positive reweight ratio |L⁺|/N {_pm(ratio)}, mean_weight "
+                f"{_pm(weight, 4)} (seeds: {ratio.n}).",
+            ]
     diffs = paired(runs)
     if any(d.n for d in diffs):
         parts += ["", f"**{HEADLINE[1]} − {HEADLINE[0]}, paired by seed** (95 % t interval):", ""]

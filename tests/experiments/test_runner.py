@@ -163,6 +163,12 @@ def test_the_table_equals_what_the_events_say(finished_root: Path, tmp_path: Pat
     summary = write_page(finished_root, [suite], md, page, header="# H", footer="F")
     text = md.read_text()
     assert "| grpo_ds | 1 |" in text and "| stare_o1 | 1 |" in text
+    on = [
+        e["metrics"]["stare/mean_weight"]
+        for e in events_of(finished_root / "runs/reduced/stare_o1/seed0")
+        if e["type"] == "step" and e["metrics"]["stare/gate_on"] > 0
+    ]
+    assert f"mean_weight {sum(on) / len(on):.4f} (seeds: 1)" in text
     assert page.read_text().count("<svg") >= 5
     assert {r["arm"] for r in summary["reduced"]} == {None, "grpo_ds", "stare_o1"}
 
