@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install demo demo-engine test test-fast lint typecheck layers bench results results-quick clean
+.PHONY: install demo demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The deep fuzzing profile: Schemathesis from the OpenAPI schema, plus hostile values (NUL, surrogates,
+# NaN/Infinity, huge integers, deep nesting) in every path id, query value, header and body leaf. No 5xx.
+fuzz: install
+	STARE_SCHEMATHESIS_EXAMPLES=100 STARE_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/service/test_schemathesis.py tests/service/test_fuzz_hostile.py
 
 lint: install
 	$(BIN)/ruff check trainer service worker experiments tests bench

@@ -3,11 +3,14 @@
 Every 4xx/5xx leaves through the handlers below in one shape, {"error": {"code", "message", "param"}}:
 domain errors (service.errors) carry their status and code; FastAPI's validation errors name the offending
 field as a dotted path; Starlette's HTTP errors (unknown route, wrong method, body too large) and database
-outages get codes too; anything else is a logged 500 with no detail leaked.
+outages (503 with Retry-After) and data errors (422) get codes too; anything else is a logged 500 with no
+detail leaked. Before any of that, service.boundary refuses bodies over the size limit, NUL characters in the
+path, query or headers, and JSON that breaks the document rules (trainer.safejson).
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -16,15 +19,23 @@ from typing import Any
 
 import anyio.to_thread
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    DataError,
+    DisconnectionError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
+from service.boundary import RequestBoundary
+from service.dependencies import refuse_unknown_query_parameters
 from service.errors import ServiceError
 from service.job_specs import dotted
 from service.routers import (
@@ -165,60 +176,38 @@ async def _database_unavailable(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _data_error(_: Request, exc: Exception) -> JSONResponse:
+    # The boundary (service.boundary) refuses what PostgreSQL cannot store before it gets here; a value the
+    # database still rejects is the caller's to fix, not a server fault.
+    logger.warning("data error: %s", exc)
+    return JSONResponse(
+        error_body(
+            "invalid_value", "a value in the request cannot be stored: check its characters and range"
+        ),
+        status_code=422,
+    )
+
+
+STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+async def _storage_error(_: Request, exc: Exception) -> JSONResponse:
+    """A fault of the artifact storage (full, read-only, I/O error) is the server's, never a 500: 507 when
+    full, 503 otherwise, both with Retry-After. The path stays in the log, not in the answer."""
+    assert isinstance(exc, OSError)
+    logger.error("storage error: %s", exc)
+    name = errno.errorcode.get(exc.errno or 0, "unknown")
+    if exc.errno in STORAGE_FULL_ERRNOS:
+        body = error_body("storage_full", f"the artifact storage is full ({name}); nothing was stored")
+        return JSONResponse(body, status_code=507, headers={"Retry-After": "60"})
+    code = "storage_read_only" if exc.errno == errno.EROFS else "storage_unavailable"
+    body = error_body(code, f"the artifact storage failed ({name}); nothing was stored; retry later")
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "30"})
+
+
 async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error", exc_info=exc)
     return JSONResponse(error_body("internal_error", "internal server error"), status_code=500)
-
-
-# ----------------------------------------------------------------------------------------- body limits
-
-
-class BodyLimitMiddleware:
-    """413 (in the error shape) for a body over the limit: at once from Content-Length, else while reading.
-
-    File uploads get their own, larger limit (and count the file part exactly themselves)."""
-
-    def __init__(self, app: ASGIApp, *, max_bytes: int, upload_path: str, max_upload_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.upload_path = upload_path
-        self.max_upload_bytes = max_upload_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.max_upload_bytes if scope.get("path") == self.upload_path else self.max_bytes
-        declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            response = JSONResponse(
-                error_body("payload_too_large", f"the request body is larger than {limit} bytes"),
-                status_code=413,
-            )
-            await response(scope, receive, send)
-            return
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise HTTPException(413, f"the request body is larger than {limit} bytes")
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 # -------------------------------------------------------------------------------------------- the app
@@ -251,6 +240,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         openapi_tags=TAGS,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_unknown_query_parameters)],
     )
     app.state.services = services
 
@@ -262,6 +252,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)
     app.add_exception_handler(psycopg.OperationalError, _database_unavailable)  # the async read path
+    app.add_exception_handler(psycopg.InterfaceError, _database_unavailable)
+    app.add_exception_handler(DisconnectionError, _database_unavailable)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)  # every pooled connection busy
+    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(psycopg.DataError, _data_error)
+    app.add_exception_handler(OSError, _storage_error)
     app.add_exception_handler(Exception, _internal_error)
 
     # Most frequent first: a request is matched against the routers in this order.
@@ -281,7 +277,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
 
     app.add_middleware(
-        BodyLimitMiddleware,
+        RequestBoundary,
+        path_templates=lambda: app.openapi()["paths"],
         max_bytes=settings.max_json_body_bytes,
         upload_path="/v1/files",
         max_upload_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,

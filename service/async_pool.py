@@ -9,6 +9,9 @@ write is committed, and durably so (the connection leaves `synchronous_commit` a
 by default: the COMMIT waits for the WAL flush). SQLite (embedded mode) has no async driver here and keeps
 the thread-pool path.
 
+Idle connections are checked before reuse (service.async_pool.connection_looks_alive: no round trip), so
+the first requests after a PostgreSQL restart do not fail on connections the old server closed.
+
 The pool belongs to the event loop that first used it; a request on another loop (tests that start several
 loops) gets a fresh pool, and the old connections are closed without awaiting the dead loop.
 """
@@ -16,6 +19,7 @@ loops) gets a fresh pool, and the old connections are closed without awaiting th
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,21 +59,45 @@ class AsyncPool:
             options="-c TimeZone=UTC",
         )
 
-    async def fetch_one(self, sql: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def _checkout(self) -> tuple[psycopg.AsyncConnection[dict[str, Any]], bool]:
+        """An idle connection that still looks alive (and True), or a new one (and False)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if connection_looks_alive(conn):
+                return conn, True
+            await _close_quietly(conn)
+        return await self._connect(), False
+
+    async def fetch_one(
+        self, sql: str, params: Mapping[str, Any], *, idempotent: bool = False
+    ) -> dict[str, Any] | None:
+        """One statement's first row. `idempotent` statements (reads) that fail on a reused connection are
+        tried once more on a fresh one: a connection the server dropped without a word (no FIN yet) is
+        only found by using it."""
         slots = self._bind_loop()
         async with slots:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn, reused = await self._checkout()
             try:
-                cursor = await conn.execute(sql, params)
-                row = await cursor.fetchone()
-            except BaseException:
-                await _close_quietly(conn)  # a broken or cancelled connection is not reused
-                raise
-            if conn.closed or conn.broken:
-                await _close_quietly(conn)
-            else:
-                self._idle.append(conn)
-            return row
+                return await self._run(conn, sql, params)
+            except psycopg.OperationalError:
+                if not (idempotent and reused):
+                    raise
+            return await self._run(await self._connect(), sql, params)
+
+    async def _run(
+        self, conn: psycopg.AsyncConnection[dict[str, Any]], sql: str, params: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        try:
+            cursor = await conn.execute(sql, params)
+            row = await cursor.fetchone()
+        except BaseException:
+            await _close_quietly(conn)  # a broken or cancelled connection is not reused
+            raise
+        if conn.closed or conn.broken:
+            await _close_quietly(conn)
+        else:
+            self._idle.append(conn)
+        return row
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
@@ -80,6 +108,19 @@ class AsyncPool:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.pgconn.finish()  # the socket only: the loop these connections belonged to is gone
+
+
+def connection_looks_alive(conn: Any) -> bool:
+    """Whether an idle connection is still usable, without a round trip. An idle autocommit connection has
+    nothing to read: when its socket is readable, the server has closed it or is about to (a restart sends
+    "terminating connection" and closes), so it is discarded instead of failing the next request."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
 
 
 async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:

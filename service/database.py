@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.async_pool import AsyncPool
+from service.async_pool import AsyncPool, connection_looks_alive
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -20,14 +20,23 @@ def make_engine(url: str, *, pool_size: int = 20) -> Engine:
         engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return sa.create_engine(
+    engine = sa.create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=10,
         pool_recycle=1800,
-        pool_pre_ping=False,  # a dropped connection surfaces as 503 and the pool reconnects
+        pool_pre_ping=False,  # the checkout check below finds dead connections without a round trip
     )
+    sa.event.listen(engine, "checkout", _check_alive)
+    return engine
+
+
+def _check_alive(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """A pooled connection the server closed (a restart, an idle timeout) is replaced at checkout: the
+    pool catches DisconnectionError and connects anew, so no request fails once PostgreSQL is back."""
+    if not connection_looks_alive(dbapi_connection):
+        raise sa.exc.DisconnectionError("the server closed this pooled connection")
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

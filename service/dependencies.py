@@ -14,13 +14,15 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service import repository
-from service.errors import NotFound, TooManyRequests, Unauthenticated
+from service.errors import NotFound, TooManyRequests, Unauthenticated, Unprocessable
 from service.models import Checkpoint, File, Job
 from service.principals import Principal, TenantRef
 from service.ratelimit import retry_after_seconds
@@ -32,6 +34,43 @@ bearer = HTTPBearer(
     scheme_name="ApiKey",
     description="An API key: `Authorization: Bearer sk-stare-...` (create one with `python -m service create-tenant`).",
 )
+
+
+_KNOWN_QUERY: dict[int, frozenset[str]] = {}
+
+
+def _query_names(route: APIRoute) -> frozenset[str]:
+    names = _KNOWN_QUERY.get(id(route))
+    if names is None:
+        names = frozenset(_dependant_query_names(route.dependant))
+        _KNOWN_QUERY[id(route)] = names
+    return names
+
+
+def _dependant_query_names(dependant: Dependant) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _dependant_query_names(sub)
+    return names
+
+
+async def refuse_unknown_query_parameters(request: Request) -> None:
+    """Every route's guard (an app-wide dependency): a query parameter the route does not take is a 422
+    naming it, as an unknown body field is. A typo (`?limt=5`) is reported, not silently ignored."""
+    if not request.scope.get("query_string"):
+        return
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = _query_names(route)
+    for name in request.query_params:
+        if name not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise Unprocessable(
+                f"unknown query parameter {name!r} (this endpoint takes: {allowed})",
+                param=name,
+                code="unknown_parameter",
+            )
 
 
 async def get_services(request: Request) -> Services:

@@ -34,9 +34,14 @@ def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, boo
 
 
 def validate_spec(
-    raw: Mapping[str, Any], *, training_file: File | SimpleNamespace | None, models: Mapping[str, Any]
+    raw: Mapping[str, Any],
+    *,
+    training_file: File | SimpleNamespace | None,
+    models: Mapping[str, Any],
+    max_processes: int | None = None,
 ) -> TrainSpec:
-    """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable."""
+    """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable.
+    `max_processes` is the most a worker of this deployment runs (settings.max_processes_per_job)."""
     data = dict(raw)  # a shallow copy: only the task is changed, and _place_training_file copies it first
     _place_training_file(data, training_file)
     _precheck_verifier(data.get("verifier"))
@@ -53,6 +58,13 @@ def validate_spec(
             code="unknown_model",
         )
     _check_task(spec)
+    if max_processes is not None and spec.distributed.num_processes > max_processes:
+        raise Unprocessable(
+            f"distributed.num_processes is {spec.distributed.num_processes}, but the largest job this "
+            f"deployment's workers run has {max_processes} processes (STARE_MAX_PROCESSES_PER_JOB)",
+            param="spec.distributed.num_processes",
+            code="exceeds_capacity",
+        )
     return spec
 
 

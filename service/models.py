@@ -5,8 +5,16 @@ checkpoints are reached only through the job. Job status is a VARCHAR with a CHE
 a native enum, so a new state is a one-line migration.
 
 Worker-facing columns on jobs: lease_token (the fencing token of the claim), lease_owner, lease_expires_at,
-heartbeat_at, attempt/max_attempts, enqueued_at (last doorbell), event_seq (the per-job event counter),
-current_step/last_metrics/step_seconds_ema (a snapshot of the latest step, so reading a job is one row).
+heartbeat_at, attempt, the retry budgets (below), enqueued_at (last doorbell), event_seq (the per-job event
+counter), current_step/last_metrics/step_seconds_ema (a snapshot of the latest step, so reading a job is one
+row).
+
+Retry budgets (repository.retry_job and recover_stale_jobs spend them): `failures` counts attempts that
+ended in a trainer crash, and the job fails at the max_attempts-th; `lost_workers` counts attempts lost to
+the infrastructure (a worker that stopped heartbeating, a trainer SIGKILLed from outside), and the job fails
+at the max_lost_workers-th; `crash_streak`/`crash_step` count failures in a row that got no further than
+the step of the one before (job.current_step), and the job fails (crash_loop) at CRASH_LOOP_STREAK. A
+storage fault or a user error fails the job at once and spends none of them.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ ACTIVE_STATUSES = tuple(s for s in JOB_STATUSES if s not in TERMINAL_STATUSES)
 
 FILE_PURPOSES = ("rl_train", "rl_eval")
 ERROR_CATEGORIES = ("user", "system")
+DEFAULT_MAX_LOST_WORKERS = 10  # lost workers a job survives: node failures and preemptions are not its fault
+CRASH_LOOP_STREAK = 2  # failures in a row at one step that end the job (crash_loop)
 EVENT_LEVELS = ("info", "warn", "error")
 
 
@@ -156,8 +166,14 @@ class Job(Base):
     step_seconds_ema: Mapped[float | None] = mapped_column(sa.Float())
 
     attempt: Mapped[int] = mapped_column(sa.Integer(), default=0)  # claims so far (pause/resume counts)
-    failures: Mapped[int] = mapped_column(sa.Integer(), default=0)  # system failures so far
-    max_attempts: Mapped[int] = mapped_column(sa.Integer())
+    failures: Mapped[int] = mapped_column(sa.Integer(), default=0)  # attempts ended by a trainer crash
+    max_attempts: Mapped[int] = mapped_column(sa.Integer())  # the crash budget: fails at this many crashes
+    lost_workers: Mapped[int] = mapped_column(sa.Integer(), default=0, server_default="0")
+    max_lost_workers: Mapped[int] = mapped_column(
+        sa.Integer(), default=DEFAULT_MAX_LOST_WORKERS, server_default=str(DEFAULT_MAX_LOST_WORKERS)
+    )
+    crash_streak: Mapped[int] = mapped_column(sa.Integer(), default=0, server_default="0")
+    crash_step: Mapped[int | None] = mapped_column(sa.Integer())  # job.current_step at the last failure
     lease_token: Mapped[str | None] = mapped_column(sa.String(64))
     lease_owner: Mapped[str | None] = mapped_column(sa.String(255))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -42,6 +42,8 @@ from service.errors import Conflict, Unprocessable
 from service.ids import new_id
 from service.models import (
     ACTIVE_STATUSES,
+    CRASH_LOOP_STREAK,
+    DEFAULT_MAX_LOST_WORKERS,
     LEASED_STATUSES,
     TERMINAL_STATUSES,
     ApiKey,
@@ -249,6 +251,7 @@ class NewJob:
     max_attempts: int
     idempotency_key: str | None = None
     request_hash: str | None = None
+    max_lost_workers: int = DEFAULT_MAX_LOST_WORKERS
 
 
 def count_active_jobs(session: Session, tenant_id: str) -> int:
@@ -285,6 +288,10 @@ def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
         "attempt": 0,
         "failures": 0,
         "max_attempts": new.max_attempts,
+        "lost_workers": 0,
+        "max_lost_workers": new.max_lost_workers,
+        "crash_streak": 0,
+        "crash_step": None,
         "event_seq": 1,
         "idempotency_key": new.idempotency_key,
         "request_hash": new.request_hash,
@@ -395,7 +402,7 @@ def read_job(conn: Connection, tenant_id: str, job_id: str) -> Row[Any] | None:
 
 async def read_job_async(pool: AsyncPool, tenant_id: str, job_id: str) -> SimpleNamespace | None:
     """read_job on the event loop (PostgreSQL): the hot path of GET /v1/jobs/{id}."""
-    row = await pool.fetch_one(_READ_JOB_SQL, {"job_id": job_id, "tenant_id": tenant_id})
+    row = await pool.fetch_one(_READ_JOB_SQL, {"job_id": job_id, "tenant_id": tenant_id}, idempotent=True)
     return SimpleNamespace(**row) if row is not None else None
 
 
@@ -491,7 +498,9 @@ async def find_job_by_idempotency_key_async(
     pool: AsyncPool, tenant_id: str, key: str, request_hash: str | None
 ) -> SimpleNamespace | None:
     """find_job_by_idempotency_key on the event loop: the job's view columns, or None; 422 for a reused key."""
-    row = await pool.fetch_one(_FIND_BY_IDEMPOTENCY_KEY_SQL, {"tenant_id": tenant_id, "key": key})
+    row = await pool.fetch_one(
+        _FIND_BY_IDEMPOTENCY_KEY_SQL, {"tenant_id": tenant_id, "key": key}, idempotent=True
+    )
     if row is None:
         return None
     if row.pop("request_hash") != request_hash:
@@ -504,13 +513,15 @@ async def find_job_by_idempotency_key_async(
 
 
 async def get_file_async(pool: AsyncPool, tenant_id: str, file_id: str) -> SimpleNamespace | None:
-    row = await pool.fetch_one(_GET_FILE_SQL, {"tenant_id": tenant_id, "file_id": file_id})
+    row = await pool.fetch_one(_GET_FILE_SQL, {"tenant_id": tenant_id, "file_id": file_id}, idempotent=True)
     return SimpleNamespace(**row) if row is not None else None
 
 
 async def count_active_jobs_async(pool: AsyncPool, tenant_id: str) -> int:
     row = await pool.fetch_one(
-        _COUNT_ACTIVE_JOBS_SQL, {"tenant_id": tenant_id, "statuses": list(ACTIVE_STATUSES)}
+        _COUNT_ACTIVE_JOBS_SQL,
+        {"tenant_id": tenant_id, "statuses": list(ACTIVE_STATUSES)},
+        idempotent=True,
     )
     return int(row["active"]) if row is not None else 0
 
@@ -586,14 +597,35 @@ def request_pause(session: Session, job: Job) -> Job:
 
 
 def resume_job(session: Session, job: Job) -> bool:
-    """Resume a paused (or pausing) job. Returns True when it must be enqueued again (after commit)."""
+    """Resume a paused (or pausing) job, or one that failed on a system fault (a full or read-only disk, a
+    spent retry budget) once the fault is fixed: it is queued again with fresh budgets and continues from its
+    latest checkpoint. Returns True when it must be enqueued again (after commit). A job that failed on a
+    user error (a bad spec, a non-finite loss) is not resumable: it would fail the same way."""
     if _transition(session, job, ("paused",), status="queued"):
         append_event(session, job.id, "job.resumed", "Job resumed; it continues from its latest checkpoint")
         return True
     if _transition(session, job, ("pausing",), status="running"):
         append_event(session, job.id, "job.resumed", "Pause withdrawn before the worker stopped")
         return False
-    raise Conflict(f"job {job.id} is {job.status}, not paused", code="job_not_paused")
+    if job.status == "failed" and job.error_category == "system":
+        cause = job.error_code
+        cleared = {"error_code": None, "error_message": None, "error_param": None, "error_category": None}
+        fresh = {"failures": 0, "lost_workers": 0, "crash_streak": 0, "crash_step": None}
+        if _transition(session, job, ("failed",), status="queued", finished_at=None, **cleared, **fresh):
+            append_event(
+                session,
+                job.id,
+                "job.resumed",
+                f"Job resumed after a system failure ({cause}); it continues from its latest checkpoint",
+                data={"after_error": cause},
+            )
+            return True
+    if job.status == "failed":
+        raise Conflict(
+            f"job {job.id} failed on a user error ({job.error_code}); fix the spec and submit a new job",
+            code="job_not_resumable",
+        )
+    raise Conflict(f"job {job.id} is {job.status}, not paused or failed", code="job_not_paused")
 
 
 def delete_job(session: Session, job: Job) -> None:
@@ -1041,55 +1073,107 @@ def finish_job(
 
 
 def retry_job(
-    session: Session, job_id: str, lease_token: str, error: JobError, *, now: datetime | None = None
+    session: Session,
+    job_id: str,
+    lease_token: str,
+    error: JobError,
+    *,
+    infrastructure: bool = False,
+    now: datetime | None = None,
 ) -> str | None:
-    """After a system error: `recovering` (re-send it; it resumes from the latest checkpoint) while failures
-    stay under max_attempts, else `failed`. Returns the new status, or None when the lease is lost.
+    """After a system error: `recovering` (re-send it; it resumes from the latest checkpoint) while the job's
+    budgets last, else `failed`. Returns the new status, or None when the lease is lost.
+
+    A trainer crash spends the crash budget (failures; the job fails at the max_attempts-th). An
+    infrastructure failure (`infrastructure`: the trainer killed from outside) spends the lost-worker budget
+    (lost_workers; fails at the max_lost_workers-th). Both extend the crash streak when the job got no
+    further than at its previous failure; a streak of CRASH_LOOP_STREAK fails the job at once, code
+    `crash_loop`, naming the step and quoting `error.message` (the trainer's last error lines).
     User errors are never retried: call finish_job(..., "failed", error=...) for those."""
     if error.category != "system":
         raise ValueError("only system errors are retried")
     now = now or utcnow()
     job = session.execute(
-        sa.select(Job.failures, Job.max_attempts).where(Job.id == job_id, Job.lease_token == lease_token)
+        sa.select(
+            Job.failures,
+            Job.max_attempts,
+            Job.lost_workers,
+            Job.max_lost_workers,
+            Job.crash_streak,
+            Job.crash_step,
+            Job.current_step,
+        ).where(Job.id == job_id, Job.lease_token == lease_token)
     ).one_or_none()
     if job is None:
         return None
-    exhausted = job.failures + 1 >= job.max_attempts
+    streak = crash_streak_after(job.crash_streak, job.crash_step, job.current_step)
+    if infrastructure:
+        spent: dict[str, Any] = {"lost_workers": Job.lost_workers + 1}
+        left = job.max_lost_workers - job.lost_workers - 1
+    else:
+        spent = {"failures": Job.failures + 1}
+        left = job.max_attempts - job.failures - 1
+    final = error
+    if streak >= CRASH_LOOP_STREAK:
+        final = JobError("crash_loop", crash_loop_message(streak, job.current_step, error.message), "system")
+    exhausted = left <= 0 or final is not error
     values: dict[str, Any] = {
         "status": "failed" if exhausted else "recovering",
-        "failures": Job.failures + 1,
+        **spent,
+        "crash_streak": streak,
+        "crash_step": job.current_step,
         "lease_token": None,
         "lease_expires_at": None,
         "updated_at": now,
         "finished_at": now if exhausted else None,
     }
-    values.update(_error_values(error) if exhausted else {})
+    values.update(_error_values(final) if exhausted else {})
     if _fence(session, job_id, lease_token, values) is None:
         return None
     new_status = "failed" if exhausted else "recovering"
+    budget = "lost-worker" if infrastructure else "crash"
+    if final is not error:
+        note = final.message
+    elif exhausted:
+        note = f"{error.message}; no attempts left ({budget} budget spent)"
+    else:
+        note = f"{error.message}; will resume from the latest checkpoint ({left} {budget} attempts left)"
     append_event(
         session,
         job_id,
         f"job.{new_status}",
-        f"{error.message}; "
-        + ("no attempts left" if exhausted else "will resume from the latest checkpoint"),
+        note,
         level="error" if exhausted else "warn",
-        data={"error": _error_dict(error)},
+        data={"error": _error_dict(final), "budget": budget, "attempts_left": left, "crash_streak": streak},
     )
     return new_status
+
+
+def crash_streak_after(streak: int, crash_step: int | None, current_step: int) -> int:
+    """The crash streak after one more failure at `current_step`: one more when the job got no further than
+    at the previous failure (crash_step), else 1 (it made progress: a new streak)."""
+    return streak + 1 if crash_step is not None and current_step <= crash_step else 1
+
+
+def crash_loop_message(streak: int, step: int, last_error: str) -> str:
+    return (
+        f"the trainer failed {streak} times in a row at step {step + 1} (no attempt got past step {step}); "
+        f"last: {last_error}"
+    )[:1000]
 
 
 def recover_stale_jobs(
     session: Session, *, stale_after_s: float, now: datetime | None = None, limit: int = 100
 ) -> list[tuple[str, str, str]]:
     """The sweeper's repair of jobs whose worker stopped heartbeating: running → recovering (or failed when
-    failures reach max_attempts), pausing → paused, cancelling → cancelled. Returns (job id, queue, new
-    status); re-send the `recovering` ones. Each change is conditional on the lease token seen, so a
-    worker that heartbeats in between keeps its job."""
+    the lost-worker budget is spent: lost_workers reaches max_lost_workers), pausing → paused, cancelling →
+    cancelled. A lost worker is the infrastructure's fault: it spends neither the crash budget nor the
+    crash streak. Returns (job id, queue, new status); re-send the `recovering` ones. Each change is
+    conditional on the lease token seen, so a worker that heartbeats in between keeps its job."""
     now = now or utcnow()
     cutoff = now - timedelta(seconds=stale_after_s)
     candidates = session.execute(
-        sa.select(Job.id, Job.queue, Job.status, Job.lease_token, Job.failures, Job.max_attempts)
+        sa.select(Job.id, Job.queue, Job.status, Job.lease_token, Job.lost_workers, Job.max_lost_workers)
         .where(Job.status.in_(LEASED_STATUSES), Job.heartbeat_at < cutoff)
         .order_by(Job.heartbeat_at)
         .limit(limit)
@@ -1098,15 +1182,20 @@ def recover_stale_jobs(
     changed: list[tuple[str, str, str]] = []
     for job in candidates:
         values: dict[str, Any] = {"lease_token": None, "lease_expires_at": None, "updated_at": now}
+        lost = job.lost_workers + 1
         if job.status == "cancelling":
             values.update(status="cancelled", finished_at=now)
         elif job.status == "pausing":
             values.update(status="paused")
-        elif job.failures + 1 >= job.max_attempts:
-            lost = JobError("worker_lost", "the worker stopped heartbeating; no attempts left", "system")
-            values.update(status="failed", failures=job.failures + 1, finished_at=now, **_error_values(lost))
+        elif lost >= job.max_lost_workers:
+            error = JobError(
+                "worker_lost",
+                f"the worker stopped heartbeating; no attempts left ({lost} lost workers)",
+                "system",
+            )
+            values.update(status="failed", lost_workers=lost, finished_at=now, **_error_values(error))
         else:
-            values.update(status="recovering", failures=job.failures + 1)
+            values.update(status="recovering", lost_workers=lost)
         result = session.execute(
             sa.update(Job)
             .where(Job.id == job.id, Job.lease_token == job.lease_token, Job.heartbeat_at < cutoff)
@@ -1121,7 +1210,7 @@ def recover_stale_jobs(
                 f"job.{new_status}",
                 f"Worker lost (no heartbeat for {stale_after_s:.0f} s); job {new_status}",
                 level="warn" if new_status != "failed" else "error",
-                data={"reason": "worker_lost"},
+                data={"reason": "worker_lost", "lost_workers": values.get("lost_workers", job.lost_workers)},
             )
             changed.append((job.id, job.queue, new_status))
     return changed

@@ -314,7 +314,8 @@ class JobError(BaseModel):
     message: str
     param: str | None
     category: Literal["user", "system"] | None = Field(
-        description="user: fix the spec or data (never retried); system: the service's fault (retried)."
+        description="user: fix the spec or data (never retried); system: the service's fault (retried, "
+        "except storage_full / storage_read_only / storage_io_error: the storage must be fixed first)."
     )
 
 
@@ -335,7 +336,16 @@ class JobObject(BaseModel):
     attempt: int = Field(
         description="Runs started so far (a resume after a pause or a lost worker adds one)."
     )
-    max_attempts: int
+    max_attempts: int = Field(
+        description="The crash budget: the job fails when `failures` reaches it (and at once, code "
+        "crash_loop, when two runs in a row fail without getting past the same step)."
+    )
+    failures: int = Field(description="Runs that ended in a trainer crash so far.")
+    lost_workers: int = Field(
+        description="Runs lost to the infrastructure so far: a worker that stopped heartbeating, or a trainer "
+        "killed (SIGKILL) by something other than the service. They do not spend the crash budget."
+    )
+    max_lost_workers: int = Field(description="The job fails (worker_lost) when `lost_workers` reaches it.")
     progress: Progress
     entropy: EntropyStatus
     latest_metrics: LatestMetrics | None
@@ -423,7 +433,8 @@ _ERROR_DESCRIPTIONS = {
     415: "Wrong Content-Type.",
     422: "A field is invalid; `param` names it (dotted path).",
     429: "Rate limit or active-job limit reached; see Retry-After.",
-    503: "The database or broker is unavailable; see Retry-After.",
+    503: "The database, broker or artifact storage is unavailable; see Retry-After.",
+    507: "The artifact storage is full; nothing was stored. See Retry-After.",
 }
 
 

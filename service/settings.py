@@ -47,7 +47,13 @@ class Settings(BaseSettings):
     max_json_body_bytes: Annotated[int, Field(ge=1024)] = 1 * MIB
     max_file_errors: Annotated[int, Field(ge=1, le=1000)] = 20
     max_active_jobs_per_tenant: Annotated[int, Field(ge=0)] = 100  # 0: no limit
+    # Retry budgets per job (docs/SERVICE.md "Retry budgets"): trainer crashes, and lost workers (infrastructure:
+    # a worker that stopped heartbeating, a trainer SIGKILLed from outside). A crash loop stops a job sooner.
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    max_lost_workers: Annotated[int, Field(ge=1, le=1000)] = 10
+    # Capacity: the most trainer processes (one per GPU, or CPU processes) any worker of this deployment
+    # runs for one job; POST /v1/jobs and /estimate refuse more with 422 naming distributed.num_processes.
+    max_processes_per_job: Annotated[int, Field(ge=1, le=4096)] = 8
     rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # 0 disables rate limiting
     rate_limit_burst: Annotated[int, Field(ge=1)] = 100
     # memory: buckets in this process (one API process); redis: shared by several (serve --workers N)

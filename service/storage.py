@@ -12,6 +12,7 @@ row, and sent as a header before the body.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -92,7 +93,8 @@ class LocalArtifactStorage:
         try:
             yield Path(tmp)
         finally:
-            Path(tmp).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a storage fault must not hide the error that led here
+                Path(tmp).unlink(missing_ok=True)
 
     def commit(self, staged: Path, key: str) -> None:
         target = self.resolve(key)

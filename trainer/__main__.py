@@ -1,7 +1,7 @@
 """Command line: `python -m trainer run SPEC --out DIR [--resume]`, `validate SPEC`, `report DIR`.
 
-Exit codes are those of trainer.engine.ExitCode (0 ok, 2 user error, 3 non-finite, 75 interrupted
-after a checkpoint, 1 other failure).
+Exit codes are those of trainer.engine.ExitCode (0 ok, 2 user error, 3 non-finite, 74 a write to the
+run folder failed (trainer.storage), 75 interrupted after a checkpoint, 1 other failure).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ Layout of OUT/checkpoints/step-000050/:
   trainer_state.pt    optimiser, scheduler, RNG states
   state.json          step, data cursor, STARE controller state, entropy-band counter, metadata
 A folder named step-* exists only once complete (rename is atomic), so "latest" is the highest step.
+
+A failed write (a full or read-only disk, an I/O error) removes the temp folder and raises
+trainer.storage.StorageError: the previous checkpoints stay as they were, and no `checkpoint` event is
+emitted, so the worker never records a half-written folder.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import torch
+
+from trainer.storage import storage_writes
 
 STEP_PREFIX = "step-"
 
@@ -66,11 +72,7 @@ def _fsync_tree(path: Path) -> None:
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as fh:
                 os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        _fsync_dir(Path(dirpath))
 
 
 def save_checkpoint(
@@ -85,32 +87,105 @@ def save_checkpoint(
     is_lora: bool,
     merge_lora: bool,
 ) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        with storage_writes(tmp):
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            _write(tmp, model, tokenizer, optimizer, scheduler, {**state, "step": step}, is_lora, merge_lora)
+            _fsync_tree(tmp)
+            _replace(tmp, final)
+            _fsync_dir(root)  # the rename itself survives a power cut
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder never lingers (nor fills the disk)
+        raise
+    return final
+
+
+def _write(
+    folder: Path,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: dict[str, Any],
+    is_lora: bool,
+    merge_lora: bool,
+) -> None:
     if is_lora:
-        model.save_pretrained(tmp / "adapter")
+        model.save_pretrained(folder / "adapter")
         if merge_lora:
             merged = _merged_copy(model)
-            merged.save_pretrained(tmp / "model", safe_serialization=True)
-            tokenizer.save_pretrained(tmp / "model")
-        tokenizer.save_pretrained(tmp / "adapter")
+            merged.save_pretrained(folder / "model", safe_serialization=True)
+            tokenizer.save_pretrained(folder / "model")
+        tokenizer.save_pretrained(folder / "adapter")
     else:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-        tmp / "trainer_state.pt",
-    )
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
-    _fsync_tree(tmp)
-    if final.exists():  # a re-run of the same step after a resume: replace it
-        shutil.rmtree(final)
+        model.save_pretrained(folder / "model", safe_serialization=True)
+        tokenizer.save_pretrained(folder / "model")
+    with open(folder / "trainer_state.pt", "wb") as fh:
+        out = _ErrnoKeepingFile(fh)
+        try:
+            torch.save(
+                {
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "rng": rng_state(),
+                },
+                cast(BinaryIO, out),  # torch.save needs only write() and flush()
+            )
+        except Exception as err:
+            if out.error is not None:
+                raise out.error from err
+            raise
+    (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))  # last: marks it complete
+
+
+class _ErrnoKeepingFile:
+    """A file for torch.save that remembers its first failed write. torch turns the OSError of a write
+    (ENOSPC, EIO) into a RuntimeError about stream positions, losing the errno the worker needs."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.fh.flush()
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    """Renames tmp to final. A folder already at final (the same step redone after a resume) is moved aside
+    first and removed after, so a failure on the way never leaves final half-deleted."""
+    aside = None
+    if final.exists():
+        aside = final.parent / f".tmp-replaced-{final.name}-{os.getpid()}"
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(final, aside)
     os.replace(tmp, final)
-    return final
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _merged_copy(model: Any) -> Any:

@@ -13,8 +13,10 @@ One optimiser step k:
 Each step reseeds the RNGs from (seed, step), so a resumed run repeats the uninterrupted one exactly.
 
 Exit codes (trainer.engine.ExitCode): 0 done; 2 invalid spec or data (user error); 3 non-finite loss or
-entropy (the error names the step; the last checkpoint stays); 75 stopped by SIGTERM/SIGINT after writing
-a checkpoint (resume with --resume); 1 anything else.
+entropy (the error names the step; the last checkpoint stays); 74 a write to the run folder failed (disk
+full, read-only, I/O error: the `error` event carries code, errno and path; the checkpoints written before
+stay, a half-written one is removed); 75 stopped by SIGTERM/SIGINT after writing a checkpoint (resume with
+--resume); 1 anything else (a crash: the traceback is on stderr).
 """
 
 from __future__ import annotations
@@ -68,12 +70,22 @@ from trainer.rollout import (
     rollout,
 )
 from trainer.spec import SftSpec, TrainSpec
+from trainer.storage import UNAMBIGUOUS, StorageError, storage_writes
 from trainer.tasks import Example, make_train_eval, render_prompt
 from trainer.verifiers import score
 
 EventCallback = Callable[[dict[str, Any]], None]
 NAN_STEP_ENV = "STARE_INJECT_NAN_STEP"  # fault injection for tests: the loss at this step becomes NaN
 STEP_DELAY_ENV = "STARE_STEP_DELAY_S"  # for fault tests: sleep this long after each step (a slow model)
+CRASH_STEP_ENV = "STARE_INJECT_CRASH_STEP"  # fault injection for tests: this step raises (a trainer crash)
+
+
+def _inject_crash(step: int) -> None:
+    """Fault injection for the worker's tests: with STARE_INJECT_CRASH_STEP=k, step k raises (every attempt
+    that reaches it: a crash loop)."""
+    crash_step = os.environ.get(CRASH_STEP_ENV)
+    if crash_step is not None and int(crash_step) == step:
+        raise RuntimeError(f"injected crash at step {step} ({CRASH_STEP_ENV})")
 
 
 class ExitCode(IntEnum):
@@ -81,6 +93,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USER_ERROR = 2
     NON_FINITE = 3
+    STORAGE = 74  # EX_IOERR: a write to the run folder failed
     INTERRUPTED = 75
 
 
@@ -443,21 +456,33 @@ class Engine:
 
     # ------------------------------------------------------------------ events
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: dict[str, Any], *, best_effort: bool = False) -> None:
+        """Appends the event to OUT/events.jsonl and hands it to the callbacks (the worker's stdout). A failed
+        write raises StorageError, or with best_effort (the storage error's own event) is skipped, so the
+        callbacks still get the event."""
         if not self.is_main:
             return
         event = {"time": _now(), **event}
         if self._events_file is not None:
-            self._events_file.write(json.dumps(event, sort_keys=True) + "\n")
-            self._events_file.flush()
+            try:
+                with storage_writes(self.out / "events.jsonl"):
+                    self._events_file.write(json.dumps(event, sort_keys=True) + "\n")
+                    self._events_file.flush()
+            except StorageError:
+                if not best_effort:
+                    raise
         for callback in self.callbacks:
             callback(event)
 
     def _open_events(self, resume_step: int | None) -> None:
         if not self.is_main:
             return
-        self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "events.jsonl"
+        with storage_writes(path):
+            self._open_events_file(path, resume_step)
+
+    def _open_events_file(self, path: Path, resume_step: int | None) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and path.exists():
             # Drop what the interrupted run wrote after the checkpoint it resumes from.
             kept = []
@@ -563,10 +588,11 @@ class Engine:
                 raise FileNotFoundError(f"{path}: the KL reference policy of this run is missing")
             load_model(reference, str(path), device=str(self.device))
         elif self.is_main:
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            save_model(reference, str(tmp))
-            os.replace(tmp, path)
+            with storage_writes(tmp):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_model(reference, str(tmp))
+                os.replace(tmp, path)
         self.accelerator.wait_for_everyone()
         align_tensors(reference)
         reference.eval()
@@ -947,6 +973,7 @@ class Engine:
         )
         t1 = t_old if fused else time.perf_counter()
         nan_step = os.environ.get(NAN_STEP_ENV)
+        _inject_crash(step)
         for epoch in range(spec.optim.ppo_epochs):
             update_metrics, lp, ent, corr = policy_update(
                 self.model,
@@ -1106,8 +1133,8 @@ class Engine:
         spec = self.spec
         ckpt = checkpoints.latest_checkpoint(self.out / "checkpoints") if self.resume else None
         seed_everything(spec.seed)
-        self._open_events(int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt else None)
         try:
+            self._open_events(int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt else None)
             self._load_data()
             self._load(ckpt)
             if ckpt is not None:
@@ -1122,11 +1149,25 @@ class Engine:
             return ExitCode.NON_FINITE
         except Interrupted:
             return ExitCode.INTERRUPTED
+        except StorageError as err:
+            return self._storage_failed(err)
+        except OSError as err:
+            # A full or read-only disk under a write nobody wrapped is still the storage, not a crash to retry.
+            if err.errno not in UNAMBIGUOUS:
+                raise
+            return self._storage_failed(StorageError(err.errno, err.filename, err.strerror or str(err)))
         finally:
             if self._events_file is not None:
-                self._events_file.close()
+                with contextlib.suppress(OSError):  # the disk may be why we stop
+                    self._events_file.close()
                 self._events_file = None
                 self._write_report()
+
+    def _storage_failed(self, err: StorageError) -> ExitCode:
+        """A write failed: say so on stdout (the events file may be where it failed) and on stderr."""
+        self.emit(err.event(self.step), best_effort=True)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return ExitCode.STORAGE
 
     def _loop(self, resumed: bool) -> ExitCode:
         spec = self.spec

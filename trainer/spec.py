@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainer import safejson
 from trainer.hyperparams import (
     ADVANTAGE_ESTIMATOR_NAMES,
     CONTROLLED_PARAMS,
@@ -24,7 +25,9 @@ from trainer.hyperparams import (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity in any float field: a spec with one is refused naming the field, the same way over
+    # HTTP (estimate and create) and from a file.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -288,8 +291,15 @@ def _check_verifier(spec: VerifierSpec) -> None:
 
 
 def load_spec(path: str | Path) -> TrainSpec:
+    """A spec file (YAML or JSON), under the same document rules as a request body (trainer.safejson)."""
     with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
+        try:
+            data = yaml.safe_load(fh) or {}
+        except ValueError as err:  # e.g. an integer past Python's 4,300-digit conversion limit
+            raise ValueError(f"{path}: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a job spec must be a mapping")
+    problem = safejson.find_unsafe(data)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem.where or 'the spec'}: {problem.message}")
     return TrainSpec.model_validate(data)

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer import safejson
+
 __all__ = [
     "ARITHMETIC_OPERATIONS",
     "DEFAULT_TEMPLATE",
@@ -176,7 +178,9 @@ class LineError:
     """One problem in a JSONL file. `line` is 1-based; 0 means the file as a whole."""
 
     line: int
-    code: str  # not_utf8 | invalid_json | not_object | missing_field | wrong_type | empty_field | empty_file
+    # not_utf8 | invalid_json | not_object | missing_field | wrong_type | empty_field | empty_file, or one of
+    # trainer.safejson's: nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep
+    code: str
     message: str
     field: str | None = None
 
@@ -210,7 +214,10 @@ def _parse_line(number: int, raw: bytes) -> tuple[dict[str, Any] | None, list[Li
     if not text.strip():
         return None, []
     try:
-        record = json.loads(text)
+        record = safejson.loads(text)
+    except safejson.UnsafeDocument as exc:
+        problem = exc.problem
+        return None, [LineError(number, problem.code, str(exc), problem.where or None)]
     except json.JSONDecodeError as exc:
         return None, [LineError(number, "invalid_json", f"not JSON: {exc.msg} at column {exc.colno}")]
     if not isinstance(record, dict):

@@ -1,9 +1,10 @@
 """The periodic repair pass that makes the broker a mere doorbell.
 
 - Running (or pausing/cancelling) jobs whose heartbeat is older than stale_after_s: recovering (re-sent;
-  they resume from their latest checkpoint) or failed when attempts are used up; pausing → paused,
-  cancelling → cancelled. Not within stale_after_s of the database coming back after an outage (nobody
-  could heartbeat during it).
+  they resume from their latest checkpoint) or failed (worker_lost) when the job's lost-worker budget is
+  spent (lost_workers reaches max_lost_workers, 10 by default; a lost worker leaves the crash budget,
+  failures/max_attempts, alone); pausing → paused, cancelling → cancelled. Not within stale_after_s of
+  the database coming back after an outage (nobody could heartbeat during it).
 - Queued/recovering jobs whose message is older than unclaimed_after_s (lost in a Redis restart, say): re-sent,
   but only as many per queue as the broker is short of: when the queue already holds a message for every
   job waiting on it (LLEN ≥ jobs waiting), the jobs are only waiting behind busy workers and get no second

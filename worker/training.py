@@ -8,17 +8,34 @@ duplicates and no gaps.
 
 How the run ends, by the trainer's exit code (trainer.engine.ExitCode):
   0 → succeeded; 2 → failed (user: bad spec or data, never retried); 3 → failed (user: non-finite loss or
-  entropy at step k; the last checkpoint stays downloadable); 75 after our cancel/pause → cancelled/paused;
-  anything else (a crash, a kill, 75 from a shutdown we did not ask for) → system error: recovering and
-  re-sent, resuming from the latest checkpoint, until max_attempts, then failed (system).
+  entropy at step k; the last checkpoint stays downloadable); 74 → failed (system; storage_full,
+  storage_read_only or storage_io_error, from the trainer's `error` event, with the errno name and path: a
+  write to the run folder failed. Never retried: the next attempt would meet the same disk. The checkpoints
+  recorded before stay, a half-written one never gets a row); 75 after our cancel/pause → cancelled/paused;
+  killed by a SIGKILL we did not send (the OOM killer, an operator, the container runtime) → an
+  infrastructure failure, `trainer_killed`, on the job's lost-worker budget like a worker that stopped
+  heartbeating (lost_workers / max_lost_workers); anything else (a crash, 75 from a shutdown we did not ask
+  for) → `trainer_crashed`, on the job's crash budget (failures / max_attempts). Either way the job is
+  recovering and re-sent, resuming from its latest checkpoint, until its budget is spent, or until it failed
+  twice in a row without getting past a step (`crash_loop`, after 2 attempts): then failed (system). The
+  budget arithmetic is repository.retry_job's. A crash message quotes the trainer's last stderr lines (kept
+  in memory by the supervisor), never an empty string.
+
+The worker's own writes after the claim (the spec file, the trainer log) fail the job the same way as the
+trainer's exit 74, instead of raising out of the task and leaving the job to the sweeper (which would count
+each attempt as a lost worker).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import queue
+import re
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -32,6 +49,7 @@ import yaml
 from service import repository
 from service.database import Database
 from service.repository import Claim, JobError
+from trainer.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
 from worker.settings import WorkerSettings
 from worker.supervisor import TrainerProcess, log_tail, trainer_command
 
@@ -39,7 +57,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHECKPOINT_PREFIX = "step-"  # trainer/checkpoints.py: OUT/checkpoints/step-000050
-EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 75
+EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 74, 75
+_ERRNO_NAME = re.compile(r"cannot write .*: (E[A-Z0-9]+) \(")  # trainer.storage.StorageError's message
+ERROR_LINES = 3  # a crash message quotes this many of the trainer's last stderr lines (a traceback's end)
 FLUSH_S = 0.5  # metric rows reach the database within this long of the step
 MAX_BATCH = 64
 # A checkpoint is recorded the moment it arrives, not with the next batch: until its row exists, a worker
@@ -79,6 +99,7 @@ class Recorder:
     def __init__(self, db: Database, claim: Claim, settings: WorkerSettings) -> None:
         self.db, self.claim, self.settings = db, claim, settings
         self.last_error: str | None = None
+        self.last_error_event: dict[str, Any] | None = None  # the trainer's last `error` event
 
     def _retry(self, fn: Callable[[Any], T]) -> T:
         # Back off at most one heartbeat period: the heartbeat is renewed soon after the database returns.
@@ -145,6 +166,7 @@ class Recorder:
             ]
         if kind == "error":
             self.last_error = str(event.get("message", ""))
+            self.last_error_event = event
             message = str(event.get("message", "trainer error"))
             return [self._event_op("trainer.error", message, {"step": event.get("step")}, level="error")]
         return []
@@ -176,9 +198,15 @@ class Recorder:
         c = self.claim
         self._fenced(lambda s: repository.finish_job(s, c.job_id, c.lease_token, status, error=error))
 
-    def retry(self, error: JobError) -> str:
+    def retry(self, error: JobError, *, infrastructure: bool = False) -> str:
         c = self.claim
-        return str(self._fenced(lambda s: repository.retry_job(s, c.job_id, c.lease_token, error)))
+        return str(
+            self._fenced(
+                lambda s: repository.retry_job(
+                    s, c.job_id, c.lease_token, error, infrastructure=infrastructure
+                )
+            )
+        )
 
 
 def _folder_size(path: Path) -> int:
@@ -186,9 +214,15 @@ def _folder_size(path: Path) -> int:
 
 
 def prepare_run(claim: Claim, settings: WorkerSettings) -> tuple[Path, Path, bool]:
-    """Writes the resolved spec next to the run's output; returns (spec path, out dir, resume?)."""
+    """Writes the resolved spec next to the run's output; returns (spec path, out dir, resume?). A failed
+    write raises trainer.storage.StorageError."""
     root = Path(settings.artifact_root).resolve()
     out_dir = root / claim.run_dir
+    with storage_writes(out_dir):
+        return _prepare(claim, root, out_dir)
+
+
+def _prepare(claim: Claim, root: Path, out_dir: Path) -> tuple[Path, Path, bool]:
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = dict(claim.resolved_spec)
     task = dict(spec.get("task") or {})
@@ -228,13 +262,22 @@ def run_claimed(
 ) -> str:
     """Supervises the trainer for a claimed job; returns the job's final status for this attempt."""
     recorder = Recorder(db, claim, settings)
-    spec_path, out_dir, resume = prepare_run(claim, settings)
-    num_processes = int(claim.resolved_spec.get("distributed", {}).get("num_processes", 1))
-    command = trainer_command(
-        settings.python or sys.executable, spec_path, out_dir, resume=resume, num_processes=num_processes
-    )
-    log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
-    child = TrainerProcess(command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"})
+    try:
+        spec_path, out_dir, resume = prepare_run(claim, settings)
+        num_processes = int(claim.resolved_spec.get("distributed", {}).get("num_processes", 1))
+        command = trainer_command(
+            settings.python or sys.executable, spec_path, out_dir, resume=resume, num_processes=num_processes
+        )
+        log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
+        child = TrainerProcess(command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"})
+    except StorageError as err:  # our own write failed: the trainer would meet the same disk
+        logger.error("job %s: %s", claim.job_id, err)
+        return _finish(recorder, "failed", JobError(err.code, str(err)[:1000], "system"))
+    except OSError as err:  # the trainer could not be started (no such interpreter, no memory to fork)
+        logger.error("job %s: cannot start the trainer: %s", claim.job_id, err)
+        return _retry(
+            recorder, claim, JobError("trainer_crashed", f"cannot start the trainer: {err}", "system"), resend
+        )
     stop_reason: str | None = None
     stop_sent_at = 0.0
     last_beat = time.monotonic()
@@ -290,7 +333,34 @@ def run_claimed(
         child.wait(timeout=60)
         raise
 
-    return _conclude(recorder, claim, code, stop_reason, log_path, resend)
+    return _conclude(
+        recorder, claim, code, stop_reason, child.stderr_tail.text() or log_tail(log_path), resend
+    )
+
+
+def _finish(recorder: Recorder, status: str, error: JobError | None = None) -> str:
+    try:
+        recorder.finish(status, error)
+    except LeaseLost:
+        return "lease_lost"
+    return status
+
+
+def _retry(
+    recorder: Recorder,
+    claim: Claim,
+    error: JobError,
+    resend: Callable[[str, str], None],
+    *,
+    infrastructure: bool = False,
+) -> str:
+    try:
+        status = recorder.retry(error, infrastructure=infrastructure)
+    except LeaseLost:
+        return "lease_lost"
+    if status == "recovering":
+        resend(claim.job_id, claim.queue)
+    return status
 
 
 def _conclude(
@@ -298,10 +368,11 @@ def _conclude(
     claim: Claim,
     code: int,
     stop_reason: str | None,
-    log_path: Path,
+    tail: str,
     resend: Callable[[str, str], None],
 ) -> str:
-    tail = log_tail(log_path)
+    """The attempt's end from the trainer's exit code. `tail`: the end of its stderr (the in-memory copy,
+    else the log file's)."""
     try:
         if code == EXIT_OK:
             recorder.finish("succeeded")
@@ -318,18 +389,62 @@ def _conclude(
             message = recorder.last_error or _non_finite_message(tail)
             recorder.finish("failed", JobError("non_finite", message, "user"))
             return "failed"
+        if code == EXIT_STORAGE or _is_storage_fault(recorder.last_error_event):
+            # Also without exit 74: under `accelerate launch` the launcher exits 1 when rank 0 exits 74.
+            recorder.finish("failed", _storage_error(recorder.last_error_event, tail))
+            return "failed"
         if stop_reason is not None:  # we asked it to stop and it died instead: still honour the request
             recorder.finish(stop_reason)
             return stop_reason
-        error = JobError(
-            "trainer_crashed", f"trainer exited with code {code}: {_last_line(tail)}"[:1000], "system"
-        )
-        status = recorder.retry(error)
-        if status == "recovering":
-            resend(claim.job_id, claim.queue)
-        return status
     except LeaseLost:
         return "lease_lost"
+    if code == -signal.SIGKILL:  # not ours (we kill only on a lost lease or a stop request, handled above)
+        error = JobError("trainer_killed", _crash_message("was killed by SIGKILL", tail), "system")
+        return _retry(recorder, claim, error, resend, infrastructure=True)
+    return _retry(
+        recorder, claim, JobError("trainer_crashed", _crash_message(_exit(code), tail), "system"), resend
+    )
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _crash_message(what: str, tail: str) -> str:
+    """The crash's message: what happened and the trainer's last stderr lines; never an empty tail (a
+    trainer that printed nothing says so)."""
+    lines = _error_lines(tail)
+    if not lines:
+        return f"trainer {what} and printed no error"
+    return f"trainer {what}: {lines}"[:1000]
+
+
+def _is_storage_fault(event: dict[str, Any] | None) -> bool:
+    return event is not None and event.get("code") in STORAGE_CODES
+
+
+def _storage_error(event: dict[str, Any] | None, tail: str) -> JobError:
+    """The job's error for the trainer's exit 74, from its `error` event (code, errno, path, message)."""
+    code = str((event or {}).get("code") or "")
+    message = str((event or {}).get("message") or "")
+    if (
+        not message
+    ):  # the event was lost: its stderr line says the same ("error: cannot write P: ENOSPC (...)")
+        message = _last_line(tail) or "the trainer could not write to the run folder"
+        named = _ERRNO_NAME.search(message)
+        code = storage_code(getattr(errno, named.group(1), None)) if named else STORAGE_IO_ERROR
+    if code not in STORAGE_CODES:
+        code = STORAGE_IO_ERROR
+    return JobError(code, message[:1000], "system")
+
+
+def _error_lines(text: str, count: int = ERROR_LINES) -> str:
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-count:])[-800:]
 
 
 def _last_line(text: str) -> str:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from service import repository, views
 from service.dependencies import OwnedJob, ServicesDep, SessionDep
+from service.errors import BadRequest
 from service.models import TERMINAL_STATUSES, JobEvent
 from service.schemas import AUTHENTICATED_ERRORS, EventList, errors
 from service.services import Services
@@ -21,6 +25,23 @@ from service.services import Services
 router = APIRouter(prefix="/v1/jobs/{job_id}/events", tags=["events"], responses=AUTHENTICATED_ERRORS)
 
 STREAM_BATCH = 500
+# One Server-Sent Event of the stream (OpenAPI describes a text/event-stream response event by event).
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "id": {"type": "string", "description": "The event's sequence number (resume with Last-Event-ID)."},
+        "event": {"type": "string", "description": "The event's type, or `end` after the last one."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The event object as JSON; for `end`, `{job_id, status}`.",
+        },
+        "retry": {"type": "integer"},
+    },
+}
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+logger = logging.getLogger(__name__)
 
 
 @router.get(
@@ -31,7 +52,7 @@ STREAM_BATCH = 500
         200: {
             "description": "A page of events (JSON), or with `stream=true` / `Accept: text/event-stream` an "
             "SSE stream: `id` is the event's sequence number, `event` its type, `data` the event object.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
         },
         **errors(404),
     },
@@ -53,9 +74,7 @@ def list_events(
     """Events oldest first (created, running, checkpoints, pause, resume, retries, the end). The stream ends
     once the job has finished and every event was sent; reconnecting with Last-Event-ID loses nothing."""
     if stream or "text/event-stream" in request.headers.get("accept", ""):
-        start = after
-        if last_event_id is not None and last_event_id.strip().isdigit():
-            start = max(start, int(last_event_id.strip()))
+        start = max(after, _last_event_id(last_event_id))
         job_id = job.id
         session.close()  # the stream polls with short sessions of its own
         return StreamingResponse(
@@ -67,6 +86,24 @@ def list_events(
     return EventList(
         data=[views.event_view(e) for e in rows], has_more=has_more, last_id=rows[-1].seq if rows else None
     )
+
+
+MAX_EVENT_ID = 2**31 - 1  # job_events.seq is a 32-bit integer
+_EVENT_ID = re.compile(r"[0-9]{1,10}")
+
+
+def _last_event_id(value: str | None) -> int:
+    """The id a reconnecting EventSource sends back: ASCII digits within the id range, else 400 (a browser
+    only ever sends an id this stream gave it; anything else is a client bug worth hearing about)."""
+    if value is None or not value.strip():
+        return 0
+    text = value.strip()
+    if not _EVENT_ID.fullmatch(text) or int(text) > MAX_EVENT_ID:
+        raise BadRequest(
+            f"Last-Event-ID must be an event id: ASCII digits, at most {MAX_EVENT_ID}",
+            param="Last-Event-ID",
+        )
+    return int(text)
 
 
 def _poll(services: Services, job_id: str, after: int) -> tuple[list[JobEvent], str | None]:
@@ -87,7 +124,11 @@ async def _event_stream(services: Services, job_id: str, after: int) -> AsyncIte
     last_write = time.monotonic()
     yield f"retry: {int(settings.sse_poll_interval_s * 1000)}\n\n"
     while True:
-        rows, status = await run_in_threadpool(_poll, services, job_id, after)
+        try:
+            rows, status = await run_in_threadpool(_poll, services, job_id, after)
+        except DATABASE_UNAVAILABLE as err:  # ride out an outage: the stream waits, keep-alives continue
+            logger.warning("event stream of %s: database unavailable (%s); retrying", job_id, err)
+            rows, status = [], "unknown"
         for event in rows:
             yield _sse(event)
             after = event.seq

@@ -51,7 +51,7 @@ UPLOAD_BODY = {
     summary="Upload a JSONL dataset",
     status_code=201,
     response_model=FileObject,
-    responses=errors(400, 415),
+    responses=errors(400, 415, 507),
     openapi_extra={"requestBody": UPLOAD_BODY},
 )
 async def upload_file(
@@ -60,7 +60,7 @@ async def upload_file(
     """Upload a training file as multipart/form-data (`file`, optional `purpose`). The body is streamed to
     disk and cut off at the size limit (413). Every line must be a UTF-8 JSON object with non-empty string
     fields `prompt` and `answer`; otherwise 422 lists the problems with their line numbers. Nothing is stored
-    for a rejected upload."""
+    for a rejected upload, nor when the storage fails while writing it (507 when full, 503 otherwise)."""
     session.close()  # hold no database connection while the body streams in
     settings = services.settings
     boundary = multipart_boundary(request.headers.get("content-type"))

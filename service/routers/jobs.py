@@ -56,7 +56,12 @@ def _checked_spec(body: JobCreate, training_file: FileLike | None, services: Ser
                 f"file {training_file.id} has purpose {training_file.purpose!r}, not 'rl_train'",
                 param="training_file",
             )
-    return job_specs.validate_spec(body.spec, training_file=training_file, models=services.models)
+    return job_specs.validate_spec(
+        body.spec,
+        training_file=training_file,
+        models=services.models,
+        max_processes=services.settings.max_processes_per_job,
+    )
 
 
 def _validated(body: JobCreate, tenant: TenantRef, session: Session, services: Services) -> TrainSpec:
@@ -102,6 +107,7 @@ def _new_job(
         metadata=dict(body.metadata or {}),
         total_steps=spec.optim.steps,
         max_attempts=settings.max_attempts,
+        max_lost_workers=settings.max_lost_workers,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
     )
@@ -241,11 +247,16 @@ def pause_job(job: OwnedJob, session: SessionDep) -> JobObject:
 
 
 @router.post(
-    "/{job_id}/resume", summary="Resume a paused job", response_model=JobObject, responses=errors(404, 409)
+    "/{job_id}/resume",
+    summary="Resume a paused job, or one that failed on a system fault",
+    response_model=JobObject,
+    responses=errors(404, 409),
 )
 def resume_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobObject:
     """Queue a paused job again (it continues from its latest checkpoint), or withdraw a pause the worker
-    has not acted on yet. 409 for a job that is not paused."""
+    has not acted on yet. A job that failed on a system fault (`error.category == "system"`: a full or
+    read-only disk, a spent retry budget) is queued again the same way once the fault is fixed, with fresh
+    retry budgets. 409 for any other job (`job_not_resumable` for a user error: submit a fixed job)."""
     if repository.resume_job(session, job):
         repository.mark_enqueued(session, [job.id])
         session.commit()

@@ -12,11 +12,13 @@ the session (see conftest.pytest_terminal_summary).
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import schemathesis
@@ -39,14 +41,22 @@ from tests.service import conftest
 from tests.service.conftest import TenantKey, settings_for
 from tests.service.helpers import GOOD_JSONL, FakeWorker, create_job, upload
 
-MAX_EXAMPLES = 40
+# Cases per operation and mode; `make fuzz` raises it (STARE_SCHEMATHESIS_EXAMPLES).
+MAX_EXAMPLES = int(os.environ.get("STARE_SCHEMATHESIS_EXAMPLES", "40"))
 
 
 @schemathesis.check
 def negative_data_rejected(ctx: Any, response: Any, case: Any) -> bool | None:
     """Schemathesis's negative_data_rejection, with 413 counted as a rejection too: a schema-violating body
-    over the request-size limit (1 MiB) is refused by the size check before validation sees it."""
+    over the request-size limit (1 MiB) is refused by the size check before validation sees it.
+
+    Not judged: a case whose only violation is an extra query parameter with an empty name. The HTTP client
+    drops such a pair (`?after=&=x` goes out as `?after=`), so the server receives a valid request; unknown
+    parameters that do arrive are refused (test_boundary.test_unknown_query_parameters_are_refused...)."""
     if response.status_code == 413:
+        return None
+    sent = parse_qsl(urlsplit(str(response.request.url)).query, keep_blank_values=True)
+    if "" in (case.query or {}) and all(name for name, _ in sent):
         return None
     return negative_data_rejection(ctx, response, case)
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service import repository
 from service.database import Database
-from service.models import Checkpoint, JobEvent, JobMetric
+from service.models import DEFAULT_MAX_LOST_WORKERS, Checkpoint, JobEvent, JobMetric
 from tests.service.conftest import TenantKey
 from tests.service.helpers import create_job, step_metrics
 
@@ -137,10 +137,13 @@ def test_system_errors_are_retried_up_to_max_attempts_and_user_errors_never(
 ) -> None:
     oom = repository.JobError("oom", "CUDA out of memory", "system")
     statuses = []
-    for attempt in (1, 2, 3):
+    for attempt, step in ((1, 2), (2, 4), (3, 6)):  # progress between crashes: no crash_loop (issue 12)
         current = claim(db, job_id)
         assert current is not None and current.attempt == attempt
         with db.transaction() as session:
+            assert repository.record_step_metrics(
+                session, job_id, current.lease_token, step, step_metrics(step, 0.5)
+            )
             statuses.append(repository.retry_job(session, job_id, current.lease_token, oom))
     assert statuses == ["recovering", "recovering", "failed"]
     with db.sessions() as session:
@@ -169,7 +172,7 @@ def test_stale_cancelling_and_pausing_jobs_settle(
 
 def test_a_worker_lost_too_often_fails_the_job_as_a_system_error(db: Database, job_id: str) -> None:
     later = repository.utcnow()
-    for _ in range(3):
+    for _ in range(DEFAULT_MAX_LOST_WORKERS):  # 10: lost workers have their own budget (issue 12)
         assert claim(db, job_id) is not None
         later += timedelta(minutes=5)
         with db.transaction() as session:
@@ -177,4 +180,35 @@ def test_a_worker_lost_too_often_fails_the_job_as_a_system_error(db: Database, j
     with db.sessions() as session:
         job = repository.load_job(session, job_id)
         assert job is not None and job.status == "failed"
-        assert (job.error_code, job.error_category, job.failures) == ("worker_lost", "system", 3)
+        assert (job.error_code, job.error_category) == ("worker_lost", "system")
+        assert (job.lost_workers, job.failures) == (DEFAULT_MAX_LOST_WORKERS, 0)
+
+
+def test_a_job_failed_on_a_system_fault_resumes_with_fresh_budgets_and_a_user_error_does_not(
+    client: TestClient, tenant: TenantKey, db: Database, job_id: str
+) -> None:
+    current = claim(db, job_id)
+    assert current is not None
+    with db.transaction() as session:
+        assert repository.record_step_metrics(session, job_id, current.lease_token, 3, step_metrics(3, 0.5))
+        assert repository.add_checkpoint(session, job_id, current.lease_token, 2, f"{job_id}/run/step-2")
+        full = repository.JobError(
+            "storage_full", "cannot write /x: ENOSPC (No space left on device)", "system"
+        )
+        assert repository.finish_job(session, job_id, current.lease_token, "failed", error=full)
+    response = client.post(f"/v1/jobs/{job_id}/resume", headers=tenant.headers)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["status"], body["error"], body["failures"], body["lost_workers"]) == ("queued", None, 0, 0)
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=tenant.headers).json()["data"]
+    assert events[-1]["type"] == "job.resumed" and events[-1]["data"] == {"after_error": "storage_full"}
+    again = claim(db, job_id)
+    assert again is not None and again.attempt == 2 and again.latest_checkpoint_step == 2
+
+    with db.transaction() as session:
+        bad = repository.JobError("non_finite", "non-finite loss at step 3", "user")
+        assert repository.finish_job(session, job_id, again.lease_token, "failed", error=bad)
+    response = client.post(f"/v1/jobs/{job_id}/resume", headers=tenant.headers)
+    assert response.status_code == 409, response.text
+    assert response.json()["error"]["code"] == "job_not_resumable"
+    assert client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["status"] == "failed"

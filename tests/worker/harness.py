@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from service import repository
 from service.app import create_app
 from service.database import Database
-from service.models import TERMINAL_STATUSES, Job, JobMetric
+from service.models import TERMINAL_STATUSES, Checkpoint, Job, JobMetric
 from service.settings import Settings
 from tests.worker.servers import PrivatePostgres, PrivateRedis
 
@@ -313,6 +313,8 @@ class Harness:
                 "status": job.status,
                 "attempt": job.attempt,
                 "failures": job.failures,
+                "lost_workers": job.lost_workers,
+                "crash_streak": job.crash_streak,
                 "current_step": job.current_step,
                 "run_dir": job.run_dir,
                 "lease_owner": job.lease_owner,
@@ -331,6 +333,19 @@ class Harness:
                 .order_by(JobMetric.step)
             ).all()
             return [(int(r.step), int(r.attempt), dict(r.metrics)) for r in rows]
+
+        return self.infra.db_retry(read)
+
+    def checkpoint_rows(self, job_id: str) -> list[tuple[int, str, int | None]]:
+        """(step, path relative to the artifact root, bytes) of every checkpoint row of the job, by step."""
+
+        def read(session: Any) -> list[tuple[int, str, int | None]]:
+            rows = session.execute(
+                sa.select(Checkpoint.step, Checkpoint.path, Checkpoint.bytes)
+                .where(Checkpoint.job_id == job_id)
+                .order_by(Checkpoint.step)
+            ).all()
+            return [(int(r.step), str(r.path), r.bytes) for r in rows]
 
         return self.infra.db_retry(read)
 
