@@ -37,8 +37,8 @@ fuzz: install
 		tests/service/test_schemathesis.py tests/service/test_fuzz_hostile.py
 
 lint: install
-	$(BIN)/ruff check trainer service worker experiments tests bench
-	$(BIN)/ruff format --check trainer service worker experiments tests bench
+	$(BIN)/ruff check contract store trainer service worker experiments tests bench
+	$(BIN)/ruff format --check contract store trainer service worker experiments tests bench
 
 typecheck: install
 	$(BIN)/mypy

@@ -64,7 +64,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -76,9 +75,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import _common
 
 TARGET_VS_TRL = {"tiny-arith": 1.5, "smollm2-135m-instruct": 1.2}
 STARE_OVERHEAD_TARGET = 0.03
@@ -155,7 +152,7 @@ def default_cases(quick: bool) -> tuple[list[Case], list[Case]]:
 
 
 def train_spec(case: Case, algorithm: str, skip_zero_advantage: bool = True) -> Any:
-    from trainer.spec import TrainSpec
+    from contract.spec import TrainSpec
 
     algo: dict[str, Any] = {"name": algorithm}
     if algorithm == "stare":
@@ -198,15 +195,12 @@ def train_spec(case: Case, algorithm: str, skip_zero_advantage: bool = True) -> 
 
 def engine_prompt_order(spec: Any, steps: int) -> list[Any]:
     """The examples the engine takes over `steps` steps, in order, via its own data cursor."""
-    from trainer.engine import Engine
+    from trainer.engine import load_examples
 
-    shadow = Engine.__new__(Engine)  # only the data methods: no accelerator, no model
-    shadow.spec = spec
-    shadow.cursor = 0
-    shadow._load_data()
+    prompts, _ = load_examples(spec)  # the engine's data cursor, without an engine
     order: list[Any] = []
     for _ in range(steps):
-        order.extend(shadow._take_prompts(spec.optim.prompts_per_step)[0])
+        order.extend(prompts.take(spec.optim.prompts_per_step)[0])
     return order
 
 
@@ -217,8 +211,7 @@ class OurSide:
         spec = train_spec(case, algorithm, skip_zero_advantage)
         self.engine = Engine(spec, scratch, progress=False)
         seed_everything(spec.seed)
-        self.engine._load_data()
-        self.engine._load(None)
+        self.engine.setup()
         model = self.engine.accelerator.unwrap_model(self.engine.model)
         model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, see the docstring
         model.train()
@@ -606,27 +599,11 @@ def markdown(vs_trl: list[dict[str, Any]], stare: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def machine(threads: int) -> dict[str, Any]:
-    import importlib.metadata as md
-
-    import psutil
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "memory_total_bytes": psutil.virtual_memory().total,
-        "torch_threads": threads,
-        "python": platform.python_version(),
-        **{pkg: md.version(pkg) for pkg in ("torch", "transformers", "accelerate", "trl")},
-    }
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps (about 2 minutes)")
     parser.add_argument(
-        "--json", default=str(_ROOT / "bench" / "results" / "engine.json"), help="output path"
+        "--json", default=str(_common.ROOT / "bench" / "results" / "engine.json"), help="output path"
     )
     parser.add_argument(
         "--threads",
@@ -658,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         trl_cases = [replace(c, steps=args.steps) for c in trl_cases]
         stare_cases = [replace(c, steps=args.steps) for c in stare_cases]
     started = time.perf_counter()
-    info = machine(args.threads)
+    info = _common.machine("transformers", "accelerate", "trl", torch_threads=args.threads)
     print(
         f"bench_engine: {info['cpu_count']} CPUs, torch {info['torch']} ({args.threads} threads), "
         f"trl {info['trl']}, load average {os.getloadavg()}",

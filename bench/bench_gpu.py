@@ -42,23 +42,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
-for path in (_ROOT, _ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+import _common  # noqa: F401  (puts the repository root on sys.path)
+import torch
+from bench_kernels import naive_token_stats
+from bench_stare_overhead import VARIANTS, Settings, make_batch
 
-import torch  # noqa: E402
-from bench_kernels import naive_token_stats  # noqa: E402
-from bench_stare_overhead import VARIANTS, Settings, make_batch  # noqa: E402
-
-from trainer.algos.kernels import (  # noqa: E402
+from trainer.algos.kernels import (
     BACKEND_ENV,
     token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
     triton_available,
 )
-from trainer.algos.losses import PolicyLossInputs, compute_policy_loss, make_loss_params  # noqa: E402
+from trainer.algos.losses import PolicyLossInputs, compute_policy_loss, make_loss_params
 
 GIB = 1024**3
 H200_DENSE_BF16_TFLOPS = 989.0  # vendor datasheet, dense (no sparsity)
@@ -302,10 +298,10 @@ def section_stare_overhead(device: torch.device, timer: Timer, quick: bool) -> d
         "response_mask": cpu.response_mask.to(device),
     }
     calls = {}
-    for label, (loss_name, overrides) in VARIANTS.items():
+    for label, (loss_name, overrides, control) in VARIANTS.items():
         params = make_loss_params(loss_name, **overrides)
 
-        def call(loss_name: str = loss_name, params: Any = params) -> None:
+        def call(loss_name: str = loss_name, params: Any = params, control: Any = control) -> None:
             leaf = batch["logprob"].clone().requires_grad_(True)
             inputs = PolicyLossInputs(
                 logprob=leaf,
@@ -313,7 +309,7 @@ def section_stare_overhead(device: torch.device, timer: Timer, quick: bool) -> d
                 advantages=batch["advantages"],
                 response_mask=batch["response_mask"],
             )
-            loss, _ = compute_policy_loss(loss_name, inputs, params)
+            loss, _ = compute_policy_loss(loss_name, inputs, params, control=control)
             loss.backward()
 
         calls[label] = call
@@ -450,8 +446,8 @@ def _engine_runs(
     new_tokens: int,
     steps: int,
 ) -> None:
+    from contract.spec import TrainSpec
     from trainer.engine import Engine
-    from trainer.spec import TrainSpec
     from trainer.tasks import render_prompt
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -489,8 +485,7 @@ def _engine_runs(
             spec = TrainSpec.model_validate(data)
             out = Path(tmp) / f"run-{name}"
             engine = Engine(spec, out, progress=False)
-            engine._load_data()
-            engine._load(None)
+            engine.setup()
             per_step = []
             for step in range(steps):
                 if device.type == "cuda":
@@ -519,7 +514,7 @@ def _engine_runs(
             # Left padding makes every row as wide as the batch's longest prompt, and the padded positions
             # are computed too: the longest prompt of the task is the width counted.
             rendered = [
-                render_prompt(e, spec.task.prompt_template, engine.tokenizer) for e in engine.train_examples
+                render_prompt(e, spec.task.prompt_template, engine.tokenizer) for e in engine.prompts.examples
             ]
             prompt_tokens = max(len(ids) for ids in engine.tokenizer(rendered)["input_ids"])
             counts = {

@@ -44,7 +44,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -55,17 +54,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import _common
+import psutil
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.testing import assert_close
 
-import psutil  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import Tensor  # noqa: E402
-from torch.testing import assert_close  # noqa: E402
-
-from trainer.algos.kernels import (  # noqa: E402
+from trainer.algos.kernels import (
     DEFAULT_CHUNK_ROWS,
     token_stats_from_hidden,
     token_stats_from_logits,
@@ -409,7 +405,7 @@ def run_in_subprocess(
     kernel's OOM killer: other processes on the machine grew while it ran) is retried once."""
     need = estimate_peak_bytes(case)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_common.ROOT), env.get("PYTHONPATH", "")) if p)
     if warm_allocator:
         env.update(WARM_ALLOCATOR_ENV)
     else:
@@ -653,19 +649,6 @@ def markdown_tables(rows: list[dict[str, Any]], naive_bf16_forward: dict[str, An
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "memory_total_bytes": psutil.virtual_memory().total,
-        "cuda": torch.cuda.is_available(),
-    }
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=None, help="scored rows N (default 8192; quick 512)")
@@ -704,7 +687,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
     parser.add_argument(
-        "--json", default=str(_ROOT / "bench" / "results" / "kernels.json"), help="output path"
+        "--json", default=str(_common.ROOT / "bench" / "results" / "kernels.json"), help="output path"
     )
     parser.add_argument(
         "--margin-gib", type=float, default=1.5, help="free memory wanted beyond a case's estimated peak"
@@ -747,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     s = settings_from(args)
     started = time.perf_counter()
-    info = machine()
+    info = _common.machine()
     print(
         f"bench_kernels: N={s.tokens:,} V={s.vocab:,} chunk_rows={s.chunk_rows} repeats={s.repeats}/"
         f"{s.naive_repeats} (chunked/naive){', warm allocator' if args.warm_allocator else ''}; "

@@ -22,19 +22,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
-for path in (_ROOT, _ROOT / "bench"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-import torch  # noqa: E402
-from bench_engine import default_cases, train_spec  # noqa: E402
+import _common  # noqa: F401  (puts the repository root on sys.path)
+import torch
+from bench_engine import default_cases, train_spec
 
 
 def engine_for(algorithm: str, micro_batch: int | None) -> Any:
@@ -48,12 +43,11 @@ def engine_for(algorithm: str, micro_batch: int | None) -> Any:
         )
     engine = Engine(spec, tempfile.mkdtemp(prefix="bench-sample-stats-"), progress=False)
     seed_everything(spec.seed)
-    engine._load_data()
-    engine._load(None)
+    engine.setup()
     model = engine.accelerator.unwrap_model(engine.model)
     model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, as in bench_engine
     model.train()
-    assert engine._sample_stats_used, "this configuration does not record sampling statistics"
+    assert engine.record_sample_stats, "this configuration does not record sampling statistics"
     return engine
 
 
@@ -65,7 +59,7 @@ def measure(name: str, algorithm: str, micro_batch: int | None, rounds: int, war
     updates: dict[bool, list[float]] = {True: [], False: []}
     for i in range(rounds):
         for record in (True, False) if i % 2 else (False, True):
-            engine._sample_stats_used = record
+            engine.record_sample_stats = record
             t0 = time.perf_counter()
             metrics = engine.train_step()
             times[record].append(time.perf_counter() - t0)

@@ -385,7 +385,7 @@ def _setup_database() -> tuple[str, str, Any]:
     import psycopg
     from psycopg import sql
 
-    from service import migrate
+    from store import migrate
 
     name = f"stare_svc_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = None
@@ -449,8 +449,8 @@ def main_bench(args: argparse.Namespace) -> None:
     import redis
     from psycopg import sql
 
-    from service import repository
-    from service.database import Database
+    from store import repository
+    from store.database import Database
 
     name, url, admin = _setup_database()
     queue = f"bench-{uuid.uuid4().hex[:8]}"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,26 +34,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+import _common
+import torch
+from torch import Tensor
 
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from trainer.algos import (  # noqa: E402
+from trainer.algos import (
     PolicyLossInputs,
     compute_advantages,
     compute_policy_loss,
     make_loss_params,
     token_stats_from_logits,
 )
-from trainer.algos.selection import (  # noqa: E402
+from trainer.algos.selection import (
     broadcast_advantages,
     ceil_count,
     ceil_count_bound,
     top_k_mask,
 )
+from trainer.algos.stare import StareControllerState
 
 OVERHEAD_TARGET = 0.03
 
@@ -93,15 +90,18 @@ def make_batch(s: Settings) -> Batch:
     return Batch(logprob, old_logprob, advantages, response_mask)
 
 
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "grpo_ds": ("grpo_ds", {}),
-    "stare O1 (gate on)": ("stare", {"variant": "O1", "gate_on": True}),
-    "stare C2 (gate on)": ("stare", {"variant": "C2", "gate_on": True}),
-    "stare (gate off)": ("stare", {"variant": "O1", "gate_on": False}),
+GATE_ON = StareControllerState(gate_on=True, reweight_w=1.1, reweight_m=0.9)
+GATE_OFF = StareControllerState(gate_on=False, reweight_w=1.1, reweight_m=0.9)
+# label → (loss, parameter overrides, the controller state the loss is given)
+VARIANTS: dict[str, tuple[str, dict[str, Any], Any]] = {
+    "grpo_ds": ("grpo_ds", {}, None),
+    "stare O1 (gate on)": ("stare", {"variant": "O1"}, GATE_ON),
+    "stare C2 (gate on)": ("stare", {"variant": "C2"}, GATE_ON),
+    "stare (gate off)": ("stare", {"variant": "O1"}, GATE_OFF),
 }
 
 
-def one_call(batch: Batch, loss_name: str, params: Any) -> float:
+def one_call(batch: Batch, loss_name: str, params: Any, control: Any = None) -> float:
     start = time.perf_counter()
     logprob = batch.logprob.clone().requires_grad_(True)  # (B, T) leaf
     inputs = PolicyLossInputs(
@@ -110,7 +110,7 @@ def one_call(batch: Batch, loss_name: str, params: Any) -> float:
         advantages=batch.advantages,
         response_mask=batch.response_mask,
     )
-    loss, _ = compute_policy_loss(loss_name, inputs, params)
+    loss, _ = compute_policy_loss(loss_name, inputs, params, control=control)
     loss.backward()
     return time.perf_counter() - start
 
@@ -119,13 +119,10 @@ def check_stare_matches_grpo_ds_when_neutral(batch: Batch) -> None:
     """Sanity: with the gate off, STARE's loss and gradient are grpo_ds's bit for bit (ALGORITHMS §7.9),
     so the two rows time the same arithmetic plus STARE's bookkeeping."""
     results = []
-    for name, params in (
-        ("grpo_ds", make_loss_params("grpo_ds")),
-        ("stare", make_loss_params("stare", gate_on=False)),
-    ):
+    for name, control in (("grpo_ds", None), ("stare", GATE_OFF)):
         leaf = batch.logprob.clone().requires_grad_(True)
         inputs = PolicyLossInputs(leaf, batch.old_logprob, batch.advantages, batch.response_mask)
-        loss, _ = compute_policy_loss(name, inputs, params)
+        loss, _ = compute_policy_loss(name, inputs, make_loss_params(name), control=control)
         loss.backward()
         assert leaf.grad is not None
         results.append((loss.detach(), leaf.grad))
@@ -164,11 +161,11 @@ def run(s: Settings) -> dict[str, Any]:
     batch = make_batch(s)
     check_stare_matches_grpo_ds_when_neutral(batch)
     check_selection_paths_agree(batch)
-    params = {label: make_loss_params(name, **over) for label, (name, over) in VARIANTS.items()}
+    params = {label: make_loss_params(name, **over) for label, (name, over, _) in VARIANTS.items()}
     times: dict[str, list[float]] = {label: [] for label in VARIANTS}
     for i in range(s.warmup + s.repeats):
-        for label, (name, _) in VARIANTS.items():
-            elapsed = one_call(batch, name, params[label])
+        for label, (name, _, control) in VARIANTS.items():
+            elapsed = one_call(batch, name, params[label], control)
             if i >= s.warmup:
                 times[label].append(elapsed)
     base = statistics.median(times["grpo_ds"])
@@ -239,7 +236,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
     parser.add_argument(
-        "--json", default=str(_ROOT / "bench" / "results" / "stare_overhead.json"), help="output path"
+        "--json", default=str(_common.ROOT / "bench" / "results" / "stare_overhead.json"), help="output path"
     )
     return parser.parse_args(argv)
 
@@ -286,11 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": "stare_overhead",
                 "settings": asdict(s),
                 "machine": {
-                    "platform": platform.platform(),
-                    "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__,
-                    "python": platform.python_version(),
+                    **_common.machine(),
                     "load_average_before": load_before,
                     "load_average_after": os.getloadavg(),
                 },

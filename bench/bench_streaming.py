@@ -14,6 +14,7 @@ dropped), B/A − 1. Target: ≤ 2 %.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -25,17 +26,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _common
 import psycopg
 import yaml
 from psycopg import sql
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from contract.spec import TrainSpec
+from store import migrate, repository
+from store.database import Database
+from worker.settings import WorkerSettings
 
-from service import migrate, repository  # noqa: E402
-from service.database import Database  # noqa: E402
-from trainer.spec import TrainSpec  # noqa: E402
-from worker.settings import WorkerSettings  # noqa: E402
+ROOT = _common.ROOT
 
 WARMUP_STEPS = 3
 
@@ -81,8 +82,9 @@ def run_supervised(
     resolved = TrainSpec.model_validate(job_spec).resolved()
     with db.transaction() as session:
         tenant = repository.create_tenant(session, f"bench-{uuid.uuid4().hex[:8]}")
-        job, _ = repository.create_job(
-            session,
+    job, _ = asyncio.run(
+        repository.create_job(
+            db.async_pool,
             repository.NewJob(
                 tenant_id=tenant.id,
                 name=None,
@@ -98,6 +100,7 @@ def run_supervised(
                 max_attempts=1,
             ),
         )
+    )
     with db.transaction() as session:
         claim = repository.claim_job(session, job.id, owner="bench", lease_s=600)
     assert claim is not None

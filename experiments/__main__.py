@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from contract.protocol import ExitCode
 from experiments.page import write_page
 from experiments.plan import OPTIONAL_SUITES, all_runs, build_plan
 from experiments.runner import Runner, is_finished, run_dir
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{counts} in {time.monotonic() - t0:.0f} s", flush=True)
         if counts["stopped"]:
             print("stopped: run the same command again to resume", flush=True)
-            return 75
+            return ExitCode.INTERRUPTED
     md = args.md or (REPO / "docs" / ("RESULTS-quick.md" if args.quick else "RESULTS.md"))
     page = args.html or (REPO / "docs" / ("results-quick.html" if args.quick else "results.html"))
     # Optional suites (the SmolLM2 background run) join the page once they have run folders.

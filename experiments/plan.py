@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from contract.protocol import CHECKPOINTS_DIR, checkpoint_name
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
 SFT_REF = "@sft:"  # model.name placeholder: the step-0 model of the named run
@@ -62,7 +64,7 @@ class Run:
         name = spec.get("model", {}).get("name", "")
         if isinstance(name, str) and name.startswith(SFT_REF):
             spec["model"]["name"] = str(
-                folder_of(name[len(SFT_REF) :]) / "checkpoints" / "step-000000" / "model"
+                folder_of(name[len(SFT_REF) :]) / CHECKPOINTS_DIR / checkpoint_name(0) / "model"
             )
         return spec
 
@@ -108,6 +110,9 @@ def comparison_suite(
 ) -> Suite:
     """Every arm on `base` from a shared per-seed SFT; the headline pair gets `headline_seeds` seeds.
     `sft_from`: take the SFT runs of that suite (same base, same SFT) instead of making new ones."""
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; valid: {', '.join(ARMS)}")
     runs: list[Run] = []
     sft_section = base.get("sft")
     rl = {k: v for k, v in base.items() if k != "sft"}

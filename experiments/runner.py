@@ -28,13 +28,12 @@ from typing import Any
 
 import yaml
 
+from contract.protocol import CHECKPOINT_GLOB, CHECKPOINTS_DIR, EVENTS_FILE, EventType, ExitCode
 from experiments.plan import Run
 from experiments.system import cpu_info
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT_FILE = "result.json"
-EXIT_OK = 0
-EXIT_INTERRUPTED = 75
 
 
 def run_dir(root: Path, run: Run) -> Path:
@@ -43,7 +42,7 @@ def run_dir(root: Path, run: Run) -> Path:
 
 def events_of(path: Path) -> list[dict[str, Any]]:
     """The events of a run folder (lines that do not parse are skipped: a crash can cut the last one)."""
-    file = path / "events.jsonl"
+    file = path / EVENTS_FILE
     if not file.exists():
         return []
     out = []
@@ -56,11 +55,11 @@ def events_of(path: Path) -> list[dict[str, Any]]:
 
 
 def is_finished(path: Path) -> bool:
-    return any(e.get("type") == "finished" for e in events_of(path))
+    return any(e.get("type") == EventType.FINISHED for e in events_of(path))
 
 
 def has_checkpoint(path: Path) -> bool:
-    return any((path / "checkpoints").glob("step-*/state.json"))
+    return any((path / CHECKPOINTS_DIR).glob(f"{CHECKPOINT_GLOB}/state.json"))
 
 
 @dataclass
@@ -116,7 +115,7 @@ class Runner:
             # The plan changed under an unfinished run: its checkpoints belong to another spec.
             resumed = False
         if not resumed:
-            for child in ("checkpoints", "reference", "events.jsonl", RESULT_FILE):
+            for child in (CHECKPOINTS_DIR, "reference", EVENTS_FILE, RESULT_FILE):
                 target = path / child
                 if target.is_dir():
                     _rmtree(target)
@@ -153,7 +152,8 @@ class Runner:
             "cpu": cpu_info(),
         }
         (path / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True))
-        verdict = {EXIT_OK: "done", EXIT_INTERRUPTED: "stopped"}.get(code, f"failed (exit {code})")
+        verdicts: dict[int, str] = {ExitCode.OK: "done", ExitCode.INTERRUPTED: "stopped"}
+        verdict = verdicts.get(code, f"failed (exit {code})")
         self.log(f"{verdict:<6} {active.run.id} in {wall:.0f} s")
 
     # ------------------------------------------------------------------ the loop
@@ -198,7 +198,7 @@ class Runner:
         for a in active:
             code = a.proc.wait()
             self._finish(a, code)
-            counts["stopped" if code == EXIT_INTERRUPTED else "failed"] += 1
+            counts["stopped" if code == ExitCode.INTERRUPTED else "failed"] += 1
         active.clear()
 
     def _reap(self, active: list[_Active], counts: dict[str, int], failed: set[str]) -> None:
@@ -208,7 +208,7 @@ class Runner:
                 continue
             active.remove(a)
             self._finish(a, code)
-            if code == EXIT_OK:
+            if code == ExitCode.OK:
                 counts["done"] += 1
             else:
                 counts["failed"] += 1

@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from the caller (service.migrations) or from the service settings."""
+"""Alembic environment: the URL comes from the caller (store.migrate) or from the shared settings (STARE_DATABASE_URL)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import Connection, pool
 from sqlalchemy import create_engine as _create_engine
 
-from service.models import Base
+from store.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -16,9 +16,9 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from service.settings import Settings
+    from store.settings import SharedSettings
 
-    return Settings().database_url
+    return SharedSettings().database_url
 
 
 def _configure(connection: Connection) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from service import migrate, repository
-from service.database import Database
 from service.errors import ServiceError
 from service.settings import Settings
+from store import migrate, repository
+from store.database import Database
+from store.errors import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 row = found
             _, secret = repository.create_api_key(session, row.id, args.key_name)
-    except ServiceError as err:
+    except (ServiceError, StoreError) as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 1
     finally:

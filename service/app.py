@@ -5,7 +5,7 @@ domain errors (service.errors) carry their status and code; FastAPI's validation
 field as a dotted path; Starlette's HTTP errors (unknown route, wrong method, body too large) and database
 outages (503 with Retry-After) and data errors (422) get codes too; anything else is a logged 500 with no
 detail leaked. Before any of that, service.boundary refuses bodies over the size limit, NUL characters in the
-path, query or headers, and JSON that breaks the document rules (trainer.safejson).
+path, query or headers, and JSON that breaks the document rules (contract.safejson).
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
+from contract.spec import TrainSpec
 from service import __version__
 from service.boundary import RequestBoundary
 from service.dependencies import refuse_unknown_query_parameters
-from service.errors import ServiceError
+from service.errors import ServiceError, http_error
 from service.job_specs import dotted
 from service.routers import (
     api_keys,
@@ -55,7 +56,7 @@ from service.services import Services
 from service.settings import Settings
 from service.telemetry import TelemetryMiddleware
 from service.uploads import MULTIPART_OVERHEAD_BYTES
-from trainer.spec import TrainSpec
+from store.errors import StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def error_body(
 
 
 async def _service_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ServiceError)
+    exc = http_error(exc)  # a ServiceError, or a store error mapped to its status
     return JSONResponse(
         error_body(exc.code, exc.message, exc.param, exc.details),
         status_code=exc.status_code,
@@ -245,6 +246,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.services = services
 
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(StoreError, _service_error)  # the repository's errors (store.errors)
     app.add_exception_handler(RequestValidationError, _request_validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(IntegrityError, _integrity_error)

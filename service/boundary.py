@@ -5,13 +5,13 @@ It refuses, in the error shape and before anything is read from or written to th
   their own, larger limit and count the file part exactly themselves);
 - a NUL character (or a lone surrogate) in the path, a query parameter or a header: 422 naming the path or
   query parameter, 400 naming the header;
-- a JSON body that breaks trainer.safejson's rules (NUL or lone surrogate in any string or key, NaN or
+- a JSON body that breaks contract.safejson's rules (NUL or lone surrogate in any string or key, NaN or
   infinite numbers, integers over 64 digits, nesting deeper than 32): 422 naming the field as a dotted path.
 
 So no route has to guard its own strings: PostgreSQL never sees a NUL, no float column or JSON document
 gets an infinity, and POST /v1/jobs/estimate and POST /v1/jobs answer the same body the same way. Dataset
 lines are checked with the same rules by trainer.tasks (the upload's line checker), spec files by
-trainer.spec.load_spec.
+contract.spec.load_spec.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trainer import safejson
+from contract import safejson
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

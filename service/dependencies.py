@@ -4,30 +4,29 @@ and the ownership checks live here and nowhere else: a route that takes OwnedJob
 caller's own job (another tenant's is a 404).
 
 Dependencies that use a SQLAlchemy session are plain functions (FastAPI runs them in its thread pool); the
-ones that do not are `async def`, so they cost no thread hop. VisibleJob reads on the event loop where the
-database has an async driver here (PostgreSQL).
+ones that do not are `async def`, so they cost no thread hop. VisibleJob awaits its one statement on the
+database's event-loop pool (store.async_pool).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service import repository
 from service.errors import NotFound, TooManyRequests, Unauthenticated, Unprocessable
-from service.models import Checkpoint, File, Job
 from service.principals import Principal, TenantRef
 from service.ratelimit import retry_after_seconds
 from service.services import Services
 from service.views import JobLike
+from store import repository
+from store.models import Checkpoint, File, Job
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -165,21 +164,12 @@ async def visible_job(
     tenant: CurrentTenant,
     services: ServicesDep,
 ) -> JobLike:
-    """The caller's job, read-only (for routes that only read it): one autocommit statement, on the event
-    loop where the database allows it (PostgreSQL), else in the thread pool."""
-    pool = services.db.async_pool
-    if pool is not None:
-        job: JobLike | None = await repository.read_job_async(pool, tenant.id, job_id)
-    else:
-        job = await run_in_threadpool(_read_job, services, tenant.id, job_id)
+    """The caller's job, read-only (for routes that only read it): one autocommit statement, awaited on the
+    event loop (PostgreSQL; SQLite runs it in the thread pool)."""
+    job = await repository.read_job(services.db.async_pool, tenant.id, job_id)
     if job is None:
         raise NotFound(f"no job with id {job_id!r}", param="job_id")
     return job
-
-
-def _read_job(services: Services, tenant_id: str, job_id: str) -> Row[Any] | None:
-    with services.db.reader.connect() as conn:
-        return repository.read_job(conn, tenant_id, job_id)
 
 
 VisibleJob = Annotated[JobLike, Depends(visible_job)]

@@ -1,12 +1,17 @@
-"""Domain errors. Each carries its HTTP status and a stable code; service.app maps them to responses once.
+"""The API's errors. Each carries its HTTP status and a stable code; service.app turns them into responses
+in one handler.
 
-The repository, the storage and the spec checks raise these; none of them knows about HTTP otherwise.
+The storage, the spec checks and the dependencies raise these. The repository (store) raises
+store.errors (Conflict, Invalid), which carry no HTTP status: `http_error` maps them here, once
+(STORE_ERRORS), and service.app answers both through the same handler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from store import errors as store_errors
 
 
 class ServiceError(Exception):
@@ -85,3 +90,22 @@ class Unavailable(ServiceError):
 
     def __init__(self, message: str, *, code: str | None = None, retry_after_s: int = 5) -> None:
         super().__init__(message, code=code, headers={"Retry-After": str(retry_after_s)})
+
+
+# The repository's errors (store.errors, no HTTP there) and the API error each one answers as.
+STORE_ERRORS: dict[type[store_errors.StoreError], type[ServiceError]] = {
+    store_errors.Conflict: Conflict,
+    store_errors.Invalid: Unprocessable,
+    store_errors.StoreError: Unprocessable,
+}
+
+
+def http_error(exc: Exception) -> ServiceError:
+    """The API error an exception answers as: a ServiceError itself, a store error mapped by its class."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, store_errors.StoreError):
+        for cls in type(exc).__mro__:
+            if cls in STORE_ERRORS:
+                return STORE_ERRORS[cls](exc.message, param=exc.param, code=exc.code)
+    raise TypeError(f"not an API error: {exc!r}") from exc

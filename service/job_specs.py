@@ -1,6 +1,6 @@
 """From a job request to a TrainSpec the worker can run, or a 422 naming the offending field.
 
-The spec is validated by the trainer's own model (trainer.spec.TrainSpec, torch-free), then checked against
+The spec is validated by the model the trainer runs it with (contract.spec.TrainSpec), then checked against
 what this server offers: the model must be in the catalogue (a user cannot point the worker at a path or a
 hub id), the verifier and its params must exist, the task must exist and generate with its params, and a
 JSONL task must come from an uploaded file (`training_file`): `task.path` is set by the service, never by
@@ -19,11 +19,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract import verifiers
+from contract.catalog import BUILTIN_MODELS
+from contract.spec import TrainSpec
 from service.errors import Unprocessable
-from service.models import File
-from trainer import tasks, verifiers
-from trainer.catalog import BUILTIN_MODELS
-from trainer.spec import TrainSpec
+from store.models import File
+from trainer import tasks
 
 
 def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
@@ -104,9 +105,9 @@ def _precheck_verifier(verifier: Any) -> None:
     if not isinstance(verifier, dict):
         return
     name = verifier.get("name", "exact")
-    if isinstance(name, str) and name not in verifiers.VERIFIERS:
+    if isinstance(name, str) and name not in verifiers.VERIFIER_PARAMS:
         raise Unprocessable(
-            f"unknown verifier {name!r}; valid: {', '.join(sorted(verifiers.VERIFIERS))} (GET /v1/verifiers)",
+            f"unknown verifier {name!r}; valid: {', '.join(sorted(verifiers.VERIFIER_PARAMS))} (GET /v1/verifiers)",
             param="spec.verifier.name",
             code="unknown_verifier",
         )

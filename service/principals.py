@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from service import keys
-from service.models import ApiKey, Tenant
+from store import keys
+from store.models import ApiKey, Tenant
 
 
 @dataclass(frozen=True)

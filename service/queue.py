@@ -22,33 +22,15 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from kombu.utils import json as kombu_json
 from starlette.concurrency import run_in_threadpool
 
+from store.settings import broker_transport_options
+
 logger = logging.getLogger(__name__)
-
-
-def broker_transport_options(broker_url: str, broker_folder: str | None, timeout_s: float) -> dict[str, Any]:
-    """Transport options shared by the API (producer) and the workers (consumers): socket timeouts for
-    Redis, or the message folders of Celery's filesystem transport (the embedded mode, no Redis)."""
-    if broker_url.startswith("filesystem://"):
-        if not broker_folder:
-            raise ValueError("broker_url filesystem:// needs broker_folder (STARE_BROKER_FOLDER)")
-        root = Path(broker_folder)
-        for sub in ("queue", "processed", "control"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        return {
-            "data_folder_in": str(root / "queue"),
-            "data_folder_out": str(root / "queue"),
-            "processed_folder": str(root / "processed"),
-            "store_processed": False,
-            "control_folder": str(root / "control"),
-        }
-    return {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
 
 
 REDIS_SCHEMES = frozenset({"redis", "rediss"})

@@ -7,22 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
-from service.ids import id_pattern
-from service.models import FILE_PURPOSES, JOB_STATUSES
+from store.ids import id_pattern
+from store.models import FILE_PURPOSES, JobStatus
 
-JobStatus = Literal[
-    "validating",
-    "queued",
-    "running",
-    "pausing",
-    "paused",
-    "recovering",
-    "cancelling",
-    "cancelled",
-    "succeeded",
-    "failed",
-]
-assert set(JobStatus.__args__) == set(JOB_STATUSES)  # type: ignore[attr-defined]
 FilePurpose = Literal["rl_train", "rl_eval"]
 assert set(FilePurpose.__args__) == set(FILE_PURPOSES)  # type: ignore[attr-defined]
 

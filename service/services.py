@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.database import Database
 from service.job_specs import model_catalogue
 from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
@@ -15,6 +14,7 @@ from service.ratelimit import RateLimiter, RedisTokenBucketLimiter, TokenBucketL
 from service.settings import Settings
 from service.storage import LocalArtifactStorage
 from service.telemetry import Telemetry
+from store.database import Database
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
-        db = Database(settings.database_url, pool_size=settings.database_pool_size, async_pool=True)
+        db = Database(settings.database_url, pool_size=settings.database_pool_size)
         queue: JobQueue
         if settings.queue_backend == "celery":
             queue = CeleryJobQueue(

@@ -17,8 +17,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import repository
-from service.database import Database
+from store import repository
+from store.database import Database
 
 logger = logging.getLogger(__name__)
 

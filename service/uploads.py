@@ -20,7 +20,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from service.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from service.models import FILE_PURPOSES
+from store.models import FILE_PURPOSES
 from trainer.tasks import LineError, validate_jsonl_lines
 
 MAX_FIELD_BYTES = 1024

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import timedelta
 from types import SimpleNamespace
@@ -10,40 +9,27 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
+from contract.metrics import BAND_HIGH, BAND_LOW, BAND_STATE, ENTROPY, STEPS_OUT_OF_BAND, BandState
+from contract.numbers import finite
 from service import schemas
-from service.models import TERMINAL_STATUSES, ApiKey, Checkpoint, File, Job, JobEvent, Tenant
 from service.principals import KeyRef, TenantRef
+from store.models import TERMINAL_STATUSES, ApiKey, Checkpoint, File, Job, JobEvent, Tenant
 
-ENTROPY = "entropy/mean"
-BAND_LOW = "entropy/band_low"
-BAND_HIGH = "entropy/band_high"
-BAND_STATE = "entropy/band_state"
-STEPS_OUT_OF_BAND = "entropy/steps_out_of_band"
-_STATES = {-1: "below", 0: "in_band", 1: "above"}
-
-# A Job, or a read-only row of the same columns under the same names (repository.read_job, read_job_async).
+# A Job, or a read-only row of the same columns under the same names (store.repository.read_job).
 JobLike = Job | Row[Any] | SimpleNamespace
 # A File, or a read-only row of its columns (repository.get_file_async).
 FileLike = File | SimpleNamespace
 
 
-def finite(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
-        try:
-            number = float(value)
-        except OverflowError:
-            return None
-        return number if math.isfinite(number) else None
-    return None
-
-
 def metric_values(metrics: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """Numeric metrics only (a non-finite value was stored as null and stays null)."""
+    """Numeric metrics only (a non-finite value was stored as null and stays null; a flag reads 0 or 1)."""
     if not metrics:
         return {}
-    return {str(k): finite(v) for k, v in metrics.items() if v is None or isinstance(v, int | float)}
+    return {
+        str(k): float(v) if isinstance(v, bool) else finite(v)
+        for k, v in metrics.items()
+        if v is None or isinstance(v, int | float)
+    }
 
 
 def entropy_status(job: JobLike) -> schemas.EntropyStatus:
@@ -58,9 +44,9 @@ def entropy_status(job: JobLike) -> schemas.EntropyStatus:
     state: str | None = None
     logged_state = finite(metrics.get(BAND_STATE))
     if logged_state is not None:
-        state = _STATES[int(math.copysign(1, logged_state)) if logged_state != 0 else 0]
+        state = BandState.from_code(logged_state).label
     elif value is not None and low is not None and high is not None:
-        state = "below" if value < low else "above" if value > high else "in_band"
+        state = BandState.of(value, low, high).label
     out_of_band = finite(metrics.get(STEPS_OUT_OF_BAND))
     return schemas.EntropyStatus(
         value=value,

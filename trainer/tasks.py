@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer import safejson
+from contract import safejson
 
 __all__ = [
     "ARITHMETIC_OPERATIONS",
@@ -179,7 +179,7 @@ class LineError:
 
     line: int
     # not_utf8 | invalid_json | not_object | missing_field | wrong_type | empty_field | empty_file, or one of
-    # trainer.safejson's: nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep
+    # contract.safejson's: nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep
     code: str
     message: str
     field: str | None = None

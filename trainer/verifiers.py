@@ -39,6 +39,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from contract.verifiers import (
+    EXTRACT_MODES,
+    REWARD_STYLES,
+    VERIFIER_PARAMS,
+    ParamSpec,
+    VerifierParams,
+    get_params,
+    validate_params,
+)
 from trainer.tasks import REASONING_GYM_META_KEY, Example
 
 __all__ = [
@@ -56,7 +65,6 @@ __all__ = [
 ]
 
 STOP_MARKERS = ("<eos>", "<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>")
-EXTRACT_MODES = ("first_line", "full", "boxed", "last_number", "answer_tag")
 
 
 class VerifierError(ValueError):
@@ -64,66 +72,10 @@ class VerifierError(ValueError):
 
 
 @dataclass(frozen=True)
-class ParamSpec:
-    name: str
-    type: str  # "bool" | "float" | "int" | "str"
-    default: Any
-    description: str
-    choices: tuple[str, ...] | None = None
-    minimum: float | None = None
+class VerifierSpec(VerifierParams):
+    """A declared verifier (contract.verifiers) with its scoring function."""
 
-    def check(self, verifier: str, value: Any) -> Any:
-        if self.type == "bool":
-            ok = isinstance(value, bool)
-        elif self.type in ("float", "int"):
-            numeric_types = (int, float) if self.type == "float" else (int,)
-            ok = (
-                not isinstance(value, bool)
-                and isinstance(value, numeric_types)
-                and math.isfinite(value)
-                and (self.minimum is None or value >= self.minimum)
-            )
-        else:
-            ok = isinstance(value, str) and (self.choices is None or value in self.choices)
-        if not ok:
-            raise ValueError(
-                f"verifier {verifier!r} param {self.name!r} must be {self._expected()}, got {value!r}"
-            )
-        return float(value) if self.type == "float" else value
-
-    def _expected(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(choice) for choice in self.choices)
-        bound = f" >= {self.minimum:g}" if self.minimum is not None else ""
-        return {"bool": "true or false", "float": "a number", "int": "an integer", "str": "a string"}[
-            self.type
-        ] + bound
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "default": self.default, "description": self.description}
-        if self.choices is not None:
-            out["choices"] = list(self.choices)
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        return out
-
-
-@dataclass(frozen=True)
-class VerifierSpec:
-    name: str
-    description: str
-    params: tuple[ParamSpec, ...]
     fn: Callable[..., float]
-
-    def defaults(self) -> dict[str, Any]:
-        return {param.name: param.default for param in self.params}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "params": {param.name: param.to_dict() for param in self.params},
-        }
 
 
 # --- extraction -------------------------------------------------------------------------------------------
@@ -369,69 +321,15 @@ def _reasoning_gym(completion: str, example: Example, *, extract: str) -> float:
     return float(dataset.score_answer(predicted.strip(), entry))
 
 
-_EXTRACT = ParamSpec(
-    "extract",
-    "str",
-    "first_line",
-    "Which part of the completion is the answer: the first non-empty line, the full text, the last "
-    "\\boxed{} content, the last number, or the last <answer>...</answer> content.",
-    choices=EXTRACT_MODES,
-)
-
+_SCORERS: dict[str, Callable[..., float]] = {
+    "exact": _exact,
+    "numeric": _numeric,
+    "math_verify": _math_verify_score,
+    "reasoning_gym": _reasoning_gym,
+}
 VERIFIERS: dict[str, VerifierSpec] = {
-    spec.name: spec
-    for spec in (
-        VerifierSpec(
-            "exact",
-            "1 if the extracted answer equals the reference answer after stripping surrounding whitespace.",
-            (
-                _EXTRACT,
-                ParamSpec("case_sensitive", "bool", False, "Compare letter case too."),
-            ),
-            _exact,
-        ),
-        VerifierSpec(
-            "numeric",
-            "1 if the number in the last \\boxed{} (else the last number in the completion) equals the "
-            "numeric reference answer within tolerance; accepts 1,234 / -3.5 / 2e3 / 3/4.",
-            (
-                ParamSpec("rel_tol", "float", 1e-9, "Relative tolerance (math.isclose).", minimum=0.0),
-                ParamSpec("abs_tol", "float", 1e-6, "Absolute tolerance (math.isclose).", minimum=0.0),
-            ),
-            _numeric,
-        ),
-        VerifierSpec(
-            "math_verify",
-            "1 if the last \\boxed{} content (else the last number) is mathematically equivalent to the "
-            "reference per HF Math-Verify (sympy): 1/2 = 0.5 = \\frac{1}{2}, x+1 = 1+x.",
-            (
-                ParamSpec(
-                    "max_chars",
-                    "int",
-                    256,
-                    "Longest extracted answer that is parsed; longer ones score 0 (bounds sympy time).",
-                    minimum=1,
-                ),
-            ),
-            _math_verify_score,
-        ),
-        VerifierSpec(
-            "reasoning_gym",
-            "The reasoning-gym task's own score_answer on the entry stored with the example (reasoning-gym "
-            "task sources only); partial credit possible.",
-            (
-                ParamSpec(
-                    "extract",
-                    "str",
-                    "auto",
-                    "auto: the last <answer>...</answer>, else the last \\boxed{}, else the first non-empty "
-                    "line; or one of the fixed modes.",
-                    choices=("auto", *EXTRACT_MODES),
-                ),
-            ),
-            _reasoning_gym,
-        ),
-    )
+    name: VerifierSpec(declared.name, declared.description, declared.params, _SCORERS[name])
+    for name, declared in VERIFIER_PARAMS.items()
 }
 
 
@@ -439,25 +337,8 @@ VERIFIERS: dict[str, VerifierSpec] = {
 
 
 def get_verifier(name: str) -> VerifierSpec:
-    try:
-        return VERIFIERS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}") from None
-
-
-def validate_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The verifier's params with defaults filled in; ValueError naming an unknown or ill-typed param."""
-    spec = get_verifier(name)
-    given = dict(params or {})
-    known = {param.name: param for param in spec.params}
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        valid = ", ".join(known) or "none"
-        raise ValueError(f"verifier {name!r} has no param(s) {unknown}; valid: {valid}")
-    resolved = spec.defaults()
-    for key, value in given.items():
-        resolved[key] = known[key].check(name, value)
-    return resolved
+    get_params(name)  # an unknown name fails listing the valid ones
+    return VERIFIERS[name]
 
 
 def score(name: str, completion: str, example: Example, params: Mapping[str, Any] | None = None) -> float:
@@ -468,9 +349,6 @@ def score(name: str, completion: str, example: Example, params: Mapping[str, Any
     if math.isnan(value):
         return 0.0
     return min(1.0, max(0.0, value))
-
-
-REWARD_STYLES = ("binary", "pm1")
 
 
 def shape_reward(correct: float, style: str = "binary") -> float:

@@ -18,8 +18,8 @@ from typing import Any
 
 from celery import Celery
 
-from service.database import Database
-from service.queue import broker_transport_options
+from store.database import Database
+from store.settings import broker_transport_options
 from worker.broker import queue_depth_reader
 from worker.settings import WorkerSettings
 from worker.training import run_job

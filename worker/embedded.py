@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import yaml
 
-from service import migrate, repository
-from service.database import Database
+from store import migrate, repository
+from store.database import Database
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

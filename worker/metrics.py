@@ -6,80 +6,36 @@ their latest metric snapshot from the database, and the queue depth from the bro
 longer active, so its series vanish from the next scrape. Labels are job_id, algorithm and queue only
 (never step, tenant or prompt: bounded cardinality).
 
-Run it with `python -m worker exporter --port 9464`; the catalogue below is the documented list.
+Run it with `python -m worker exporter --port 9464`. What it publishes, names and help included, is
+contract.metrics' catalogue (docs/metrics.md).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from service.database import Database
-from service.models import LEASED_STATUSES, Job
+from contract import metrics as metric_catalogue
+from contract.numbers import finite
+from store.database import Database
+from store.models import LEASED_STATUSES, Job
 from worker.broker import queue_depth_reader
 
 logger = logging.getLogger(__name__)
 
-JOB_LABELS = ["job_id", "algorithm", "queue"]
-
-# trainer metric key → (Prometheus name, help)
-JOB_METRICS: dict[str, tuple[str, str]] = {
-    "entropy/mean": ("stare_job_entropy_nats", "Token-mean policy entropy of the last step (π_old, nats)."),
-    "entropy/band_low": ("stare_job_entropy_band_low_nats", "Lower edge of the job's entropy band."),
-    "entropy/band_high": ("stare_job_entropy_band_high_nats", "Upper edge of the job's entropy band."),
-    "entropy/band_state": ("stare_job_entropy_band_state", "-1 below the band, 0 inside, 1 above."),
-    "entropy/steps_out_of_band": (
-        "stare_job_entropy_steps_out_of_band",
-        "Consecutive steps outside the band.",
-    ),
-    "stare/gate_on": ("stare_job_gate_on", "STARE target-entropy gate (1 on, 0 off)."),
-    "stare/reweight_w": ("stare_job_reweight_w", "STARE weight W on high-surprisal positive tokens."),
-    "stare/reweight_m": ("stare_job_reweight_m", "STARE weight M on high-surprisal negative tokens (C2)."),
-    "stare/target_entropy": ("stare_job_target_entropy_nats", "STARE target entropy."),
-    "stare/mean_weight": ("stare_job_mean_weight", "Mean STARE token weight over active tokens."),
-    "quadrant/pos_low_fraction": ("stare_job_quadrant_pos_low_fraction", "Token share with Â>0 and s<H."),
-    "quadrant/pos_high_fraction": ("stare_job_quadrant_pos_high_fraction", "Token share with Â>0 and s>H."),
-    "quadrant/neg_low_fraction": ("stare_job_quadrant_neg_low_fraction", "Token share with Â<0 and s<H."),
-    "quadrant/neg_high_fraction": ("stare_job_quadrant_neg_high_fraction", "Token share with Â<0 and s>H."),
-    "quadrant/pos_low_drift": ("stare_job_quadrant_pos_low_drift", "Predicted entropy drift from Â>0, s<H."),
-    "quadrant/pos_high_drift": (
-        "stare_job_quadrant_pos_high_drift",
-        "Predicted entropy drift from Â>0, s>H.",
-    ),
-    "quadrant/neg_low_drift": ("stare_job_quadrant_neg_low_drift", "Predicted entropy drift from Â<0, s<H."),
-    "quadrant/neg_high_drift": (
-        "stare_job_quadrant_neg_high_drift",
-        "Predicted entropy drift from Â<0, s>H.",
-    ),
-    "quadrant/predicted_drift": ("stare_job_predicted_entropy_drift", "Total first-order entropy drift."),
-    "reward/mean": ("stare_job_reward_mean", "Mean shaped reward of the step's responses."),
-    "reward/accuracy": ("stare_job_accuracy", "Verifier accuracy of the step's responses."),
-    "reward/zero_std_fraction": (
-        "stare_job_zero_variance_group_fraction",
-        "Groups whose rewards are all equal.",
-    ),
-    "response/length_mean": ("stare_job_response_length_tokens", "Mean response length."),
-    "response/reflection_rate": ("stare_job_reflection_rate", "Reflection phrases per response."),
-    "clip/fraction": ("stare_job_clip_fraction", "Share of tokens whose ratio was clipped."),
-    "clip/dual_fraction": ("stare_job_dual_clip_fraction", "Share of tokens under the dual clip."),
-    "kl/approx_old": ("stare_job_approx_kl", "Approximate KL to the behaviour policy."),
-    "perf/tokens_per_second": ("stare_job_tokens_per_second", "Tokens processed per second in the step."),
-    "perf/step_seconds": ("stare_job_step_seconds", "Wall time of the last step."),
-}
+JOB_LABELS = list(metric_catalogue.JOB_LABELS)
+# The trainer's metrics the exporter publishes: their keys, series names and help from the catalogue.
+JOB_METRICS = metric_catalogue.prometheus_metrics()
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+def _gauge(name: str) -> GaugeMetricFamily:
+    series = metric_catalogue.fleet_series(name)
+    return GaugeMetricFamily(series.name, series.help, labels=list(series.labels))
 
 
 class FleetCollector(Collector):
@@ -91,22 +47,16 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = {
-            key: GaugeMetricFamily(name, doc, labels=JOB_LABELS) for key, (name, doc) in JOB_METRICS.items()
+            metric.key: GaugeMetricFamily(metric.prometheus, metric.series_help, labels=JOB_LABELS)
+            for metric in JOB_METRICS
+            if metric.prometheus is not None
         }
-        step = GaugeMetricFamily("stare_job_step", "Last completed step.", labels=JOB_LABELS)
-        total = GaugeMetricFamily("stare_job_total_steps", "Steps the job will run.", labels=JOB_LABELS)
-        heartbeat_age = GaugeMetricFamily(
-            "stare_job_heartbeat_age_seconds",
-            "Seconds since the job's worker last renewed its lease.",
-            labels=JOB_LABELS,
-        )
-        busy = GaugeMetricFamily(
-            "stare_workers_busy", "Workers holding a job lease, by queue.", labels=["queue"]
-        )
-        depth = GaugeMetricFamily(
-            "stare_queue_messages", "Messages waiting on the broker, by queue.", labels=["queue"]
-        )
-        up = GaugeMetricFamily("stare_fleet_scrape_ok", "1 when the last scrape read the database.")
+        step = _gauge("stare_job_step")
+        total = _gauge("stare_job_total_steps")
+        heartbeat_age = _gauge("stare_job_heartbeat_age_seconds")
+        busy = _gauge("stare_workers_busy")
+        depth = _gauge("stare_queue_messages")
+        up = _gauge("stare_fleet_scrape_ok")
         now = datetime.now(UTC)
         try:
             with self.db.sessions() as session:
@@ -132,7 +82,7 @@ class FleetCollector(Collector):
             labels = [row.id, row.algorithm, row.queue]
             metrics = row.last_metrics or {}
             for key, family in families.items():
-                value = _finite(metrics.get(key))
+                value = finite(metrics.get(key))
                 if value is not None:
                     family.add_metric(labels, value)
             step.add_metric(labels, float(row.current_step or 0))

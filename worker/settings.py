@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from service.settings import Settings
+from store.settings import SharedSettings as Settings
 
 
 class WorkerSettings(Settings):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import queue
@@ -26,11 +25,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trainer.storage import storage_writes
+from contract.protocol import parse_event_line
+from contract.storage import storage_writes
 
 logger = logging.getLogger(__name__)
 
-EVENT_PREFIX = "@@event "  # trainer/__main__.py prints events with this prefix
 PR_SET_PDEATHSIG = 1
 TAIL_LINES, TAIL_BYTES = 20, 4096  # what a crash message can quote of the trainer's stderr
 
@@ -99,7 +98,7 @@ class OutputTail:
 class TrainerProcess:
     """A supervised trainer: its events arrive on `events` (a queue of dicts; None marks end of output).
 
-    Opening the log file is a storage write: a failure raises trainer.storage.StorageError before anything
+    Opening the log file is a storage write: a failure raises contract.storage.StorageError before anything
     is started. OSError from starting the process (no such interpreter) is raised as is.
     """
 
@@ -132,12 +131,9 @@ class TrainerProcess:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            if line.startswith(EVENT_PREFIX):
-                try:
-                    self.events.put(json.loads(line[len(EVENT_PREFIX) :]))
-                except json.JSONDecodeError:
-                    continue
+            event = parse_event_line(raw.decode("utf-8", errors="replace").rstrip("\n"))
+            if event is not None:
+                self.events.put(event)
         self.events.put(None)
 
     def _read_stderr(self) -> None:

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from service import repository
-from service.database import Database
+from store import repository
+from store.database import Database
 from worker.broker import QueueDepth
 from worker.settings import WorkerSettings
 from worker.training import TRANSIENT_DB_ERRORS

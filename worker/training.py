@@ -6,7 +6,7 @@ unreachable (events wait in memory meanwhile, in order) and stops the run the mo
 checkpoints per (job, step)), so a resumed attempt that redoes steps after its checkpoint leaves no
 duplicates and no gaps.
 
-How the run ends, by the trainer's exit code (trainer.engine.ExitCode):
+How the run ends, by the trainer's exit code (contract.protocol.ExitCode):
   0 → succeeded; 2 → failed (user: bad spec or data, never retried); 3 → failed (user: non-finite loss or
   entropy at step k; the last checkpoint stays downloadable); 74 → failed (system; storage_full,
   storage_read_only or storage_io_error, from the trainer's `error` event, with the errno name and path: a
@@ -46,25 +46,24 @@ from typing import Any, TypeVar
 import sqlalchemy.exc
 import yaml
 
-from service import repository
-from service.database import Database
-from service.repository import Claim, JobError
-from trainer.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
+from contract.protocol import CHECKPOINT_GLOB, CHECKPOINTS_DIR, EventType, ExitCode, checkpoint_step
+from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
+from store import repository
+from store.database import Database
+from store.repository import Claim, JobError
 from worker.settings import WorkerSettings
 from worker.supervisor import TrainerProcess, log_tail, trainer_command
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CHECKPOINT_PREFIX = "step-"  # trainer/checkpoints.py: OUT/checkpoints/step-000050
-EXIT_OK, EXIT_USER_ERROR, EXIT_NON_FINITE, EXIT_STORAGE, EXIT_INTERRUPTED = 0, 2, 3, 74, 75
-_ERRNO_NAME = re.compile(r"cannot write .*: (E[A-Z0-9]+) \(")  # trainer.storage.StorageError's message
+_ERRNO_NAME = re.compile(r"cannot write .*: (E[A-Z0-9]+) \(")  # contract.storage.StorageError's message
 ERROR_LINES = 3  # a crash message quotes this many of the trainer's last stderr lines (a traceback's end)
 FLUSH_S = 0.5  # metric rows reach the database within this long of the step
 MAX_BATCH = 64
 # A checkpoint is recorded the moment it arrives, not with the next batch: until its row exists, a worker
 # lost now would discard the folder (discard_unrecorded_checkpoints) and the next attempt would redo its steps.
-FLUSH_NOW = frozenset({"checkpoint"})
+FLUSH_NOW = frozenset({EventType.CHECKPOINT})
 TRANSIENT_DB_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)
 
 
@@ -215,7 +214,7 @@ def _folder_size(path: Path) -> int:
 
 def prepare_run(claim: Claim, settings: WorkerSettings) -> tuple[Path, Path, bool]:
     """Writes the resolved spec next to the run's output; returns (spec path, out dir, resume?). A failed
-    write raises trainer.storage.StorageError."""
+    write raises contract.storage.StorageError."""
     root = Path(settings.artifact_root).resolve()
     out_dir = root / claim.run_dir
     with storage_writes(out_dir):
@@ -231,8 +230,8 @@ def _prepare(claim: Claim, root: Path, out_dir: Path) -> tuple[Path, Path, bool]
         spec["task"] = task
     spec_path = out_dir / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=True))
-    discard_unrecorded_checkpoints(out_dir / "checkpoints", claim.latest_checkpoint_step)
-    resume = any((out_dir / "checkpoints").glob("step-*"))
+    discard_unrecorded_checkpoints(out_dir / CHECKPOINTS_DIR, claim.latest_checkpoint_step)
+    resume = any((out_dir / CHECKPOINTS_DIR).glob(CHECKPOINT_GLOB))
     return spec_path, out_dir, resume
 
 
@@ -246,11 +245,8 @@ def discard_unrecorded_checkpoints(folder: Path, recorded_step: int | None) -> N
     if not folder.is_dir():
         return
     for child in folder.iterdir():
-        if not (child.is_dir() and child.name.startswith(CHECKPOINT_PREFIX)):
-            continue
-        try:
-            step = int(child.name[len(CHECKPOINT_PREFIX) :])
-        except ValueError:
+        step = checkpoint_step(child.name)
+        if step is None or not child.is_dir():
             continue
         if recorded_step is None or step > recorded_step:
             logger.warning("discarding checkpoint %s: written after the latest recorded checkpoint", child)
@@ -374,22 +370,22 @@ def _conclude(
     """The attempt's end from the trainer's exit code. `tail`: the end of its stderr (the in-memory copy,
     else the log file's)."""
     try:
-        if code == EXIT_OK:
+        if code == ExitCode.OK:
             recorder.finish("succeeded")
             return "succeeded"
-        if code == EXIT_INTERRUPTED and stop_reason is not None:
+        if code == ExitCode.INTERRUPTED and stop_reason is not None:
             recorder.finish(stop_reason)
             return stop_reason
-        if code == EXIT_USER_ERROR:
+        if code == ExitCode.USER_ERROR:
             recorder.finish(
                 "failed", JobError("invalid_job", _last_line(tail) or "the trainer rejected the job", "user")
             )
             return "failed"
-        if code == EXIT_NON_FINITE:
+        if code == ExitCode.NON_FINITE:
             message = recorder.last_error or _non_finite_message(tail)
             recorder.finish("failed", JobError("non_finite", message, "user"))
             return "failed"
-        if code == EXIT_STORAGE or _is_storage_fault(recorder.last_error_event):
+        if code == ExitCode.STORAGE or _is_storage_fault(recorder.last_error_event):
             # Also without exit 74: under `accelerate launch` the launcher exits 1 when rank 0 exits 74.
             recorder.finish("failed", _storage_error(recorder.last_error_event, tail))
             return "failed"

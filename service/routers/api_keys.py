@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from service import repository, views
+from service import views
 from service.dependencies import CurrentTenant, ServicesDep, SessionDep
 from service.errors import NotFound
 from service.schemas import (
@@ -17,6 +17,7 @@ from service.schemas import (
     ApiKeyObject,
     errors,
 )
+from store import repository
 
 router = APIRouter(prefix="/v1/api-keys", tags=["identity"], responses=AUTHENTICATED_ERRORS)
 

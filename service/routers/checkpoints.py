@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from service import repository, views
+from service import views
 from service.dependencies import OwnedCheckpoint, OwnedJob, ServicesDep, SessionDep
 from service.errors import NotFound
 from service.schemas import AUTHENTICATED_ERRORS, CheckpointList, CheckpointObject, errors
 from service.storage import archive_digest, checkpoint_archive, checkpoint_archive_name
+from store import repository
 
 router = APIRouter(
     prefix="/v1/jobs/{job_id}/checkpoints", tags=["checkpoints"], responses=AUTHENTICATED_ERRORS

@@ -15,12 +15,13 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
-from service import repository, views
+from service import views
 from service.dependencies import OwnedJob, ServicesDep, SessionDep
 from service.errors import BadRequest
-from service.models import TERMINAL_STATUSES, JobEvent
 from service.schemas import AUTHENTICATED_ERRORS, EventList, errors
 from service.services import Services
+from store import repository
+from store.models import TERMINAL_STATUSES, JobEvent
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/events", tags=["events"], responses=AUTHENTICATED_ERRORS)
 

@@ -8,11 +8,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from service import repository, views
+from service import views
 from service.dependencies import CurrentTenant, OwnedFile, ServicesDep, SessionDep
 from service.errors import NotFound
-from service.ids import new_id
-from service.models import FILE_PURPOSES, File
 from service.schemas import AUTHENTICATED_ERRORS, Deleted, FileList, FileObject, FilePurpose, errors
 from service.services import Services
 from service.uploads import (
@@ -22,6 +20,9 @@ from service.uploads import (
     receive_upload,
     validate_jsonl,
 )
+from store import repository
+from store.ids import new_id
+from store.models import FILE_PURPOSES, File
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=AUTHENTICATED_ERRORS)
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from service import migrate
 from service.dependencies import ServicesDep
 from service.errors import Unauthenticated, Unavailable
 from service.schemas import Health, Readiness, errors
+from store import migrate
 
 router = APIRouter(tags=["health"])
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service import repository, views
+from service import views
 from service.dependencies import CurrentPrincipal, ServicesDep, SessionDep
 from service.schemas import AUTHENTICATED_ERRORS, Limits, Me, Usage
+from store import repository
 
 router = APIRouter(prefix="/v1", tags=["identity"], responses=AUTHENTICATED_ERRORS)
 

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from service import job_specs, repository, views
+from contract.spec import TrainSpec
+from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
 from service.principals import TenantRef
@@ -26,7 +26,7 @@ from service.schemas import (
 from service.services import Services
 from service.settings import Settings
 from service.views import FileLike
-from trainer.spec import TrainSpec
+from store import repository
 
 REPLAYED = {"Idempotent-Replayed": "true"}
 
@@ -152,13 +152,10 @@ async def create_job(
     """Validate the spec (422 names the offending field), store the job, and queue it. A 201 means the job
     is committed: it will run even if the queue's broker loses the message. With an Idempotency-Key, a
     retried request returns the job the first one created; reusing a key for a different body is a 422."""
-    pool = services.db.async_pool
-    if pool is None:  # SQLite (embedded mode): the same steps on a session, in the thread pool
-        return await run_in_threadpool(_create_job_in_session, body, tenant, services, idempotency_key)
-    # PostgreSQL: every statement on the event loop (service.async_pool), the job in one statement.
+    pool = services.db.async_pool  # every statement awaited (store.async_pool); the job in one statement
     request_hash = _request_hash(body, idempotency_key)
     if idempotency_key is not None:
-        existing = await repository.find_job_by_idempotency_key_async(
+        existing = await repository.find_job_by_idempotency_key(
             pool, tenant.id, idempotency_key, request_hash
         )
         if existing is not None:
@@ -171,32 +168,9 @@ async def create_job(
     if settings.max_active_jobs_per_tenant:
         _check_active_job_limit(settings, await repository.count_active_jobs_async(pool, tenant.id))
     new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
-    job, created = await repository.create_job_async(pool, new)
+    job, created = await repository.create_job(pool, new)
     if created:  # committed, durably, by now
         await services.enqueue_async(job.id, job.queue)
-    return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
-
-
-def _create_job_in_session(
-    body: JobCreate, tenant: TenantRef, services: Services, idempotency_key: str | None
-) -> Response:
-    request_hash = _request_hash(body, idempotency_key)
-    with services.db.sessions() as session:
-        if idempotency_key is not None:
-            existing = repository.find_job_by_idempotency_key(
-                session, tenant.id, idempotency_key, request_hash
-            )
-            if existing is not None:
-                return model_response(views.job_view(existing), 201, headers=REPLAYED)
-        spec = _validated(body, tenant, session, services)
-        settings = services.settings
-        if settings.max_active_jobs_per_tenant:
-            _check_active_job_limit(settings, repository.count_active_jobs(session, tenant.id))
-        new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
-        job, created = repository.create_job(session, new)
-        session.commit()
-    if created:
-        services.enqueue(job.id, job.queue)
     return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
 
 

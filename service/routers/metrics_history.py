@@ -9,9 +9,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from service import repository, views
+from service import views
 from service.dependencies import OwnedJob, SessionDep
 from service.schemas import AUTHENTICATED_ERRORS, MetricPoint, MetricsHistory, errors
+from store import repository
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/metrics", tags=["metrics"], responses=AUTHENTICATED_ERRORS)
 

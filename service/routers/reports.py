@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from service import repository
 from service.dependencies import OwnedJob, SessionDep
 from service.schemas import AUTHENTICATED_ERRORS, errors
+from store import repository
 from trainer.report import build_report, render_html
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/report", tags=["reports"], responses=AUTHENTICATED_ERRORS)

@@ -4,6 +4,7 @@ only, and loses the series once the job finishes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
@@ -22,8 +23,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import start_http_server
 from psycopg import sql
 
-from service import migrate, repository
-from service.database import Database
+from store import migrate, repository
+from store.database import Database
 from tests.service.helpers import new_job
 from worker.metrics import FleetCollector
 
@@ -82,15 +83,17 @@ def database() -> Iterator[Database]:
 
 
 def _running_job(db: Database) -> tuple[str, str]:
-    from trainer.spec import TrainSpec
+    from contract.spec import TrainSpec
 
     spec = TrainSpec.model_validate({"algorithm": {"name": "stare"}, "optim": {"steps": 10}})
     with db.transaction() as session:
         tenant = repository.create_tenant(session, f"t-{uuid.uuid4().hex[:8]}")
-        job, _ = repository.create_job(
-            session,
+    job, _ = asyncio.run(
+        repository.create_job(
+            db.async_pool,
             new_job(tenant.id, spec=spec.model_dump(mode="json"), resolved_spec=spec.resolved()),
         )
+    )
     with db.transaction() as session:
         claim = repository.claim_job(session, job.id, owner="test-worker", lease_s=60)
         assert claim is not None

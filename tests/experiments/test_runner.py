@@ -273,3 +273,10 @@ def test_collapse_is_the_first_step_of_a_long_enough_streak_below_the_band() -> 
     h = [(1, 0.5), (2, 0.05), (3, 0.05), (4, 0.5), (5, 0.05), (6, 0.04), (7, 0.03)]
     assert an.collapse_step(h, 0.1, 3) == 5
     assert an.collapse_step(h, 0.1, 4) is None
+
+
+def test_an_unknown_arm_is_refused_listing_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown arm\(s\) \['ppo'\]; valid: grpo_ds, stare_o1"):
+        comparison_suite(
+            "x", "x", "x", {"model": {"name": "tiny-arith"}}, arms=("ppo",), seeds=1, headline_seeds=1
+        )

@@ -20,10 +20,10 @@ import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
 
-from service import migrate, repository
 from service.app import create_app
-from service.database import Database
 from service.settings import Settings
+from store import migrate, repository
+from store.database import Database
 
 PG_HOST = os.environ.get("STARE_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("STARE_TEST_PG_PORT", "5432"))

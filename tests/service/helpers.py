@@ -9,8 +9,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
+from store import repository
+from store.database import Database
 
 # A small, valid spec (the built-in tiny model, arithmetic task): cheap to validate.
 TINY_SPEC: dict[str, Any] = {

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service import keys
-from service.database import Database
-from service.models import ApiKey
+from store import keys
+from store.database import Database
+from store.models import ApiKey
 from tests.service.conftest import TenantKey
 from tests.service.test_errors import assert_error
 

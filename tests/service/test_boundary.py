@@ -1,4 +1,4 @@
-"""The request boundary (service.boundary, trainer.safejson) on the real app and PostgreSQL: NUL characters,
+"""The request boundary (service.boundary, contract.safejson) on the real app and PostgreSQL: NUL characters,
 non-finite numbers, deep and huge JSON, bad Last-Event-ID and over-capacity jobs each get a 4xx that names
 the field, and change nothing."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
+from contract import safejson
+from store import repository
+from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, create_job, upload
-from trainer import safejson
 
 
 def _job_count(db: Database, tenant: TenantKey) -> int:
@@ -209,7 +209,7 @@ def test_jobs_over_the_fleet_capacity_are_refused_naming_the_largest(
 
 
 def test_spec_files_follow_the_same_rules(tmp_path: Any) -> None:
-    from trainer.spec import load_spec
+    from contract.spec import load_spec
 
     for text, where in [
         ('name: "a\\0b"\n', "name"),

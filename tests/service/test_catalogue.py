@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 from fastapi.testclient import TestClient
 
+from contract.catalog import BUILTIN_MODELS
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC
 from tests.service.test_errors import assert_error
-from trainer.catalog import BUILTIN_MODELS
 from trainer.verifiers import VERIFIERS
 
 

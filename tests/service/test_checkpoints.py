@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
-from service.models import Checkpoint
+from store import repository
+from store.database import Database
+from store.models import Checkpoint
 from tests.service.conftest import TenantKey
 from tests.service.helpers import FakeWorker, create_job
 from tests.service.test_errors import assert_error

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from service import migrate, repository
 from service.app import create_app
-from service.database import Database
+from store import migrate, repository
+from store.database import Database
 from tests.service.conftest import settings_for
 from tests.service.helpers import create_job
 from tests.worker.servers import PrivatePostgres

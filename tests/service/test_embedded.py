@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service import keys, repository
 from service.__main__ import main
-from service.database import Database
+from store import keys, repository
+from store.database import Database
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, FakeWorker, step_metrics, upload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

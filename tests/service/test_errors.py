@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service.database import Database
-from service.models import Job
+from store.database import Database
+from store.models import Job
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC
 
@@ -175,7 +175,7 @@ def test_an_oversize_json_body_is_a_413(make_client: Any, tenant: TenantKey) -> 
 def test_an_unexpected_failure_is_a_500_in_the_shape_without_details(
     client: TestClient, tenant: TenantKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service import repository
+    from store import repository
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret internal detail")

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service.database import Database
-from service.models import File
+from store.database import Database
+from store.models import File
 from tests.service.conftest import TenantKey
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, upload
 from tests.service.test_errors import assert_error

@@ -26,10 +26,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import repository
 from service.app import create_app
-from service.database import Database
 from service.settings import Settings
+from store import repository
+from store.database import Database
 from tests.service import conftest
 from tests.service.conftest import settings_for
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, FakeWorker, create_job, upload

@@ -9,8 +9,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
+from store import repository
+from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import FakeWorker, create_job
 

@@ -1,7 +1,7 @@
-"""POST /v1/jobs on PostgreSQL runs on the event loop (service.async_pool): one autocommit statement inserts
-the job and its first event. These pin down what that path must keep from the session path (which SQLite,
-the embedded mode, still uses): durability before the doorbell, the response is the stored job,
-Idempotency-Key under concurrency and across tenants, the error shapes."""
+"""POST /v1/jobs on PostgreSQL runs on the event loop (store.async_pool): one autocommit statement inserts
+the job and its first event. It is the only create path (SQLite, the embedded mode, awaits the same
+functions on the engine in a thread). These pin down what it must keep: durability before the doorbell,
+the response is the stored job, Idempotency-Key under concurrency and across tenants, the error shapes."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from service import job_specs, repository
-from service.async_pool import AsyncPool, psycopg_conninfo
-from service.errors import Unprocessable
+from service import job_specs
+from store import repository
+from store.async_pool import AsyncPool, psycopg_conninfo
+from store.errors import Invalid
 from tests.service.conftest import TenantKey
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, new_job, upload
 from tests.service.test_errors import assert_error
@@ -139,9 +140,7 @@ def test_concurrent_requests_with_one_idempotency_key_create_one_job(tenant: Ten
     async def race() -> list[Any]:
         pool = AsyncPool(pg_url, size=8)
         try:
-            same = [
-                repository.create_job_async(pool, _new_job(tenant.tenant_id, key, "h1")) for _ in range(8)
-            ]
+            same = [repository.create_job(pool, _new_job(tenant.tenant_id, key, "h1")) for _ in range(8)]
             return await asyncio.gather(*same)
         finally:
             await pool.close()
@@ -159,11 +158,11 @@ def test_concurrent_requests_with_one_idempotency_key_create_one_job(tenant: Ten
     async def reuse() -> None:
         pool = AsyncPool(pg_url, size=1)
         try:
-            await repository.create_job_async(pool, _new_job(tenant.tenant_id, key, "h2"))
+            await repository.create_job(pool, _new_job(tenant.tenant_id, key, "h2"))
         finally:
             await pool.close()
 
-    with pytest.raises(Unprocessable) as err:
+    with pytest.raises(Invalid) as err:
         asyncio.run(reuse())
     assert err.value.code == "idempotency_key_reused"
 
@@ -219,3 +218,27 @@ def test_a_constraint_violation_on_create_is_a_409_in_the_error_shape(
     response = client.post("/v1/jobs", json={"spec": TINY_SPEC}, headers=tenant.headers)
     assert_error(response, 409, "conflict")
     assert _job_count(pg_url, tenant.tenant_id) == 0
+
+
+def test_on_sqlite_the_same_create_path_keeps_idempotency(tmp_path: Any) -> None:
+    from store import migrate
+    from store.database import Database
+
+    url = f"sqlite:///{tmp_path / 'stare.db'}"
+    migrate.upgrade(url)
+    db = Database(url, pool_size=1)
+    try:
+        with db.transaction() as session:
+            tenant_id = repository.create_tenant(session, "sqlite").id
+        first, created = asyncio.run(repository.create_job(db.async_pool, _new_job(tenant_id, "k", "h1")))
+        again, replayed = asyncio.run(repository.create_job(db.async_pool, _new_job(tenant_id, "k", "h1")))
+        assert created and not replayed and again.id == first.id
+        with db.sessions() as session:
+            events = repository.list_events(session, first.id, after=0, limit=10)[0]
+        assert [e.type for e in events] == ["job.created"]
+        with pytest.raises(Invalid):
+            asyncio.run(repository.create_job(db.async_pool, _new_job(tenant_id, "k", "h2")))
+        read = asyncio.run(repository.read_job(db.async_pool, tenant_id, first.id))
+        assert read is not None and read.status == "queued" and read.created_at == first.created_at
+    finally:
+        db.dispose()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
 from service.queue import RecordingJobQueue
+from store import repository
+from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC, FakeWorker, create_job, step_metrics
 from tests.service.test_errors import assert_error

@@ -16,10 +16,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
-from service.models import Job
 from service.queue import CeleryJobQueue
+from store import repository
+from store.database import Database
+from store.models import Job
 from tests.service.conftest import REDIS_URL, TenantKey
 from tests.service.helpers import TINY_SPEC
 

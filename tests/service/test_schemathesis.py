@@ -35,8 +35,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from service.app import create_app
-from service.database import Database
 from service.settings import Settings
+from store.database import Database
 from tests.service import conftest
 from tests.service.conftest import TenantKey, settings_for
 from tests.service.helpers import GOOD_JSONL, FakeWorker, create_job, upload
@@ -76,7 +76,7 @@ def fuzz_world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """An app, a tenant with a real key, and real objects (jobs in several states, a file, a checkpoint)."""
     from fastapi.testclient import TestClient
 
-    from service import repository
+    from store import repository
 
     root = tmp_path_factory.mktemp("fuzz-artifacts")
     app = create_app(settings_for(pg_url, root, sse_max_duration_s=1.0))

@@ -50,6 +50,30 @@ def test_the_service_loads_no_torch_no_transformers_no_worker() -> None:
     )
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout)
-    assert "service.app" in loaded and "trainer.spec" in loaded
+    assert "service.app" in loaded and "contract.spec" in loaded
     forbidden = {"torch", "transformers", "accelerate", "worker"}
     assert sorted(m for m in loaded if m.split(".")[0] in forbidden) == []
+
+
+def _loaded_by(imports: str) -> list[str]:
+    script = f"import json, sys, {imports}; print(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    loaded: list[str] = json.loads(result.stdout)
+    return loaded
+
+
+def test_the_store_loads_neither_the_service_nor_the_worker_nor_fastapi_nor_torch() -> None:
+    loaded = _loaded_by("store.repository, store.database, store.migrate, store.settings, store.errors")
+    assert "store.repository.leases" in loaded
+    forbidden = {"service", "worker", "fastapi", "starlette", "torch"}
+    assert sorted(m for m in loaded if m.split(".")[0] in forbidden) == []
+
+
+def test_the_worker_loads_no_service() -> None:
+    loaded = _loaded_by("worker.celery_app, worker.sweeper, worker.metrics, worker.embedded, worker.__main__")
+    assert "worker.training" in loaded and "store.repository" in loaded
+    assert sorted(m for m in loaded if m.split(".")[0] == "service") == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from service.database import Database
+from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, FakeWorker, create_job, upload
 from tests.service.test_errors import assert_error

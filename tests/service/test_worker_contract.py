@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
-from service.models import DEFAULT_MAX_LOST_WORKERS, Checkpoint, JobEvent, JobMetric
+from store import repository
+from store.database import Database
+from store.models import DEFAULT_MAX_LOST_WORKERS, Checkpoint, JobEvent, JobMetric
 from tests.service.conftest import TenantKey
 from tests.service.helpers import create_job, step_metrics
 

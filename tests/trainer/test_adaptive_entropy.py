@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from contract.hyperparams import AdaptiveEntropyParams
+from contract.spec import TrainSpec
 from trainer.algos import PolicyLossInputs, compute_policy_loss, make_loss_params, token_stats_from_logits
 from trainer.algos.entropy_control import EntropyCoefState, initial_coef_state, update_coef
 from trainer.algos.losses import zero_advantage_rows_inert
 from trainer.engine import Engine, ExitCode
-from trainer.hyperparams import AdaptiveEntropyParams
-from trainer.spec import TrainSpec
 
 from .test_engine import read_events, small_spec
 
@@ -87,11 +87,15 @@ def _case(temperature: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return logits, targets, batch
 
 
-def _loss_grad(name: str, logits: torch.Tensor, targets: torch.Tensor, batch: dict, t: float, **params):
+def _loss_grad(
+    name: str, logits: torch.Tensor, targets: torch.Tensor, batch: dict, t: float, coef: float | None = None
+):
+    """coef: the controller's α this step, handed to the loss as its control argument."""
     leaf = logits.clone().requires_grad_(True)
     stats = token_stats_from_logits(leaf, targets, temperature=t, entropy_grad=name == "adaptive_entropy")
     inputs = PolicyLossInputs(logprob=stats.logprob, entropy=stats.entropy, **batch)
-    loss, metrics = compute_policy_loss(name, inputs, make_loss_params(name, **params))
+    control = EntropyCoefState(coef=coef, applied=coef) if coef is not None else None
+    loss, metrics = compute_policy_loss(name, inputs, make_loss_params(name), control=control)
     loss.backward()
     return loss.detach(), leaf.grad, metrics
 
@@ -138,7 +142,7 @@ def test_a_non_differentiable_entropy_is_refused_when_the_bonus_acts() -> None:
     stats = token_stats_from_logits(leaf, targets)
     inputs = PolicyLossInputs(logprob=stats.logprob, entropy=stats.entropy, **batch)
     with pytest.raises(ValueError, match="differentiable entropy"):
-        compute_policy_loss("adaptive_entropy", inputs, make_loss_params("adaptive_entropy", coef=0.1))
+        compute_policy_loss("adaptive_entropy", inputs, control=EntropyCoefState(coef=0.1, applied=0.1))
 
 
 def test_the_engine_applies_the_coefficient_from_its_controller(tmp_path) -> None:

@@ -11,7 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from trainer.algos import AggMode, PolicyLossInputs, aggregate, compute_policy_loss, make_loss_params
-from trainer.algos.selection import stare_weights
+from trainer.algos.stare import StareControllerState, stare_weights
 
 # 2 × 3, second response has one padding position.
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
@@ -87,7 +87,8 @@ def loss_and_grad(
     name: str, overrides: dict[str, Any], split: list[list[int]], with_weights: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch = step_batch()
-    params = make_loss_params(name, **overrides)
+    control = overrides.get("control")  # the controller state, for the loss; the rest are parameters
+    params = make_loss_params(name, **{k: v for k, v in overrides.items() if k != "control"})
     logprob = batch["logprob"].clone().requires_grad_(True)
     n_tokens = float(batch["response_mask"].sum())
     weights = None
@@ -111,7 +112,7 @@ def loss_and_grad(
             global_sequence_count=float(B),
             max_response_length=T + 3,
         )
-        loss, _ = compute_policy_loss(name, inputs, params)
+        loss, _ = compute_policy_loss(name, inputs, params, control=control)
         total = total + loss
     (grad,) = torch.autograd.grad(total, logprob)
     return total.detach(), grad
@@ -125,7 +126,7 @@ SPLIT_INVARIANT_CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("grpo_ds", {"kl_beta": 0.05}, False),
     ("dapo", {}, False),
     ("stare", {"scope": "step_batch", "variant": "C2"}, True),
-    ("stare", {"gate_on": False}, False),
+    ("stare", {"control": StareControllerState(gate_on=False, reweight_w=1.1, reweight_m=0.9)}, False),
     ("rsi_s", {}, False),
     ("rsi_s", {"r_lo": 0.1, "r_hi": 3.0, "kl_beta": 0.1}, False),
     ("forking_8020", {"top_entropy_ratio": 1.0}, False),

@@ -281,3 +281,35 @@ def test_overlong_penalty_arguments_are_named() -> None:
 def test_a_non_positive_generation_budget_is_named() -> None:
     with pytest.raises(ValueError, match="max_response_length"):
         aggregate(torch.zeros(2, 3), torch.ones(2, 3), "seq-mean-token-sum-norm", max_response_length=0)
+
+
+# ------------------------------------------------------------------------------------ enum-like strings
+
+
+@pytest.mark.parametrize("variant", ["c2", "o1", "C3", ""])
+def test_an_unknown_stare_variant_is_refused_naming_the_valid_ones(variant: str) -> None:
+    # "c2" used to behave as O1 without a word.
+    from trainer.algos.stare import stare_weights
+
+    with pytest.raises(ValueError, match=r"variant must be one of O1, C2"):
+        stare_weights(
+            torch.ones(1, 3), torch.ones(1), torch.ones(1, 3),
+            top_ratio=0.5, reweight_w=1.1, reweight_m=0.9, variant=variant, gate_on=True,
+        )  # fmt: skip
+
+
+def test_an_unknown_rsi_bound_mode_is_refused_naming_the_valid_ones() -> None:
+    from trainer.algos.rsi import rsi_keep_mask
+
+    with pytest.raises(ValueError, match=r"mode must be one of fixed, quantile"):
+        rsi_keep_mask(
+            torch.ones(1, 3), torch.ones(1, 3), torch.ones(1, 3), mode="quantiles", low=0.1, high=0.9
+        )
+
+
+def test_unknown_engine_choices_are_refused_naming_the_valid_ones() -> None:
+    from trainer.engine import lr_factor
+
+    with pytest.raises(ValueError, match=r"schedule must be one of constant, linear, cosine"):
+        lr_factor("Cosine", 3, warmup_steps=0, steps=10)
+    assert lr_factor("cosine", 0, warmup_steps=0, steps=10) == 1.0

@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.spec import TrainSpec
 from trainer.algos.advantages import compute_advantages
 from trainer.algos.kernels import token_stats_from_hidden, token_stats_from_logits, token_stats_reference
 from trainer.algos.losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss, make_loss_params
 from trainer.checkpoints import latest_checkpoint
 from trainer.engine import Engine, ExitCode
-from trainer.spec import TrainSpec
 
 from .test_engine import small_spec
 

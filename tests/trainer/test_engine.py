@@ -15,8 +15,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from contract.spec import TrainSpec
 from trainer.engine import Engine, ExitCode
-from trainer.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,7 +152,7 @@ class _StopAfter:
         if event["type"] == "step" and event["step"] == self.step:
             if self.hard:
                 raise KeyboardInterrupt  # a crash: no checkpoint of this step
-            self.engine._stop_signal = signal.SIGTERM
+            self.engine.request_stop(signal.SIGTERM)
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["graceful", "crash"])
@@ -523,8 +523,7 @@ def test_rollouts_record_sampling_statistics_only_where_the_update_reads_them(
     engine = Engine(
         TrainSpec.model_validate(small_spec(algorithm={"name": algorithm}, optim=optim)), tmp_path
     )
-    engine._load_data()
-    engine._load(None)
-    assert engine._sample_stats_used is recorded
-    batch, _ = engine._collect()
+    engine.setup()
+    assert engine.record_sample_stats is recorded
+    batch, _ = engine.collect()
     assert batch.has_sample_stats is recorded

@@ -10,7 +10,6 @@ import torch
 from torch.testing import assert_close
 
 from trainer.algos import (
-    entropy_logit_gradient,
     entropy_sensitivity,
     quadrant_analysis,
     token_stats_from_logits,
@@ -25,6 +24,14 @@ TOP, TAIL = 0, 5
 def entropy_f64(logits: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits.double(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def entropy_logit_gradient(logits: torch.Tensor) -> torch.Tensor:
+    """Closed-form dH/dz = p (s − H) along the last dimension, fp32 (the formula of fact 1)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1, keepdim=True)
+    return p * (-logp - entropy)
 
 
 def random_logits(shape: tuple[int, ...], seed: int, scale: float = 2.0) -> torch.Tensor:

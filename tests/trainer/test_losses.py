@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from contract.hyperparams import ClipCovParams, ForkingParams, KlCovParams, RsiParams
 from trainer.algos import POLICY_LOSSES, PolicyLossInputs, StareParams, compute_policy_loss, make_loss_params
-from trainer.hyperparams import ClipCovParams, ForkingParams, KlCovParams, RsiParams
 
 OLD = [[-1.0, -2.0, -0.5], [-1.5, -3.0, -0.7]]
 RATIO = [[1.0, 1.5, 0.5], [0.5, 12.0, 3.0]]

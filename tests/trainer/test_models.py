@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.catalog import BUILTIN_MODELS
+from contract.catalog import BUILTIN_MODELS
 from trainer.models import (
     apply_lora,
     build_tiny_arith,

@@ -15,6 +15,7 @@ from torch.testing import assert_close
 from trainer.algos import (
     POLICY_LOSSES,
     PolicyLossInputs,
+    StareControllerState,
     compute_advantages,
     compute_policy_loss,
     token_stats_from_logits,
@@ -26,7 +27,7 @@ LOSS_VARIANTS: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in POLICY
     ("grpo", {"kl_beta": 0.1}),
     ("grpo_ds", {"kl_beta": 0.1}),
     ("stare", {"variant": "C2", "top_ratio": 0.5}),
-    ("stare", {"gate_on": False}),
+    ("stare", {"control": StareControllerState(gate_on=False, reweight_w=1.1, reweight_m=0.9)}),
     ("rsi_s", {"bound_mode": "quantile", "r_lo": 0.1, "r_hi": 0.9}),
     ("rsi_s", {"denominator": "kept", "kl_beta": 0.1}),
     ("forking_8020", {"top_entropy_ratio": 1.0}),

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from contract.spec import TrainSpec
 from trainer.engine import Engine, ExitCode
-from trainer.spec import TrainSpec
 
 
 @pytest.mark.slow

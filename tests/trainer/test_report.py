@@ -350,7 +350,7 @@ def test_a_failed_write_keeps_the_previous_report_and_no_temp_file(
     def fail(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("trainer.report.os.replace", fail)
+    monkeypatch.setattr("trainer.report.files.os.replace", fail)
     with pytest.raises(OSError, match="disk full"):
         write_report(synthetic_events(), tmp_path)
 

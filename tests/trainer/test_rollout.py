@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.engine import Engine, response_stats
+from contract.spec import TrainSpec
+from trainer.engine import load_examples, response_stats
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.rollout import SampledTokenStats, concat_rollouts, generate, rollout
-from trainer.spec import TrainSpec
 from trainer.tasks import Example
 from trainer.verifiers import score
 
@@ -67,21 +67,18 @@ def test_rollout_texts_and_rewards_follow_each_row():
 
 def test_prompt_order_is_the_seeded_permutation_of_each_epoch():
     spec = tiny_spec()
-    engine = Engine.__new__(Engine)  # the data methods only
-    engine.spec = spec
-    engine.cursor = 0
-    engine._load_data()
-    size = len(engine.train_examples)
+    prompts, _ = load_examples(spec)
+    size = len(prompts.examples)
     taken = []
     for _ in range(6):  # 30 prompts: two epoch boundaries, one inside a call
-        examples, start = engine._take_prompts(spec.optim.prompts_per_step)
+        examples, start = prompts.take(spec.optim.prompts_per_step)
         assert start == len(taken)
         taken.extend(examples)
     expected = []
     for pos in range(len(taken)):
         epoch, offset = divmod(pos, size)
         order = torch.randperm(size, generator=torch.Generator().manual_seed(spec.seed * 7_777 + epoch))
-        expected.append(engine.train_examples[int(order[offset])])
+        expected.append(prompts.examples[int(order[offset])])
     assert taken == expected
     assert taken[:size] != taken[size : 2 * size]  # each epoch has its own order
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import TrainSpec, load_spec
+from contract.spec import TrainSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def test_demo_spec_is_valid():
 
 def test_spec_module_imports_no_torch():
     code = (
-        "import sys, json; import trainer.spec; "
+        "import sys, json; import contract.spec; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'transformers', 'accelerate', 'fastapi', 'celery', 'sqlalchemy'))))"
     )

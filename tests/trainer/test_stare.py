@@ -21,7 +21,8 @@ from trainer.algos import (
     stare_weights,
     update,
 )
-from trainer.algos.selection import ceil_count, stare_selection
+from trainer.algos.selection import ceil_count
+from trainer.algos.stare import stare_selection
 
 # ------------------------------------------------------------------------------------ fact 7
 
@@ -260,8 +261,8 @@ def loss_and_grad(name: str, batch: dict[str, torch.Tensor], **overrides: Any) -
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"gate_on": False},
-        {"gate_on": False, "variant": "C2", "reweight_w": 1.5, "reweight_m": 0.5},
+        {"control": StareControllerState(gate_on=False, reweight_w=1.1, reweight_m=0.9)},
+        {"variant": "C2", "control": StareControllerState(gate_on=False, reweight_w=1.5, reweight_m=0.5)},
         {"reweight_w": 1.0},
         {"reweight_w": 1.0, "reweight_m": 1.0, "variant": "C2"},
         {"top_ratio": 0.0},
@@ -285,14 +286,12 @@ def test_active_stare_differs_from_grpo_ds() -> None:
     assert not torch.equal(stare_loss, baseline_loss)
 
 
-def test_gate_state_drives_the_loss_through_its_parameters() -> None:
+def test_gate_state_drives_the_loss_as_its_control_argument() -> None:
     gate = StareGateParams(target_entropy=0.3)
     batch = bit_identity_batch()
     for entropy, expect_neutral in ((0.31, True), (0.3, True), (0.29, False)):
         state = update(initial_state(gate), entropy, gate)
-        stare_loss, _ = loss_and_grad(
-            "stare", batch, gate_on=state.gate_on, reweight_w=state.reweight_w, reweight_m=state.reweight_m
-        )
+        stare_loss, _ = loss_and_grad("stare", batch, control=state)
         baseline_loss, _ = loss_and_grad("grpo_ds", batch)
         assert torch.equal(stare_loss, baseline_loss) == expect_neutral
 

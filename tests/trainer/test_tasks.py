@@ -299,7 +299,8 @@ def test_tasks_verifiers_and_catalog_import_no_torch():
     script = textwrap.dedent(
         """
         import sys
-        from trainer import catalog, tasks, verifiers
+        from contract import catalog
+        from trainer import tasks, verifiers
         examples = tasks.make_examples("arithmetic", size=3, seed=0)
         assert verifiers.score("exact", examples[0].answer, examples[0]) == 1.0
         assert verifiers.score("math_verify", "\\\\boxed{1/2}", tasks.Example("q", "0.5")) == 1.0

@@ -8,8 +8,12 @@ from typing import Any
 import pytest
 import torch
 
+from contract.algorithms import ALGORITHMS
 from trainer.algos import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss, make_loss_params
-from trainer.algos.losses import ZERO_ADVANTAGE_NO_GRADIENT, zero_advantage_rows_inert
+from trainer.algos.losses import zero_advantage_rows_inert
+
+# The losses registered with inert zero-advantage rows (contract.algorithms).
+ZERO_ADVANTAGE_NO_GRADIENT = frozenset(name for name, a in ALGORITHMS.items() if a.zero_advantage_inert)
 
 B, T = 6, 9
 ZERO_ROWS = [1, 4]
@@ -22,8 +26,9 @@ PARAMS: dict[str, list[dict[str, Any]]] = {
     "dapo": [{}],
     "dr_grpo": [{}],
     "stare": [
-        {"gate_on": True, "top_ratio": 0.5, "reweight_w": 1.5, "reweight_m": 0.5, "variant": "O1"},
-        {"gate_on": True, "top_ratio": 0.5, "reweight_w": 1.5, "reweight_m": 0.5, "variant": "C2"},
+        # the gate on: its initial state, which the loss takes without a control argument
+        {"top_ratio": 0.5, "reweight_w": 1.5, "reweight_m": 0.5, "variant": "O1"},
+        {"top_ratio": 0.5, "reweight_w": 1.5, "reweight_m": 0.5, "variant": "C2"},
     ],
     "rsi_s": [{}, {"denominator": "kept"}, {"bound_mode": "quantile", "r_lo": 0.2, "r_hi": 0.8}],
     "forking_8020": [{"top_entropy_ratio": 0.5}],

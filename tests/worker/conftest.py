@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from service import migrate
-from service.database import Database
+from store import migrate
+from store.database import Database
 from tests.worker.harness import FIGURES, Harness, Infra
 from tests.worker.servers import PrivatePostgres, PrivateRedis
 

@@ -26,11 +26,11 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 from fastapi.testclient import TestClient
 
-from service import repository
 from service.app import create_app
-from service.database import Database
-from service.models import TERMINAL_STATUSES, Checkpoint, Job, JobMetric
 from service.settings import Settings
+from store import repository
+from store.database import Database
+from store.models import TERMINAL_STATUSES, Checkpoint, Job, JobMetric
 from tests.worker.servers import PrivatePostgres, PrivateRedis
 
 T = TypeVar("T")

@@ -16,9 +16,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
-from service.models import CRASH_LOOP_STREAK, DEFAULT_MAX_LOST_WORKERS, JobEvent
+from store import repository
+from store.database import Database
+from store.models import CRASH_LOOP_STREAK, DEFAULT_MAX_LOST_WORKERS, JobEvent
 from tests.service.conftest import (  # noqa: F401 - the service suite's fixtures, used here by name
     TenantKey,
     artifact_root,

@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from service import repository
-from service.database import Database
-from service.models import Checkpoint, JobEvent, JobMetric
+from store import repository
+from store.database import Database
+from store.models import Checkpoint, JobEvent, JobMetric
 from tests.service.conftest import (  # noqa: F401 - the service suite's fixtures, used here by name
     TenantKey,
     artifact_root,

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import checkpoints
-from trainer.storage import (
+from contract.storage import (
     STORAGE_FULL,
     STORAGE_IO_ERROR,
     STORAGE_READ_ONLY,
@@ -23,6 +22,7 @@ from trainer.storage import (
     storage_code,
     storage_writes,
 )
+from trainer import checkpoints
 from worker import supervisor
 from worker.supervisor import TAIL_BYTES, TAIL_LINES, OutputTail, TrainerProcess
 from worker.training import _crash_message, _error_lines, _storage_error

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from contract.protocol import CHECKPOINT_PREFIX
 from tests.worker.harness import Harness, event_time, record_figures, tiny_spec
 from tests.worker.mounts import MIB, Tmpfs
 
@@ -74,7 +75,7 @@ def _check_checkpoints(h: Harness, job_id: str, error_step: int, *, temp_may_rem
     on_disk = [step for step, _ in checkpoints.list_checkpoints(folder)]
     assert [step for step, _, _ in rows] == on_disk, f"rows {rows} vs folders {on_disk}\n{context}"
     assert all(step < error_step for step, _, _ in rows), f"no row for the failed write\n{context}"
-    leftovers = sorted(p.name for p in folder.iterdir() if not p.name.startswith(checkpoints.STEP_PREFIX))
+    leftovers = sorted(p.name for p in folder.iterdir() if not p.name.startswith(CHECKPOINT_PREFIX))
     if not temp_may_remain:
         assert leftovers == [], f"the half-written temp folder was removed: {leftovers}"
     step, path, size = rows[-1]

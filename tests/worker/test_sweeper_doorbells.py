@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from service import repository
-from service.database import Database
-from service.models import Job
+from store import repository
+from store.database import Database
+from store.models import Job
 from tests.service.conftest import (  # noqa: F401 - the service suite's fixtures, used here by name
     TenantKey,
     artifact_root,
@@ -30,10 +31,10 @@ from worker.sweeper import sweep_once
 def _waiting_jobs(db: Database, tenant_id: str, queue: str, n: int) -> list[str]:  # noqa: F811
     """n queued jobs on their own queue whose doorbell rang an hour ago."""
     ids = []
+    for _ in range(n):
+        job, _ = asyncio.run(repository.create_job(db.async_pool, new_job(tenant_id, queue=queue)))
+        ids.append(job.id)
     with db.transaction() as session:
-        for _ in range(n):
-            job, _ = repository.create_job(session, new_job(tenant_id, queue=queue))
-            ids.append(job.id)
         old = repository.utcnow() - timedelta(hours=1)
         session.execute(sa.update(Job).where(Job.id.in_(ids)).values(enqueued_at=old))
     return sorted(ids)

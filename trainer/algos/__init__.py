@@ -1,13 +1,18 @@
-"""The algorithm library: pure tensor math for STARE, RSI-S and the baselines. No I/O, no frameworks."""
+"""The algorithm library: pure tensor math for STARE, RSI-S and the baselines. No I/O, no frameworks.
+
+- stare.py: STARE whole: its parameters, target-entropy gate, token weights ω and loss;
+- rsi.py: RSI-S whole: the Relative Surprisal Index, its keep mask and loss;
+- surrogate.py: what every loss shares (inputs, registry, the PPO clipped surrogate, the KL penalty);
+- losses.py: the baseline losses and the entry points (`compute_policy_loss`, `make_loss_params`);
+- entropy_control.py: the adaptive entropy coefficient's controller;
+- selection.py: the token ranking the selections share, the 80/20 and covariance selections;
+- advantages.py, aggregation.py, shaping.py, diagnostics.py, kernels.py: estimators, loss reductions,
+  reward shaping and dynamic sampling, entropy diagnostics, the log-prob/entropy/C(p) kernels.
+"""
 
 from trainer.algos.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, group_mean_std
 from trainer.algos.aggregation import AggMode, aggregate
-from trainer.algos.diagnostics import (
-    entropy_logit_gradient,
-    entropy_sensitivity,
-    masked_mean,
-    quadrant_analysis,
-)
+from trainer.algos.diagnostics import entropy_sensitivity, quadrant_analysis
 from trainer.algos.kernels import (
     TokenStats,
     token_stats_from_hidden,
@@ -24,9 +29,9 @@ from trainer.algos.losses import (
     zero_advantage_rows_inert,
 )
 from trainer.algos.registry import UnknownNameError
-from trainer.algos.selection import relative_surprisal_index, rsi_keep_mask, stare_weights
+from trainer.algos.rsi import relative_surprisal_index, rsi_keep_mask
 from trainer.algos.shaping import informative_groups, overlong_penalty
-from trainer.algos.stare import StareControllerState, StareGateParams, initial_state, update
+from trainer.algos.stare import StareControllerState, StareGateParams, initial_state, stare_weights, update
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -42,13 +47,11 @@ __all__ = [
     "aggregate",
     "compute_advantages",
     "compute_policy_loss",
-    "entropy_logit_gradient",
     "entropy_sensitivity",
     "group_mean_std",
     "informative_groups",
     "initial_state",
     "make_loss_params",
-    "masked_mean",
     "overlong_penalty",
     "quadrant_analysis",
     "relative_surprisal_index",

@@ -11,7 +11,6 @@ GRPO advantage is r/(1 + eps) and its Dr.GRPO advantage is r; it is not zero.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -19,10 +18,6 @@ from torch import Tensor
 from trainer.algos.registry import Registry
 
 Metrics = dict[str, Tensor]
-
-
-class AdvantageEstimator(Protocol):
-    def __call__(self, rewards: Tensor, group_ids: Tensor, *, eps: float = ...) -> tuple[Tensor, Metrics]: ...
 
 
 ADVANTAGE_ESTIMATORS: Registry[Callable[..., tuple[Tensor, Metrics]]] = Registry("advantage estimator")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trainer.hyperparams import AggMode, parse_agg_mode
+from contract.hyperparams import AggMode, parse_agg_mode
 
 
 def aggregate(

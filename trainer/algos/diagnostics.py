@@ -23,14 +23,6 @@ Metrics = dict[str, Tensor]
 QUADRANTS = ("pos_low", "pos_high", "neg_low", "neg_high")
 
 
-def entropy_logit_gradient(logits: Tensor) -> Tensor:
-    """Closed-form dH/dz = p (s − H) along the last dimension, fp32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    p = logp.exp()
-    entropy = -(p * logp).sum(-1, keepdim=True)
-    return p * (-logp - entropy)
-
-
 def entropy_sensitivity(logprob: Tensor, entropy: Tensor, correction: Tensor) -> Tensor:
     """Φ = p_a (s_a − H) − C(p) per token, from quantities the chunked kernel already returns."""
     lp = logprob.detach().float()
@@ -74,8 +66,3 @@ def quadrant_analysis(
         total = total + drift
     metrics["quadrant/predicted_drift"] = total
     return metrics
-
-
-def masked_mean(values: Tensor, response_mask: Tensor) -> Tensor:
-    mask = response_mask.float()
-    return (values.float() * mask).sum() / mask.sum().clamp_min(1.0)

@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from trainer.hyperparams import AdaptiveEntropyParams
+from contract.hyperparams import AdaptiveEntropyParams
 
 
 @dataclass(frozen=True)

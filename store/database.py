@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.async_pool import AsyncPool, connection_looks_alive
+from store.async_pool import AsyncPool, ThreadedPool, connection_looks_alive
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -49,18 +49,19 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 class Database:
-    """An engine, its session factory, and an autocommit view of the engine for single-statement reads.
+    """An engine, its session factory, and the pool the event loop awaits single statements on
+    (`async_pool`: psycopg's on PostgreSQL, the engine's in a thread on SQLite).
     `with db.transaction() as session:` commits or rolls back."""
 
-    def __init__(self, url: str, *, pool_size: int = 20, async_pool: bool = False) -> None:
+    def __init__(self, url: str, *, pool_size: int = 20) -> None:
         self.engine = make_engine(url, pool_size=pool_size)
-        # PostgreSQL only: the hot paths (read a job, create a job) run on the event loop (service.async_pool).
-        self.async_pool = (
-            AsyncPool(url, size=min(pool_size, 16)) if async_pool and not url.startswith("sqlite") else None
-        )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        # Same pool, no transaction: one round trip for a single-statement read (no BEGIN, no ROLLBACK).
-        self.reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Connections open on first use: a process that never awaits a statement never opens one.
+        self.async_pool: AsyncPool | ThreadedPool = (
+            AsyncPool(url, size=min(pool_size, 16))
+            if not url.startswith("sqlite")
+            else ThreadedPool(self.engine)
+        )
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
@@ -71,5 +72,4 @@ class Database:
         self.engine.dispose()
 
     async def aclose(self) -> None:
-        if self.async_pool is not None:
-            await self.async_pool.close()
+        await self.async_pool.close()

@@ -1,17 +1,19 @@
 """Hyperparameters of the policy losses and the STARE gate, as frozen dataclasses that validate themselves.
 
-This module imports no torch: the job-spec model (and through it the HTTP service) validates algorithm
-parameters with these same classes, so a bad value is rejected with the same message everywhere.
-Formulas and defaults: ALGORITHMS.md §4–6; the losses themselves live in trainer/algos/losses.py.
+Each class and each default is defined here once. This module imports no torch: the job-spec model (and
+through it the HTTP service) validates algorithm parameters with these same classes, so a bad value is
+rejected with the same message everywhere. Which loss uses which class: contract.algorithms. Formulas and
+defaults: docs/ALGORITHMS.md §4–6; the losses themselves live in trainer/algos/.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
+
+from contract.numbers import finite
 
 
 class AggMode(StrEnum):
@@ -28,8 +30,19 @@ def parse_agg_mode(value: str | AggMode) -> AggMode:
 
 
 def _finite(name: str, value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    if finite(value) is None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _one_of(name: str, value: object, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {', '.join(repr(v) for v in valid)}, got {value!r}")
+
+
+STARE_VARIANTS = ("O1", "C2")
+STARE_SCOPES = ("micro_batch", "step_batch")
+RSI_BOUND_MODES = ("fixed", "quantile")
+RSI_DENOMINATORS = ("all", "kept")
 
 
 @dataclass(frozen=True)
@@ -78,12 +91,14 @@ class StareParams(ClipLossParams):
     reweight_m: float = 0.9  # M (C2 only)
     variant: Literal["O1", "C2"] = "O1"
     scope: Literal["micro_batch", "step_batch"] = "micro_batch"
-    gate_on: bool = True  # set each step from the controller state
+    gate_on: bool = (
+        True  # not a setting: the gate is the controller's (trainer.algos.stare); refused in a spec
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _finite("top_ratio", self.top_ratio)
-        # P = 0 is accepted as "select nothing" (ALGORITHMS §7.9: P = 0 gives grpo_ds bit for bit).
+        # P = 0 is accepted as "select nothing" (docs/ALGORITHMS.md §7.9: P = 0 gives grpo_ds bit for bit).
         if not 0.0 <= self.top_ratio <= 1.0:
             raise ValueError(f"top_ratio (P) must be in (0, 1] (or 0 to disable), got {self.top_ratio!r}")
         _finite("reweight_w", self.reweight_w)
@@ -92,10 +107,8 @@ class StareParams(ClipLossParams):
         _finite("reweight_m", self.reweight_m)
         if not 0.0 < self.reweight_m <= 1.0:
             raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
-        if self.variant not in ("O1", "C2"):
-            raise ValueError(f"variant must be 'O1' or 'C2', got {self.variant!r}")
-        if self.scope not in ("micro_batch", "step_batch"):
-            raise ValueError(f"scope must be 'micro_batch' or 'step_batch', got {self.scope!r}")
+        _one_of("variant", self.variant, STARE_VARIANTS)
+        _one_of("scope", self.scope, STARE_SCOPES)
 
 
 @dataclass(frozen=True)
@@ -114,12 +127,10 @@ class RsiParams(ClipLossParams):
             raise ValueError(f"r_lo must be ≤ r_hi, got r_lo={self.r_lo!r} > r_hi={self.r_hi!r}")
         if self.r_lo < 0:
             raise ValueError(f"r_lo must be ≥ 0, got {self.r_lo!r}")
-        if self.bound_mode not in ("fixed", "quantile"):
-            raise ValueError(f"bound_mode must be 'fixed' or 'quantile', got {self.bound_mode!r}")
+        _one_of("bound_mode", self.bound_mode, RSI_BOUND_MODES)
         if self.bound_mode == "quantile" and self.r_hi > 1.0:
             raise ValueError(f"r_hi must be a quantile level in [0, 1] in quantile mode, got {self.r_hi!r}")
-        if self.denominator not in ("all", "kept"):
-            raise ValueError(f"denominator must be 'all' or 'kept', got {self.denominator!r}")
+        _one_of("denominator", self.denominator, RSI_DENOMINATORS)
         if not self.entropy_eps > 0:
             raise ValueError(f"entropy_eps must be > 0, got {self.entropy_eps!r}")
 
@@ -184,7 +195,7 @@ class AdaptiveEntropyParams(ClipLossParams):
     coef_init: float = 0.0  # c_0
     coef_step: float = 0.005  # Δ
     coef_max: float = 0.1  # upper clip of c
-    coef: float = 0.0  # α_k, set each step from the controller state
+    coef: float = 0.0  # not a setting: α_k is the controller's state (entropy_control); refused in a spec
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -198,9 +209,11 @@ class AdaptiveEntropyParams(ClipLossParams):
 
 @dataclass(frozen=True)
 class StareGateParams:
+    """The gate's settings (algorithm.gate) with the starting W and M (the loss's own defaults)."""
+
     target_entropy: float = 0.3
-    reweight_w: float = 1.1
-    reweight_m: float = 0.9
+    reweight_w: float = StareParams.reweight_w
+    reweight_m: float = StareParams.reweight_m
     adaptive: bool = False
     alpha: float = 0.01
     w_max: float = 1.5
@@ -221,35 +234,3 @@ class StareGateParams:
             raise ValueError(f"w_max must be ≥ 1, got {self.w_max!r}")
         if not (0.0 < self.m_min <= 1.0):
             raise ValueError(f"m_min must be in (0, 1], got {self.m_min!r}")
-
-
-# name → (parameter class, the advantage estimator the method is defined with)
-LOSS_PARAMS: dict[str, tuple[type[ClipLossParams], str]] = {
-    "grpo": (GrpoParams, "grpo"),
-    "grpo_ds": (ClipLossParams, "grpo"),
-    "dapo": (ClipLossParams, "grpo"),
-    "dr_grpo": (DrGrpoParams, "dr_grpo"),
-    "stare": (StareParams, "grpo"),
-    "rsi_s": (RsiParams, "grpo"),
-    "forking_8020": (ForkingParams, "grpo"),
-    "clip_cov": (ClipCovParams, "grpo"),
-    "kl_cov": (KlCovParams, "grpo"),
-    "adaptive_entropy": (AdaptiveEntropyParams, "grpo"),
-}
-# Parameters a controller sets at every step; a spec may not set them.
-CONTROLLED_PARAMS = frozenset({"gate_on", "coef"})
-ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo")
-
-
-def make_loss_params(name: str, **overrides: Any) -> ClipLossParams:
-    """The named loss's parameters with overrides; an unknown loss or parameter is an error naming it."""
-    if name not in LOSS_PARAMS:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(LOSS_PARAMS))}")
-    params_cls = LOSS_PARAMS[name][0]
-    known = {f.name for f in dataclasses.fields(params_cls)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) for loss {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
-        )
-    return params_cls(**overrides)

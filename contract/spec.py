@@ -2,7 +2,8 @@
 
 This module imports no torch (the service validates jobs with it). Unknown fields are rejected and every
 out-of-range value fails with a message whose location names the field. Algorithm parameters are checked
-with the same dataclasses the losses use (trainer.hyperparams), so the service and the engine agree.
+with the same dataclasses the losses use (contract.hyperparams, registered per algorithm in
+contract.algorithms), verifier parameters with contract.verifiers, so the service and the engine agree.
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainer import safejson
-from trainer.hyperparams import (
-    ADVANTAGE_ESTIMATOR_NAMES,
-    CONTROLLED_PARAMS,
-    LOSS_PARAMS,
-    StareGateParams,
-    make_loss_params,
-)
+from contract import algorithms, safejson, verifiers
+from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
+from contract.catalog import BUILTIN_MODELS, TINY_ARITH
+from contract.hyperparams import ClipLossParams, StareGateParams
 
 
 class _Strict(BaseModel):
@@ -42,7 +39,7 @@ class LoraSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    name: Annotated[str, Field(min_length=1, max_length=512)] = "tiny-arith"
+    name: Annotated[str, Field(min_length=1, max_length=512)] = TINY_ARITH
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraSpec | None = None
 
@@ -92,13 +89,14 @@ class RewardSpec(_Strict):
 
 
 class GateSpec(_Strict):
-    """STARE's target-entropy gate and optional adaptive W/M (ALGORITHMS §5)."""
+    """STARE's target-entropy gate and optional adaptive W/M (docs/ALGORITHMS.md §5). Defaults:
+    contract.hyperparams.StareGateParams."""
 
-    target_entropy: Annotated[float, Field(ge=0.0, le=100.0)] = 0.3
-    adaptive: bool = False
-    alpha: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
-    w_max: Annotated[float, Field(ge=1.0, le=100.0)] = 1.5
-    m_min: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    target_entropy: Annotated[float, Field(ge=0.0, le=100.0)] = StareGateParams.target_entropy
+    adaptive: bool = StareGateParams.adaptive
+    alpha: Annotated[float, Field(ge=0.0, le=1.0)] = StareGateParams.alpha
+    w_max: Annotated[float, Field(ge=1.0, le=100.0)] = StareGateParams.w_max
+    m_min: Annotated[float, Field(gt=0.0, le=1.0)] = StareGateParams.m_min
 
 
 class AlgorithmSpec(_Strict):
@@ -110,18 +108,13 @@ class AlgorithmSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _known_loss(cls, value: str) -> str:
-        if value not in LOSS_PARAMS:
-            raise ValueError(f"unknown algorithm {value!r}; valid: {', '.join(sorted(LOSS_PARAMS))}")
+        algorithms.get(value)  # raises ValueError listing the valid names
         return value
 
     @field_validator("advantage")
     @classmethod
     def _known_estimator(cls, value: str | None) -> str | None:
-        if value is not None and value not in ADVANTAGE_ESTIMATOR_NAMES:
-            raise ValueError(
-                f"unknown advantage estimator {value!r}; valid: {', '.join(ADVANTAGE_ESTIMATOR_NAMES)}"
-            )
-        return value
+        return None if value is None else algorithms.check_estimator(value)
 
     @model_validator(mode="after")
     def _params_valid(self) -> AlgorithmSpec:
@@ -131,30 +124,33 @@ class AlgorithmSpec(_Strict):
             )
         if "kl_beta" in self.params:
             raise ValueError("algorithm.params.kl_beta: set the KL penalty's weight with optim.kl_beta")
-        make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
+        params = make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
         if self.name == "stare":
-            StareGateParams(
-                target_entropy=self.gate.target_entropy,
-                reweight_w=self.params.get("reweight_w", 1.1),
-                reweight_m=self.params.get("reweight_m", 0.9),
-                adaptive=self.gate.adaptive,
-                alpha=self.gate.alpha,
-                w_max=self.gate.w_max,
-                m_min=self.gate.m_min,
-            )
+            self.gate_params(params)
         return self
+
+    def gate_params(self, loss_params: ClipLossParams) -> StareGateParams:
+        """The gate's settings with the loss's starting W and M (the defaults for a loss without them)."""
+        return StareGateParams(
+            target_entropy=self.gate.target_entropy,
+            reweight_w=getattr(loss_params, "reweight_w", StareGateParams.reweight_w),
+            reweight_m=getattr(loss_params, "reweight_m", StareGateParams.reweight_m),
+            adaptive=self.gate.adaptive,
+            alpha=self.gate.alpha,
+            w_max=self.gate.w_max,
+            m_min=self.gate.m_min,
+        )
 
     @property
     def estimator(self) -> str:
-        return self.advantage or LOSS_PARAMS[self.name][1]
+        return self.advantage or algorithms.get(self.name).advantage_estimator
 
     def resolved_params(self) -> dict[str, Any]:
         """Every loss parameter with its default; the gate's per-step state is not a parameter, and the KL
         weight is optim.kl_beta."""
         params = dataclasses.asdict(make_loss_params(self.name, **self.params))
-        for name in CONTROLLED_PARAMS:
+        for name in SPEC_FREE_PARAMS:
             params.pop(name, None)
-        params.pop("kl_beta", None)
         return params
 
 
@@ -253,11 +249,9 @@ class TrainSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> TrainSpec:
-        from trainer.catalog import BUILTIN_MODELS  # torch-free
-
         if self.sft is not None and self.sft.steps > 0 and self.model.name not in BUILTIN_MODELS:
             raise ValueError("sft warm-start is only offered for built-in models (model.name)")
-        if self.sft is not None and self.sft.steps > 0 and self.model.name != "tiny-arith":
+        if self.sft is not None and self.sft.steps > 0 and self.model.name != TINY_ARITH:
             raise ValueError("sft warm-start is only offered for the built-in tiny model 'tiny-arith'")
         if self.evaluation.greedy and self.evaluation.k != 1:
             raise ValueError("evaluation.k must be 1 when evaluation.greedy is true")
@@ -282,8 +276,6 @@ class TrainSpec(_Strict):
 
 
 def _check_verifier(spec: VerifierSpec) -> None:
-    from trainer import verifiers  # torch-free
-
     try:
         verifiers.validate_params(spec.name, spec.params)
     except ValueError as err:
@@ -291,7 +283,7 @@ def _check_verifier(spec: VerifierSpec) -> None:
 
 
 def load_spec(path: str | Path) -> TrainSpec:
-    """A spec file (YAML or JSON), under the same document rules as a request body (trainer.safejson)."""
+    """A spec file (YAML or JSON), under the same document rules as a request body (contract.safejson)."""
     with open(path, encoding="utf-8") as fh:
         try:
             data = yaml.safe_load(fh) or {}

@@ -6,7 +6,8 @@ its message, and is not retried: the next attempt would meet the same storage, a
 spend the job's attempts in seconds. Only writes are wrapped (`storage_writes`): an OSError elsewhere (a
 model that will not download, a missing file) keeps its own meaning.
 
-Standard library only: the worker imports it without torch.
+Standard library only: the worker imports it without torch. The `error` event it makes is
+contract.protocol's.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ storage fault or a user error fails the job at once and spends none of them.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -35,7 +35,7 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-JOB_STATUSES = (
+JobStatus = Literal[
     "validating",
     "queued",
     "running",
@@ -46,7 +46,8 @@ JOB_STATUSES = (
     "cancelled",
     "succeeded",
     "failed",
-)
+]
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # States in which a worker holds (or held) the lease and writes to the job.
 LEASED_STATUSES = ("running", "pausing", "cancelling")

@@ -1,0 +1,39 @@
+"""What the bench scripts share. Each script imports it first (`import _common`): `python bench/X.py` puts
+bench/ on sys.path, and this module puts the repository root there too, so the scripts import the
+project's packages from any working directory, installed or not.
+
+Also here: `machine`, the description of the machine a result was measured on, stored with every result.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def machine(*packages: str, torch_threads: int | None = None) -> dict[str, Any]:
+    """Platform, CPUs, memory, Python, torch (its version, thread count and whether CUDA is there) and the
+    versions of `packages`. torch_threads: the count the measurement ran with, when not this process's."""
+    import importlib.metadata as md
+
+    import psutil
+    import torch
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads() if torch_threads is None else torch_threads,
+        "cuda": torch.cuda.is_available(),
+        **{pkg: md.version(pkg) for pkg in packages},
+    }

@@ -1,0 +1,182 @@
+"""One registration per algorithm: its name, parameter class, advantage estimator and properties.
+
+This is the list of algorithms a job spec may name; the spec, the engine and the losses all read it (the
+loss functions themselves register under the same names in trainer/algos). Torch-free.
+
+Properties:
+- advantage_estimator: the estimator the method is defined with (a spec may choose another);
+- zero_advantage_inert: every term of the per-token loss is a multiple of the advantage at that token, so
+  a row whose advantage is exactly 0 gets exactly 0 gradient whatever its log-probs (the clipped surrogate;
+  STARE's ω, RSI-S's, 80/20's and Clip-Cov's masks multiply Â). Not KL-Cov (its |ℓ − ℓ_old| penalty
+  reaches Â = 0 rows once the policy moved) nor the adaptive entropy bonus (−α·H has no Â), and no loss
+  with a KL penalty (β > 0): see `zero_advantage_rows_inert`;
+- measures_entropy_first: a per-step controller reads H̄ of π_old on the training batch before the update
+  (STARE's gate, the adaptive entropy coefficient).
+Formulas: docs/ALGORITHMS.md §3–6; its §8 table is `render_defaults()` (`python -m contract.algorithms
+--write`), and a test fails when the two differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from contract.docs import DOCS, generated_doc_main
+from contract.hyperparams import (
+    AdaptiveEntropyParams,
+    ClipCovParams,
+    ClipLossParams,
+    DrGrpoParams,
+    ForkingParams,
+    GrpoParams,
+    KlCovParams,
+    RsiParams,
+    StareGateParams,
+    StareParams,
+)
+
+# The advantage estimators (trainer/algos/advantages.py registers one function under each name).
+ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo")
+# Parameters a controller sets at every step; a spec may not set them.
+CONTROLLED_PARAMS = frozenset({"gate_on", "coef"})
+# Loss parameters that are not algorithm.params: the controlled ones and the KL weight (optim.kl_beta).
+SPEC_FREE_PARAMS = CONTROLLED_PARAMS | {"kl_beta"}
+
+
+def check_estimator(name: str) -> str:
+    if name not in ADVANTAGE_ESTIMATOR_NAMES:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid: {', '.join(ADVANTAGE_ESTIMATOR_NAMES)}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    params_cls: type[ClipLossParams]
+    advantage_estimator: str
+    zero_advantage_inert: bool
+    measures_entropy_first: bool = False
+
+    def __post_init__(self) -> None:
+        check_estimator(self.advantage_estimator)
+
+
+_REGISTERED: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.name in _REGISTERED:
+        raise ValueError(f"algorithm {algorithm.name!r} is registered twice")
+    _REGISTERED[algorithm.name] = algorithm
+    return algorithm
+
+
+for _algorithm in (
+    Algorithm("grpo", GrpoParams, "grpo", zero_advantage_inert=True),
+    Algorithm("grpo_ds", ClipLossParams, "grpo", zero_advantage_inert=True),
+    Algorithm("dapo", ClipLossParams, "grpo", zero_advantage_inert=True),
+    Algorithm("dr_grpo", DrGrpoParams, "dr_grpo", zero_advantage_inert=True),
+    Algorithm("stare", StareParams, "grpo", zero_advantage_inert=True, measures_entropy_first=True),
+    Algorithm("rsi_s", RsiParams, "grpo", zero_advantage_inert=True),
+    Algorithm("forking_8020", ForkingParams, "grpo", zero_advantage_inert=True),
+    Algorithm("clip_cov", ClipCovParams, "grpo", zero_advantage_inert=True),
+    Algorithm("kl_cov", KlCovParams, "grpo", zero_advantage_inert=False),
+    Algorithm(
+        "adaptive_entropy",
+        AdaptiveEntropyParams,
+        "grpo",
+        zero_advantage_inert=False,
+        measures_entropy_first=True,
+    ),
+):
+    register(_algorithm)
+
+# name → registration, read-only.
+ALGORITHMS = MappingProxyType(_REGISTERED)
+
+
+def names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def get(name: str) -> Algorithm:
+    """The registration of `name`; ValueError listing the valid names when there is none."""
+    try:
+        return ALGORITHMS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(names())}") from None
+
+
+def make_loss_params(name: str, **overrides: Any) -> ClipLossParams:
+    """The named loss's parameters with overrides; an unknown loss or parameter is an error naming it."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(names())}")
+    params_cls = ALGORITHMS[name].params_cls
+    known = {f.name for f in dataclasses.fields(params_cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) for loss {name!r}: {', '.join(unknown)}; valid: {', '.join(sorted(known))}"
+        )
+    return params_cls(**overrides)
+
+
+def zero_advantage_rows_inert(name: str, params: ClipLossParams) -> bool:
+    """Whether rows with advantage exactly 0 contribute exactly 0 to the gradient of loss `name` with
+    these parameters, so a trainer may score them without autograd."""
+    return get(name).zero_advantage_inert and params.kl_beta <= 0
+
+
+# ------------------------------------------------------------------------------- docs/ALGORITHMS.md §8
+
+DOCS_PATH = DOCS / "ALGORITHMS.md"
+DEFAULTS_BEGIN = "<!-- defaults: generated by `python -m contract.algorithms --write` -->"
+DEFAULTS_END = "<!-- end of defaults -->"
+
+
+def _value(value: object) -> str:
+    return "none" if value is None else f"`{value}`"
+
+
+def render_defaults() -> str:
+    """The defaults table of docs/ALGORITHMS.md §8, from the registrations and the parameter classes."""
+    lines = [
+        "| algorithm | parameters | estimator | Â = 0 rows inert | measures H̄ first | defaults |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names():
+        entry = ALGORITHMS[name]
+        fields = [f for f in dataclasses.fields(entry.params_cls) if f.name not in SPEC_FREE_PARAMS]
+        defaults = ", ".join(f"{f.name} {_value(f.default)}" for f in fields)
+        lines.append(
+            f"| `{name}` | `{entry.params_cls.__name__}` | `{entry.advantage_estimator}` "
+            f"| {'yes' if entry.zero_advantage_inert else 'no'} "
+            f"| {'yes' if entry.measures_entropy_first else 'no'} | {defaults} |"
+        )
+    gate = ", ".join(f"{f.name} {_value(f.default)}" for f in dataclasses.fields(StareGateParams))
+    lines += ["", f"The gate (`algorithm.gate`, `StareGateParams`): {gate}."]
+    return "\n".join([DEFAULTS_BEGIN, *lines, DEFAULTS_END])
+
+
+def documented_defaults(text: str) -> str:
+    """The generated block as it stands in a copy of docs/ALGORITHMS.md."""
+    start, end = text.index(DEFAULTS_BEGIN), text.index(DEFAULTS_END) + len(DEFAULTS_END)
+    return text[start:end]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generated_doc_main(
+        argv,
+        prog="python -m contract.algorithms",
+        path=DOCS_PATH,
+        render=lambda text: text.replace(documented_defaults(text), render_defaults()),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

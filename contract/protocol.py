@@ -1,0 +1,155 @@
+"""The trainer process's protocol with whoever runs it (the worker, the experiment runner, a person).
+
+`python -m trainer run SPEC --out DIR [--events-stdout]`:
+- exit code: `ExitCode`;
+- events: one JSON object per line in DIR/events.jsonl and, with --events-stdout, on stdout as
+  `@@event <json>` (EVENT_PREFIX); `EventType` names them and EVENT_FIELDS lists each one's fields;
+- checkpoints: DIR/checkpoints/step-000050 (`checkpoint_name`, `checkpoint_step`), a folder that exists
+  only once complete.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Any
+
+from contract import storage
+
+EVENT_PREFIX = "@@event "
+EVENTS_FILE = "events.jsonl"  # in the run folder
+CHECKPOINTS_DIR = "checkpoints"  # in the run folder
+CHECKPOINT_PREFIX = "step-"
+CHECKPOINT_GLOB = CHECKPOINT_PREFIX + "*"
+_STEP_DIGITS = 6
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1  # anything else: a crash (the traceback is on stderr)
+    USER_ERROR = 2  # invalid spec or data
+    NON_FINITE = 3  # non-finite loss or entropy; the `error` event names the step
+    STORAGE = 74  # EX_IOERR: a write to the run folder failed; the `error` event has code, errno and path
+    INTERRUPTED = 75  # stopped by SIGTERM/SIGINT after writing a checkpoint (resume with --resume)
+
+
+class EventType(StrEnum):
+    STARTED = "started"
+    RESUMED = "resumed"
+    SFT = "sft"
+    STEP = "step"
+    EVAL = "eval"
+    CHECKPOINT = "checkpoint"
+    CHECKPOINT_DELETED = "checkpoint_deleted"
+    INTERRUPTED = "interrupted"
+    FINISHED = "finished"
+    ERROR = "error"
+
+
+class ErrorCode(StrEnum):
+    """The `code` of an `error` event: non_finite, or one of contract.storage.STORAGE_CODES."""
+
+    NON_FINITE = "non_finite"
+    STORAGE_FULL = storage.STORAGE_FULL
+    STORAGE_READ_ONLY = storage.STORAGE_READ_ONLY
+    STORAGE_IO_ERROR = storage.STORAGE_IO_ERROR
+
+
+@dataclass(frozen=True)
+class EventFields:
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    doc: str = ""
+
+
+# Every event also has "type" and "time" (ISO 8601, UTC; added when it is emitted).
+COMMON_FIELDS = ("type", "time")
+EVENT_FIELDS: dict[EventType, EventFields] = {
+    EventType.STARTED: EventFields(
+        ("spec", "total_steps"), doc="A fresh run: the spec with every default resolved, the steps it runs."
+    ),
+    EventType.RESUMED: EventFields(
+        ("step", "checkpoint"), doc="Continued from the checkpoint folder `checkpoint` at `step`."
+    ),
+    EventType.SFT: EventFields(
+        ("step", "total", "loss"), doc="SFT warm-start progress: every 100 steps and at the last."
+    ),
+    EventType.STEP: EventFields(
+        ("step", "metrics"), doc="One optimiser step: every metric of contract.metrics that applies."
+    ),
+    EventType.EVAL: EventFields(("step", "metrics"), doc="An evaluation: the eval/* metrics."),
+    EventType.CHECKPOINT: EventFields(
+        ("step", "path"), doc="A complete checkpoint folder (absolute path) at `step`."
+    ),
+    EventType.CHECKPOINT_DELETED: EventFields(("step",), doc="The checkpoint at `step` was pruned."),
+    EventType.INTERRUPTED: EventFields(
+        ("step", "signal"), doc="Stopped by a signal after a checkpoint at `step`; exit 75 follows."
+    ),
+    EventType.FINISHED: EventFields(
+        ("step", "status", "final_eval"), doc="The run is done; `final_eval` holds the last eval metrics."
+    ),
+    EventType.ERROR: EventFields(
+        ("step", "code", "message"),
+        ("errno", "path"),
+        doc="Why the run stops: `code` is an ErrorCode; storage faults add the errno name and the path.",
+    ),
+}
+
+
+def event_type(value: object) -> EventType:
+    """The EventType named `value`; ValueError listing the known ones otherwise."""
+    try:
+        return EventType(str(value))
+    except ValueError:
+        valid = ", ".join(t.value for t in EventType)
+        raise ValueError(f"unknown event type {value!r}; valid: {valid}") from None
+
+
+def check_event(event: dict[str, Any]) -> dict[str, Any]:
+    """The event, or ValueError when its type is unknown, a required field is missing or a field is not
+    one of its own."""
+    kind = event_type(event.get("type"))
+    fields = EVENT_FIELDS[kind]
+    missing = [name for name in fields.required if name not in event]
+    if missing:
+        raise ValueError(f"{kind.value} event without {', '.join(missing)}")
+    known = {*COMMON_FIELDS, *fields.required, *fields.optional}
+    extra = sorted(set(event) - known)
+    if extra:
+        raise ValueError(f"{kind.value} event with unknown field(s) {', '.join(extra)}")
+    return event
+
+
+def format_event_line(event: dict[str, Any]) -> str:
+    """The stdout line of an event (without the newline)."""
+    return EVENT_PREFIX + json.dumps(check_event(event), sort_keys=True)
+
+
+def parse_event_line(line: str) -> dict[str, Any] | None:
+    """The event on a stdout line, or None when the line is not one (no prefix, not a JSON object)."""
+    if not line.startswith(EVENT_PREFIX):
+        return None
+    try:
+        event = json.loads(line[len(EVENT_PREFIX) :])
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def checkpoint_name(step: int) -> str:
+    """step-000050 for step 50."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"a checkpoint step must be a non-negative integer, got {step!r}")
+    return f"{CHECKPOINT_PREFIX}{step:0{_STEP_DIGITS}d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """50 for step-000050; None for a name that is not a checkpoint folder's."""
+    if not name.startswith(CHECKPOINT_PREFIX):
+        return None
+    digits = name[len(CHECKPOINT_PREFIX) :]
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    return int(digits)

@@ -1,0 +1,469 @@
+"""The report's page: one self-contained HTML document (inline CSS and SVG, no script), `render_html`."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping
+from functools import partial
+from typing import Any
+
+from trainer.report.charts import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    VERMILION,
+    Band,
+    Series,
+    Trace,
+    line_chart_svg,
+)
+from trainer.report.summary import (
+    ACCURACY,
+    BAND_HIGH,
+    BAND_LOW,
+    ENTROPY,
+    EVAL_AVG,
+    EVAL_PASS,
+    GATE_ON,
+    LENGTH,
+    QUADRANT_LABELS,
+    QUADRANTS,
+    REWARD_MEAN,
+    REWEIGHT_M,
+    REWEIGHT_W,
+    TARGET,
+)
+
+# ---------------------------------------------------------------------------------------------- HTML
+
+
+def _points(report: Mapping[str, Any], name: str) -> Series:
+    return [(float(x), float(y)) for x, y in report["series"].get(name, [])]
+
+
+def _entropy_bands(report: Mapping[str, Any]) -> list[Band]:
+    """Piecewise-constant bands from the logged band, else the summary's (spec) band over the whole axis."""
+    lows, highs = dict(_points(report, BAND_LOW)), dict(_points(report, BAND_HIGH))
+    pieces: list[tuple[float, float, float]] = []  # (first step, low, high)
+    for step in sorted(lows.keys() & highs.keys()):
+        if not pieces or pieces[-1][1:] != (lows[step], highs[step]):
+            pieces.append((step, lows[step], highs[step]))
+    if not pieces:
+        low, high = report["entropy"]["band_low"], report["entropy"]["band_high"]
+        return [] if low is None or high is None else [Band(-math.inf, math.inf, low, high)]
+    edges = [-math.inf, *(p[0] for p in pieces[1:]), math.inf]
+    return [Band(edges[i], edges[i + 1], low, high) for i, (_, low, high) in enumerate(pieces)]
+
+
+def _charts(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(title, caption, svg) for each plot, in page order."""
+    entropy = _points(report, ENTROPY)
+    target = report["gate"]["target_entropy"]
+    target_points = _points(report, TARGET)
+    if not target_points and target is not None and entropy:
+        target_points = [(entropy[0][0], target), (entropy[-1][0], target)]
+    entropy_traces = [Trace("policy entropy (token mean)", entropy, BLUE)]
+    if target_points or report["job"]["algorithm"] == "stare":
+        entropy_traces.append(
+            Trace("STARE target entropy", target_points if entropy else [], VERMILION, dashed=True)
+        )
+    bands = _entropy_bands(report) if entropy else []
+    steps = [x for points in report["series"].values() for x, _ in points]
+    chart = partial(line_chart_svg, x_range=(min(steps), max(steps)) if steps else None)
+    colors = (BLUE, ORANGE, GREEN, VERMILION)
+    history = report["evaluation"]["history"]
+    k = report["evaluation"]["k"]
+    k_text = str(k) if k is not None else "k"
+    eval_lengths = [
+        (float(r["step"]), r["response_length"]) for r in history if r["response_length"] is not None
+    ]
+    return [
+        (
+            "Policy entropy",
+            "Token-mean entropy of the policy on its own samples; the shaded region is the entropy band.",
+            chart(
+                entropy_traces,
+                title="Policy entropy",
+                y_label="entropy (nats)",
+                bands=bands,
+                band_label="entropy band",
+            ),
+        ),
+        (
+            "Quadrant token fractions",
+            "Share of response tokens by advantage sign and by surprisal relative to the entropy "
+            "(STARE, Fig. 2).",
+            chart(
+                [
+                    Trace(QUADRANT_LABELS[q], _points(report, f"quadrant/{q}_fraction"), color)
+                    for q, color in zip(QUADRANTS, colors)
+                ],
+                title="Quadrant token fractions",
+                y_label="fraction of tokens",
+                y_floor=0.0,
+            ),
+        ),
+        (
+            "Reward and accuracy",
+            "Training reward and accuracy per step; dots are held-out evaluations "
+            f"(avg@{k_text}, pass@{k_text}).",
+            chart(
+                [
+                    Trace("reward mean", _points(report, REWARD_MEAN), BLUE),
+                    Trace("accuracy", _points(report, ACCURACY), ORANGE),
+                    Trace(f"eval avg@{k_text}", _points(report, EVAL_AVG), GREEN, shape="markers"),
+                    Trace(f"eval pass@{k_text}", _points(report, EVAL_PASS), PURPLE, shape="markers"),
+                ],
+                title="Reward and accuracy",
+                y_label="reward / accuracy",
+                y_floor=0.0,
+            ),
+        ),
+        (
+            "Response length",
+            "Mean length of sampled responses in tokens; dots are evaluation responses.",
+            chart(
+                [
+                    Trace("train response length", _points(report, LENGTH), BLUE),
+                    Trace("eval response length", eval_lengths, GREEN, shape="markers"),
+                ],
+                title="Response length",
+                y_label="tokens",
+                y_floor=0.0,
+            ),
+        ),
+        (
+            "STARE gate",
+            "Gate state (1: on, entropy below the target, reweighting active) and the reweighting "
+            "factors W and M.",
+            chart(
+                [
+                    Trace("gate on", _points(report, GATE_ON), GREY, shape="step"),
+                    Trace("W (positive reweight)", _points(report, REWEIGHT_W), BLUE),
+                    Trace("M (negative reweight)", _points(report, REWEIGHT_M), ORANGE),
+                ],
+                title="STARE gate",
+                y_label="gate / factor",
+                y_floor=0.0,
+            ),
+        ),
+    ]
+
+
+def _fmt(value: Any) -> str:
+    """A number for a table cell: thousands separated from 1000 up, else 4 significant digits."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        text = f"{value:.4g}"
+        return text if any(c in text for c in ".en") else f"{text}.0"  # 1.0, not 1, next to 0.36
+    return html.escape(str(value))
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _signed(value: float | None, *, judged: bool = True) -> str:
+    """A signed delta, green when up and red when down if `judged` (a longer response is neither)."""
+    if value is None:
+        return '<span class="muted">—</span>'
+    tone = "flat" if value == 0 or not judged else "good" if value > 0 else "bad"
+    return f'<span class="delta {tone}">{"+" if value > 0 else ""}{_fmt(value)}</span>'
+
+
+def _muted(text: str) -> str:
+    return f' <span class="muted">{text}</span>'
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def _rows(pairs: Iterable[tuple[str, str]]) -> str:
+    return "".join(f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in pairs)
+
+
+def _tile(label: str, value: str, note: str) -> str:
+    return (
+        f'<div class="tile"><div class="tile-label">{html.escape(label)}</div>'
+        f'<div class="tile-value">{value}</div><div class="tile-note">{note}</div></div>'
+    )
+
+
+def _status(status: str) -> str:
+    return f'<span class="status status-{html.escape(status)}">{html.escape(status)}</span>'
+
+
+def _k(report: Mapping[str, Any]) -> str:
+    k = report["evaluation"]["k"]
+    return "k" if k is None else str(k)
+
+
+def _title(job: Mapping[str, Any]) -> str:
+    return str(job["name"] or f"{job['algorithm'] or 'RL'} run")
+
+
+_STATE_TEXT = {"in_band": "in band", "below": "below the band", "above": "above the band"}
+
+
+def _job_rows(job: Mapping[str, Any]) -> list[tuple[str, str]]:
+    done, total = job["steps_done"], job["total_steps"]
+    progress = min(1.0, done / total) if total else 0.0
+    bar = f'<span class="bar"><span style="width:{progress * 100:.1f}%"></span></span>'
+    checkpoints = job["checkpoints"]
+    last = checkpoints[-1] if checkpoints else None
+    rows = [
+        (
+            "Algorithm",
+            _fmt(job["algorithm"])
+            + (_muted(f"advantage: {_fmt(job['advantage'])}") if job["advantage"] else ""),
+        ),
+        ("Model", _fmt(job["model"])),
+        ("Status", _status(str(job["status"]))),
+        ("Steps", f"{_fmt(done)} / {_fmt(total)} {bar}"),
+        ("Started", _fmt(job["started_at"])),
+        ("Finished", _fmt(job["finished_at"])),
+        ("Duration", _duration(job["duration_s"])),
+        ("Resumes", _fmt(job["resumes"])),
+        (
+            "Checkpoints",
+            str(len(checkpoints))
+            + (
+                _muted(f"last at step {last['step']}: <code>{html.escape(last['path'])}</code>")
+                if last
+                else ""
+            ),
+        ),
+    ]
+    if job["error"]:
+        rows.append(("Error", f'<span class="error">{html.escape(job["error"])}</span>'))
+    return rows
+
+
+def _header_html(report: Mapping[str, Any]) -> str:
+    job, ev, ent, gate = report["job"], report["evaluation"], report["entropy"], report["gate"]
+    after, k = ev["after"] or {}, _k(report)
+    vs_start = " vs step 0"
+    tiles = [
+        _tile(f"avg@{k} after RL", _fmt(after.get("avg_at_k")), _signed(ev["delta"]["avg_at_k"]) + vs_start),
+        _tile(
+            f"pass@{k} after RL", _fmt(after.get("pass_at_k")), _signed(ev["delta"]["pass_at_k"]) + vs_start
+        ),
+        _tile(
+            "entropy (last step)", _fmt(ent["last"]), _STATE_TEXT.get(ent["last_state"] or "", "not logged")
+        ),
+        _tile(
+            "steps in band",
+            _pct(ent["fraction_in_band"]),
+            f"longest excursion: {_count(ent['longest_out_of_band_run'], 'step')}",
+        ),
+        _tile(
+            "STARE gate on",
+            _pct(gate["on_fraction"]),
+            f"{gate['on_steps']:,} of {_count(gate['steps_logged'], 'step')}"
+            if gate["steps_logged"]
+            else "not logged",
+        ),
+    ]
+    subtitle = " · ".join(html.escape(str(v)) for v in (job["algorithm"], job["model"]) if v)
+    return (
+        f'<header><div class="kicker">Evaluation report</div><h1>{html.escape(_title(job))}</h1>'
+        f'<p class="sub">{subtitle + " · " if subtitle else ""}{_status(str(job["status"]))}</p></header>'
+        f'<section class="tiles">{"".join(tiles)}</section>'
+        f'<section class="card"><h2>Job</h2><table class="kv">{_rows(_job_rows(job))}</table></section>'
+    )
+
+
+def _evaluation_html(report: Mapping[str, Any]) -> str:
+    ev, train = report["evaluation"], report["response_length"]["train"]
+    before, after, delta, k = ev["before"] or {}, ev["after"] or {}, ev["delta"], _k(report)
+    rows = "".join(
+        f"<tr><th>{label}</th><td>{_fmt(before.get(key))}</td><td>{_fmt(after.get(key))}</td>"
+        f"<td>{_signed(delta[key], judged=judged)}</td></tr>"
+        for label, key, judged in (
+            (f"avg@{k}", "avg_at_k", True),
+            (f"pass@{k}", "pass_at_k", True),
+            ("response length (tokens)", "response_length", False),
+        )
+    )
+    notes = []
+    prompts = after.get("num_prompts") or before.get("num_prompts")
+    if prompts is not None:
+        notes.append(f"Evaluated on {_count(prompts, 'prompt')} with k = {html.escape(k)} samples each.")
+    if train["first"] is not None:
+        notes.append(
+            f"Training responses: {_fmt(train['first'])} tokens at the first step, {_fmt(train['last'])} "
+            f"at the last (mean {_fmt(train['mean'])})."
+        )
+    after_head = f"after (step {after['step']})" if after else "after"
+    return (
+        '<section class="card"><h2>Evaluation before and after RL</h2><table class="num"><thead><tr><th></th>'
+        f"<th>before (step 0)</th><th>{after_head}</th><th>Δ</th></tr></thead><tbody>{rows}</tbody></table>"
+        + (f'<p class="note">{" ".join(notes)}</p>' if notes else "")
+        + "</section>"
+    )
+
+
+def _entropy_html(report: Mapping[str, Any]) -> str:
+    ent, gate, quads = report["entropy"], report["gate"], report["quadrants"]
+    band = "—" if ent["band_low"] is None else f"[{_fmt(ent['band_low'])}, {_fmt(ent['band_high'])}] nats"
+    entropy_rows = [
+        ("First / last", f"{_fmt(ent['first'])} / {_fmt(ent['last'])}"),
+        (
+            "Min",
+            _fmt(ent["min"]) + (_muted(f"at step {ent['min_step']}") if ent["min_step"] is not None else ""),
+        ),
+        (
+            "Max",
+            _fmt(ent["max"]) + (_muted(f"at step {ent['max_step']}") if ent["max_step"] is not None else ""),
+        ),
+        ("Band", band),
+        (
+            "Steps in band",
+            _pct(ent["fraction_in_band"])
+            + (
+                _muted(f"({ent['steps_in_band']:,} of {ent['steps_with_state']:,})")
+                if ent["steps_with_state"]
+                else ""
+            ),
+        ),
+        ("Steps below / above", f"{ent['steps_below']:,} / {ent['steps_above']:,}"),
+        ("Longest out-of-band run", _count(ent["longest_out_of_band_run"], "step")),
+        ("Current out-of-band run", _count(ent["current_out_of_band_run"], "step")),
+    ]
+    gate_on = (
+        _pct(gate["on_fraction"])
+        + _muted(
+            f"({gate['on_steps']:,} of {_count(gate['steps_logged'], 'step')}, "
+            f"{_count(gate['toggles'], 'toggle')})"
+        )
+        if gate["steps_logged"]
+        else "not logged"
+    )
+    gate_rows = [
+        ("Gate on", gate_on),
+        ("Target entropy", "—" if gate["target_entropy"] is None else f"{_fmt(gate['target_entropy'])} nats"),
+        ("Final W / M", f"{_fmt(gate['final_w'])} / {_fmt(gate['final_m'])}"),
+    ]
+    quad_rows = "".join(
+        f"<tr><th>{html.escape(QUADRANT_LABELS[q])}</th><td>{_pct(quads['fractions'][q])}</td>"
+        f"<td>{_fmt(quads['drift'][q])}</td></tr>"
+        for q in QUADRANTS
+    )
+    quad_step = f" (step {quads['step']})" if quads["step"] is not None else ""
+    return (
+        '<section class="cols"><div class="card"><h2>Entropy</h2>'
+        f'<table class="kv">{_rows(entropy_rows)}</table></div>'
+        f'<div class="card"><h2>STARE gate</h2><table class="kv">{_rows(gate_rows)}</table>'
+        f'<h3>Final quadrants{quad_step}</h3><table class="num"><thead><tr><th></th><th>tokens</th>'
+        f"<th>predicted drift</th></tr></thead><tbody>{quad_rows}</tbody>"
+        "<tfoot><tr><th>total predicted drift</th>"
+        f"<td></td><td>{_fmt(quads['predicted_drift'])}</td></tr></tfoot></table></div></section>"
+    )
+
+
+def _history_html(report: Mapping[str, Any]) -> str:
+    history, k = report["evaluation"]["history"], _k(report)
+    if not history:
+        return (
+            '<section class="card"><h2>Evaluation history</h2><p class="muted">No evaluation yet.</p>'
+            "</section>"
+        )
+    rows = "".join(
+        f"<tr><td>{r['step']}</td><td>{_fmt(r['avg_at_k'])}</td><td>{_fmt(r['pass_at_k'])}</td>"
+        f"<td>{_fmt(r['k'])}</td><td>{_fmt(r['response_length'])}</td><td>{_fmt(r['num_prompts'])}</td></tr>"
+        for r in history
+    )
+    return (
+        '<section class="card"><h2>Evaluation history</h2><table class="num grid"><thead><tr><th>step</th>'
+        f"<th>avg@{html.escape(k)}</th><th>pass@{html.escape(k)}</th><th>k</th><th>response length</th>"
+        f"<th>prompts</th></tr></thead><tbody>{rows}</tbody></table></section>"
+    )
+
+
+_CSS = """
+:root{--fg:#111827;--muted:#6B7280;--line:#E5E7EB;--card:#fff;--bg:#F5F6F8;--accent:#0072B2}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--fg);font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,
+"Helvetica Neue",Arial,sans-serif}
+main{max-width:1080px;margin:0 auto;padding:28px 20px 40px}
+header{margin-bottom:18px}
+.kicker{text-transform:uppercase;letter-spacing:.08em;font-size:12px;color:var(--muted);font-weight:600}
+h1{font-size:26px;margin:2px 0 4px;word-break:break-word}
+h2{font-size:16px;margin:0 0 10px}
+h3{font-size:14px;margin:16px 0 6px}
+.sub{margin:0;color:var(--muted)}
+.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:16px 18px;
+margin-bottom:16px;box-shadow:0 1px 2px rgba(16,24,40,.04)}
+.cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:16px;margin-bottom:16px}
+.cols .card{margin-bottom:0}
+.cols table.kv th{width:52%}
+.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;margin-bottom:16px}
+.tile{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:12px 14px}
+.tile-label{font-size:12px;color:var(--muted)}
+.tile-value{font-size:24px;font-weight:650;font-variant-numeric:tabular-nums}
+.tile-note{font-size:12px;color:var(--muted)}
+table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
+th,td{padding:5px 8px;border-bottom:1px solid #F0F1F4;text-align:left;vertical-align:top}
+table.kv th{width:38%;color:var(--muted);font-weight:500}
+table.num td{text-align:right}
+table.num thead th{text-align:right;color:var(--muted);font-weight:500;font-size:12px}
+table.num thead th:first-child{text-align:left}
+table.grid td:first-child{text-align:left}
+tfoot th,tfoot td{border-bottom:0;font-weight:600}
+code{font-size:12px;background:#F3F4F6;padding:1px 4px;border-radius:4px;word-break:break-all}
+.muted{color:var(--muted)}
+.note{color:var(--muted);font-size:13px;margin:10px 0 0}
+.delta{font-weight:600}.delta.good{color:#047857}.delta.bad{color:#B91C1C}.delta.flat{color:#374151}
+.status{display:inline-block;padding:1px 8px;border-radius:999px;font-size:12px;font-weight:600;
+background:#E5E7EB;color:#374151}
+.status-succeeded{background:#D1FAE5;color:#065F46}.status-failed{background:#FEE2E2;color:#991B1B}
+.status-running{background:#DBEAFE;color:#1E40AF}
+.status-cancelled,.status-interrupted{background:#FEF3C7;color:#92400E}
+.error{color:#991B1B;white-space:pre-wrap}
+.bar{display:inline-block;width:120px;height:6px;background:#E5E7EB;border-radius:3px;margin-left:8px;
+vertical-align:middle;overflow:hidden}
+.bar span{display:block;height:100%;background:var(--accent)}
+figure{margin:0}
+figcaption{color:var(--muted);font-size:13px;margin:-4px 0 6px}
+svg.chart{display:block;width:100%;height:auto}
+footer{color:var(--muted);font-size:12px;text-align:center;margin-top:8px}
+@media print{body{background:#fff}.card,.tile{box-shadow:none;break-inside:avoid}}
+"""
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """The self-contained page for a report from build_report (inline CSS and SVG; no script, no link)."""
+    job = report["job"]
+    plots = "".join(
+        f'<section class="card"><figure><h2>{html.escape(name)}</h2><figcaption>{html.escape(caption)}'
+        f"</figcaption>{svg}</figure></section>"
+        for name, caption, svg in _charts(report)
+    )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>Report · {html.escape(_title(job))}</title><style>{_CSS}</style></head><body><main>"
+        f"{_header_html(report)}{_evaluation_html(report)}{_entropy_html(report)}{plots}"
+        f"{_history_html(report)}"
+        f"<footer>stare-rl report v{report['report_version']} · built from {job['events']} events</footer>"
+        "</main></body></html>\n"
+    )
