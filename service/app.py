@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,7 +37,7 @@ from contract.spec import TrainSpec
 from service import __version__
 from service.boundary import RequestBoundary
 from service.dependencies import refuse_unknown_query_parameters
-from service.errors import ServiceError, http_error
+from service.errors import ServiceError, error_body, http_error
 from service.job_specs import dotted
 from service.routers import (
     api_keys,
@@ -97,15 +97,6 @@ HTTP_CODES = {
     422: "invalid_request",
     429: "rate_limit_exceeded",
 }
-
-
-def error_body(
-    code: str, message: str, param: str | None = None, details: Sequence[Mapping[str, Any]] | None = None
-) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message, "param": param}
-    if details:
-        error["details"] = [dict(d) for d in details]
-    return {"error": error}
 
 
 # ---------------------------------------------------------------------------------------- error handlers

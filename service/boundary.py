@@ -25,12 +25,13 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract import safejson
+from service.errors import error_body
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, "param": param}}, status_code=status)
+    return JSONResponse(error_body(code, message, param), status_code=status)
 
 
 def _text_problem(text: str, what: str) -> str | None:

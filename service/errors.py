@@ -14,6 +14,16 @@ from typing import Any
 from store import errors as store_errors
 
 
+def error_body(
+    code: str, message: str, param: str | None = None, details: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The one error shape every 4xx/5xx has: {"error": {"code", "message", "param"[, "details"]}}."""
+    error: dict[str, Any] = {"code": code, "message": message, "param": param}
+    if details:
+        error["details"] = [dict(d) for d in details]
+    return {"error": error}
+
+
 class ServiceError(Exception):
     status_code = 400
     code = "invalid_request"

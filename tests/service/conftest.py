@@ -9,6 +9,7 @@ temp directory. Each test makes its own tenants, so tests share the database wit
 from __future__ import annotations
 
 import os
+import random
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -168,6 +169,40 @@ def make_tenant(db: Database) -> Callable[[], TenantKey]:
 @pytest.fixture
 def tenant(make_tenant: Callable[[], TenantKey]) -> TenantKey:
     return make_tenant()
+
+
+@pytest.fixture(scope="module")
+def fuzz_world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """For the fuzzers (test_schemathesis, test_fuzz_hostile): an app, a tenant with a real key, and real objects
+    (jobs in several states, a file, a checkpoint) whose ids replace generated path ids."""
+    from tests.service.helpers import GOOD_JSONL, FakeWorker, create_job, upload
+
+    root = tmp_path_factory.mktemp("fuzz-artifacts")
+    app = create_app(settings_for(pg_url, root, sse_max_duration_s=1.0))
+    db = Database(pg_url, pool_size=2)
+    with db.transaction() as session:
+        tenant_row = repository.create_tenant(session, f"fuzz-{random.randrange(10**9)}")
+        key_row, secret = repository.create_api_key(session, tenant_row.id, "fuzz")
+    tenant = TenantKey(tenant_row.id, tenant_row.name, secret, key_row.id)
+    with TestClient(app) as client:
+        file_id = upload(client, tenant.headers, GOOD_JSONL).json()["id"]
+        jobs = [create_job(client, tenant.headers) for _ in range(6)]
+    worker = FakeWorker(db, jobs[0])
+    worker.steps(1, 5)
+    checkpoint_id = worker.checkpoint(Path(root), 5)
+    worker.finish("succeeded")
+    FakeWorker(db, jobs[1]).steps(1, 2)
+    yield {
+        "app": app,
+        "tenant": tenant,
+        "ids": {
+            "job_id": jobs,
+            "file_id": [file_id],
+            "checkpoint_id": [checkpoint_id],
+            "key_id": [key_row.id],
+        },
+    }
+    db.dispose()
 
 
 # Generated Schemathesis cases per operation (filled by test_schemathesis, reported at the end).

@@ -119,3 +119,21 @@ def new_job(tenant_id: str, **overrides: Any) -> repository.NewJob:
     }
     fields.update(overrides)
     return repository.NewJob(**fields)
+
+
+def documented_operations() -> list[tuple[str, str, dict[str, Any]]]:
+    """(path, METHOD, OpenAPI operation) for every operation the API documents, read from an app that is
+    never served (the fuzzers' list of what to drive)."""
+    import tempfile
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    app = create_app(
+        Settings(database_url="sqlite://", queue_backend="record", artifact_root=Path(tempfile.mkdtemp()))
+    )
+    return [
+        (path, method.upper(), spec)
+        for path, item in app.openapi()["paths"].items()
+        for method, spec in item.items()
+    ]

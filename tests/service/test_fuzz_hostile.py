@@ -15,9 +15,7 @@ import copy
 import json
 import os
 import random
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -26,13 +24,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.app import create_app
-from service.settings import Settings
-from store import repository
-from store.database import Database
 from tests.service import conftest
-from tests.service.conftest import settings_for
-from tests.service.helpers import GOOD_JSONL, TINY_SPEC, FakeWorker, create_job, upload
+from tests.service.helpers import GOOD_JSONL, TINY_SPEC, documented_operations
 
 EXAMPLES = int(os.environ.get("STARE_FUZZ_EXAMPLES", "25"))
 
@@ -112,37 +105,21 @@ BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
 
 
 def _operations() -> list[tuple[str, str, list[dict[str, Any]], bool]]:
-    app = create_app(
-        Settings(database_url="sqlite://", queue_backend="record", artifact_root=Path(tempfile.mkdtemp()))
-    )
-    found = []
-    for path, item in app.openapi()["paths"].items():
-        for method, spec in item.items():
-            found.append((path, method.upper(), spec.get("parameters", []), "requestBody" in spec))
-    return found
+    return [
+        (path, method, spec.get("parameters", []), "requestBody" in spec)
+        for path, method, spec in documented_operations()
+    ]
 
 
 OPERATIONS = _operations()
 
 
 @pytest.fixture(scope="module")
-def world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    root = tmp_path_factory.mktemp("hostile-artifacts")
-    app = create_app(settings_for(pg_url, root, sse_max_duration_s=0.5))
-    db = Database(pg_url, pool_size=2)
-    with db.transaction() as session:
-        tenant = repository.create_tenant(session, f"hostile-{random.randrange(10**9)}")
-        key, secret = repository.create_api_key(session, tenant.id, "hostile")
-    headers = {"Authorization": f"Bearer {secret}"}
-    with TestClient(app, raise_server_exceptions=False) as client:
-        file_id = upload(client, headers, GOOD_JSONL).json()["id"]
-        jobs = [create_job(client, headers) for _ in range(3)]
-        worker = FakeWorker(db, jobs[0])
-        worker.steps(1, 3)
-        checkpoint_id = worker.checkpoint(root, 3)
-        ids = {"job_id": jobs[0], "file_id": file_id, "checkpoint_id": checkpoint_id, "key_id": key.id}
-        yield {"client": client, "headers": headers, "ids": ids}
-    db.dispose()
+def world(fuzz_world: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The fuzzers' shared world (conftest.fuzz_world), one real object of each kind for the path ids."""
+    with TestClient(fuzz_world["app"], raise_server_exceptions=False) as client:
+        ids = {name: known[0] for name, known in fuzz_world["ids"].items()}
+        yield {"client": client, "headers": fuzz_world["tenant"].headers, "ids": ids}
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -34,12 +31,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from service.app import create_app
-from service.settings import Settings
-from store.database import Database
 from tests.service import conftest
-from tests.service.conftest import TenantKey, settings_for
-from tests.service.helpers import GOOD_JSONL, FakeWorker, create_job, upload
+from tests.service.helpers import documented_operations
 
 # Cases per operation and mode; `make fuzz` raises it (STARE_SCHEMATHESIS_EXAMPLES).
 MAX_EXAMPLES = int(os.environ.get("STARE_SCHEMATHESIS_EXAMPLES", "40"))
@@ -71,53 +64,14 @@ CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def fuzz_world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """An app, a tenant with a real key, and real objects (jobs in several states, a file, a checkpoint)."""
-    from fastapi.testclient import TestClient
-
-    from store import repository
-
-    root = tmp_path_factory.mktemp("fuzz-artifacts")
-    app = create_app(settings_for(pg_url, root, sse_max_duration_s=1.0))
-    db = Database(pg_url, pool_size=2)
-    with db.transaction() as session:
-        tenant_row = repository.create_tenant(session, f"fuzz-{random.randrange(10**9)}")
-        key_row, secret = repository.create_api_key(session, tenant_row.id, "fuzz")
-    tenant = TenantKey(tenant_row.id, tenant_row.name, secret, key_row.id)
-    with TestClient(app) as client:
-        file_id = upload(client, tenant.headers, GOOD_JSONL).json()["id"]
-        jobs = [create_job(client, tenant.headers) for _ in range(6)]
-    worker = FakeWorker(db, jobs[0])
-    worker.steps(1, 5)
-    checkpoint_id = worker.checkpoint(Path(root), 5)
-    worker.finish("succeeded")
-    FakeWorker(db, jobs[1]).steps(1, 2)
-    yield {
-        "app": app,
-        "tenant": tenant,
-        "ids": {
-            "job_id": jobs,
-            "file_id": [file_id],
-            "checkpoint_id": [checkpoint_id],
-            "key_id": [key_row.id],
-        },
-    }
-    db.dispose()
-
-
 def _operations() -> list[tuple[str, str, GenerationMode]]:
-    """(path, method, mode) for every documented operation, read from an app that is never served; negative
-    cases only where there is an input to break (parameters or a body)."""
-    app = create_app(
-        Settings(database_url="sqlite://", queue_backend="record", artifact_root=Path(tempfile.mkdtemp()))
-    )
+    """(path, method, mode) for every documented operation; negative cases only where there is an input to
+    break (parameters or a body)."""
     found = []
-    for path, item in app.openapi()["paths"].items():
-        for method, spec in item.items():
-            found.append((path, method.upper(), GenerationMode.POSITIVE))
-            if spec.get("parameters") or spec.get("requestBody"):
-                found.append((path, method.upper(), GenerationMode.NEGATIVE))
+    for path, method, spec in documented_operations():
+        found.append((path, method, GenerationMode.POSITIVE))
+        if spec.get("parameters") or spec.get("requestBody"):
+            found.append((path, method, GenerationMode.NEGATIVE))
     return found
 
 
