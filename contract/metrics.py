@@ -478,6 +478,50 @@ CATALOGUE: tuple[Metric, ...] = (
         "H_tgt the coefficient adapts toward (algorithm.gate.target_entropy).",
         applies_to="adaptive_entropy",
     ),
+    # ------------------------------------------------------------------------------- multi-turn tool use
+    # Emitted by jobs with a tool-use environment (spec `environment`); absent from other jobs.
+    _m(
+        "tool/calls_per_response",
+        "calls",
+        "Mean tool calls per episode (response) of the step.",
+        applies_to="tool-use environments",
+        prometheus="stare_job_tool_calls_per_response",
+    ),
+    _m(
+        "tool/error_rate",
+        "fraction",
+        "Share of the step's tool calls that ended in a tool error (malformed call, exception, limit hit).",
+        applies_to="tool-use environments",
+        prometheus="stare_job_tool_error_rate",
+    ),
+    _m(
+        "tool/timeout_rate",
+        "fraction",
+        "Share of the step's tool calls stopped by the CPU-time or wall-time limit.",
+        applies_to="tool-use environments",
+        prometheus="stare_job_tool_timeout_rate",
+    ),
+    _m(
+        "tool/turns_per_episode",
+        "turns",
+        "Mean model turns per episode of the step.",
+        applies_to="tool-use environments",
+        prometheus="stare_job_tool_turns_per_episode",
+    ),
+    _m(
+        "tool/output_token_fraction",
+        "fraction",
+        "Share of the step's response tokens that are tool output (masked out of the loss).",
+        applies_to="tool-use environments",
+        prometheus="stare_job_tool_output_token_fraction",
+    ),
+    _m(
+        "tool/token_mismatches",
+        "tokens",
+        "Tokens whose ids in the trained sequence differ from the ids the model saw or produced (must be 0).",
+        applies_to="tool-use environments",
+        prometheus="stare_job_tool_token_mismatches",
+    ),
     # --------------------------------------------------------------------------------------- evaluation
     _m(
         "eval/avg@k",

@@ -25,6 +25,7 @@ from psycopg import sql
 
 from store import migrate, repository
 from store.database import Database
+from tests.conftest import requires_binary
 from tests.service.helpers import new_job
 from worker.metrics import FleetCollector
 
@@ -32,9 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "prometheus"
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None or PROMTOOL is None, reason="prometheus/promtool not installed (.ci/run installs them)"
-)
+needs_prometheus = requires_binary("prometheus", "promtool")
 
 
 def _free_port() -> int:

@@ -4,7 +4,6 @@ next scrape."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import Any
 
@@ -15,13 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.worker.harness import Harness, WorkerProcess, record_figures, tiny_spec
 from tests.worker.servers import free_port
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("worker.metrics") is None,
-        reason="no Prometheus collector (worker/metrics.py) yet",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 def _scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -1,0 +1,1 @@
+"""Grafana dashboards as Python source, generated into deploy/grafana/dashboards/."""

@@ -1,0 +1,39 @@
+"""Suite-wide rules.
+
+Real components: a test that needs a real Prometheus, promtool, chromium or bubblewrap marks itself with
+`requires_binary(...)`. Missing, it is skipped with a reason starting `real component missing:`; under
+STARE_REQUIRE_REAL_COMPONENTS=1 (set by `make test`, the README's test command) such a skip is a failure,
+so a green run cannot hide a real part that never ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+REAL_COMPONENT_MISSING = "real component missing:"
+
+
+def requires_binary(*names: str) -> pytest.MarkDecorator:
+    """Skip (or, under STARE_REQUIRE_REAL_COMPONENTS=1, fail) when any of these executables is not on PATH."""
+    missing = [name for name in names if shutil.which(name) is None]
+    return pytest.mark.skipif(
+        bool(missing),
+        reason=f"{REAL_COMPONENT_MISSING} {', '.join(missing)} (scripts/install-system-deps installs it)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or os.environ.get("STARE_REQUIRE_REAL_COMPONENTS") != "1":
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    if REAL_COMPONENT_MISSING in reason:
+        report.outcome = "failed"
+        report.longrepr = f"{reason} -- STARE_REQUIRE_REAL_COMPONENTS=1 forbids this skip"
