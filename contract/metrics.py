@@ -1,21 +1,21 @@
 """The metric catalogue: every metric key the trainer emits, with its unit, meaning, Prometheus name and
-where it is shown. The exporter (worker/metrics.py), the job view (service/views.py), the report and
-docs/metrics.md read it; `python -m contract.metrics --write` regenerates docs/metrics.md and a test fails
-when the committed file differs.
+where it is shown. The exporter (worker/metrics.py), the job view (service/views.py), the report, the
+Grafana dashboards (monitoring/) and docs/metrics.md read it; `python -m monitoring.docs --write` regenerates
+docs/metrics.md (render_markdown here is its catalogue part) and a test fails when the committed file differs.
 
-Also here: the entropy band's state values (-1 below, 0 inside, 1 above) and the fleet series the
-exporter derives from the job rows rather than from the trainer's metrics. Standard library only.
+Also here: the entropy band's state values (-1 below, 0 inside, 1 above), the fleet series the exporter
+derives from the job rows, leases and broker rather than from the trainer's metrics, and the API's series
+(service/telemetry.py). Standard library only.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
-from contract.docs import DOCS, generated_doc_main
+from contract.docs import DOCS
 from contract.numbers import finite
 from contract.protocol import EventType
 
@@ -29,12 +29,13 @@ class Surface(StrEnum):
     JOB_VIEW = "job view"  # a derived field of the job object (entropy status, ETA)
     REPORT = "report"  # report.json / report.html (trainer/report.py)
     PROMETHEUS = "prometheus"  # the fleet exporter (python -m worker exporter)
-    GRAFANA = "grafana"  # dashboards (none yet: they will read the Prometheus names)
+    GRAFANA = "grafana"  # a panel of the dashboards (monitoring/ → deploy/grafana/dashboards/)
 
 
 class PrometheusType(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
+    HISTOGRAM = "histogram"
 
 
 class BandState(Enum):
@@ -108,6 +109,7 @@ JOB_LABELS = ("job_id", "algorithm", "queue")
 _P = Surface.PROMETHEUS
 _R = Surface.REPORT
 _J = Surface.JOB_VIEW
+_G = Surface.GRAFANA
 
 
 def _m(
@@ -121,7 +123,8 @@ def _m(
     applies_to: str = "every algorithm",
     event: EventType = EventType.STEP,
 ) -> Metric:
-    surfaces = frozenset(shown) | ({_P} if prometheus else set())
+    # Every exported metric has a panel in the dashboards (tests/monitoring checks both directions).
+    surfaces = frozenset(shown) | ({_P, _G} if prometheus else set())
     return Metric(
         key,
         unit,
@@ -252,6 +255,8 @@ CATALOGUE: tuple[Metric, ...] = (
         "response/truncated_fraction",
         "fraction",
         "Share of the step's responses cut at sampling.max_new_tokens.",
+        prometheus="stare_job_truncated_fraction",
+        prometheus_help="Share of responses cut at max_new_tokens.",
     ),
     _m(
         "response/reflection_rate",
@@ -277,11 +282,15 @@ CATALOGUE: tuple[Metric, ...] = (
         "clip/low_fraction",
         "fraction",
         "Share of active tokens with Â < 0 and ρ < 1 − ε_low.",
+        prometheus="stare_job_clip_low_fraction",
+        prometheus_help="Share of tokens clipped at 1 - eps_low (negative advantage).",
     ),
     _m(
         "clip/high_fraction",
         "fraction",
         "Share of active tokens with Â > 0 and ρ > 1 + ε_high.",
+        prometheus="stare_job_clip_high_fraction",
+        prometheus_help="Share of tokens clipped at 1 + eps_high (positive advantage).",
     ),
     _m(
         "clip/dual_fraction",
@@ -304,7 +313,13 @@ CATALOGUE: tuple[Metric, ...] = (
         applies_to="optim.kl_beta > 0",
     ),
     # ------------------------------------------------------------------------------------ optimisation
-    _m("actor/grad_norm", "norm", "Gradient norm before clipping (NaN when optim.grad_clip is off)."),
+    _m(
+        "actor/grad_norm",
+        "norm",
+        "Gradient norm before clipping (NaN when optim.grad_clip is off).",
+        prometheus="stare_job_grad_norm",
+        prometheus_help="Gradient norm before clipping (absent when grad_clip is off).",
+    ),
     _m("actor/lr", "learning rate", "Learning rate of the step's optimiser update."),
     _m(
         "data/responses",
@@ -483,7 +498,7 @@ CATALOGUE: tuple[Metric, ...] = (
     _m(
         "tool/calls_per_response",
         "calls",
-        "Mean tool calls per episode (response) of the step.",
+        "Mean tool calls per episode (response) of the step; malformed calls count (they are tool errors).",
         applies_to="tool-use environments",
         prometheus="stare_job_tool_calls_per_response",
     ),
@@ -518,7 +533,8 @@ CATALOGUE: tuple[Metric, ...] = (
     _m(
         "tool/token_mismatches",
         "tokens",
-        "Tokens whose ids in the trained sequence differ from the ids the model saw or produced (must be 0).",
+        "Tokens whose ids in the trained sequence differ from the ids the model saw or produced, summed over the "
+        "step's episodes (must be 0: rollouts keep token ids per turn, never re-tokenised text).",
         applies_to="tool-use environments",
         prometheus="stare_job_tool_token_mismatches",
     ),
@@ -528,6 +544,8 @@ CATALOGUE: tuple[Metric, ...] = (
         "fraction",
         "Mean verifier score over the evaluation prompts and their k samples (accuracy when greedy).",
         event=EventType.EVAL,
+        prometheus="stare_job_eval_avg_at_k",
+        prometheus_help="Held-out avg@k of the job's latest evaluation.",
         shown=[_R],
     ),
     _m(
@@ -535,6 +553,8 @@ CATALOGUE: tuple[Metric, ...] = (
         "fraction",
         "Share of evaluation prompts with at least one of k samples scored 1.",
         event=EventType.EVAL,
+        prometheus="stare_job_eval_pass_at_k",
+        prometheus_help="Held-out pass@k of the job's latest evaluation.",
         shown=[_R],
     ),
     _m("eval/k", "samples", "Samples per evaluation prompt.", event=EventType.EVAL, shown=[_R]),
@@ -563,14 +583,62 @@ FLEET_SERIES: tuple[FleetSeries, ...] = (
         JOB_LABELS,
     ),
     FleetSeries("stare_workers_busy", "Workers holding a job lease, by queue.", ("queue",)),
+    FleetSeries(
+        "stare_workers",
+        "Workers of the queue: the busy ones plus the idle ones (Redis broker only).",
+        ("queue",),
+    ),
+    FleetSeries(
+        "stare_workers_idle",
+        "Workers consuming the queue and running no job: those that answer a Celery ping (Redis broker only).",
+        ("queue",),
+    ),
+    FleetSeries(
+        "stare_failed_jobs",
+        "Jobs that ended failed, by the error code the worker or sweeper recorded (every known code, 0 too).",
+        ("code", "queue"),
+    ),
     FleetSeries("stare_queue_messages", "Messages waiting on the broker, by queue.", ("queue",)),
     FleetSeries("stare_fleet_scrape_ok", "1 when the last scrape read the database.", ()),
 )
 
 
+# The API process's series (service/telemetry.py), as Prometheus exposes them (a counter gains `_total`, a
+# histogram `_bucket`, `_sum` and `_count`).
+API_SERIES: tuple[FleetSeries, ...] = (
+    FleetSeries(
+        "stare_http_requests_total",
+        "HTTP requests served.",
+        ("route", "method", "status_class"),
+        PrometheusType.COUNTER,
+    ),
+    FleetSeries(
+        "stare_http_request_duration_seconds",
+        "Time to the end of the response.",
+        ("route", "method"),
+        PrometheusType.HISTOGRAM,
+    ),
+    FleetSeries(
+        "stare_enqueue_failures_total",
+        "Jobs committed whose doorbell could not be sent.",
+        (),
+        PrometheusType.COUNTER,
+    ),
+    FleetSeries("stare_jobs", "Jobs by status and queue.", ("status", "queue")),
+    FleetSeries("stare_database_up", "1 when the last scrape could read the database.", ()),
+)
+
+
+def series_names(series: FleetSeries) -> tuple[str, ...]:
+    """The sample names a series is exposed under: a histogram's _bucket, _sum and _count."""
+    if series.type is PrometheusType.HISTOGRAM:
+        return tuple(f"{series.name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+    return (series.name,)
+
+
 def _index() -> dict[str, Metric]:
     by_key: dict[str, Metric] = {}
-    names: set[str] = {series.name for series in FLEET_SERIES}
+    names: set[str] = {series.name for series in (*FLEET_SERIES, *API_SERIES)}
     for metric in CATALOGUE:
         if metric.key in by_key:
             raise ValueError(f"metric {metric.key!r} is catalogued twice")
@@ -592,9 +660,10 @@ def get(key: str) -> Metric:
         raise ValueError(f"unknown metric {key!r} (not in contract.metrics.CATALOGUE)") from None
 
 
-def prometheus_metrics() -> list[Metric]:
-    """The metrics the exporter publishes, in catalogue order."""
-    return [metric for metric in CATALOGUE if metric.prometheus is not None]
+def prometheus_metrics(event: EventType | None = None) -> list[Metric]:
+    """The metrics the exporter publishes, in catalogue order (of one event type when given: step metrics
+    come from the job's latest step, eval metrics from its latest evaluation)."""
+    return [m for m in CATALOGUE if m.prometheus is not None and (event is None or m.event is event)]
 
 
 def fleet_series(name: str) -> FleetSeries:
@@ -620,32 +689,40 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown() -> str:
-    """docs/metrics.md."""
+def render_markdown(panels: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The catalogue part of docs/metrics.md; `panels` maps a Prometheus series name to the dashboard panels
+    that read it (monitoring.docs passes it and appends the dashboards' tables)."""
+    panels = panels or {}
+
+    def where(name: str | None) -> str:
+        return "; ".join(_cell(p) for p in panels.get(name or "", ()))
+
     lines = [
         "# Metrics",
         "",
-        "Generated from `contract/metrics.py` by `python -m contract.metrics --write`; do not edit by hand",
-        "(tests/contract/test_metrics.py fails when this file and the catalogue differ).",
+        "Generated from `contract/metrics.py`, the dashboards' source (`monitoring/`) and the values the",
+        "integration test recorded (`deploy/grafana/query-results.json`) by `python -m monitoring.docs --write`;",
+        "do not edit by hand (tests/contract/test_metrics.py fails when this file and its sources differ).",
         "",
         "Every step metric is in the job's per-step history (`GET /v1/jobs/{id}/metrics`), its",
         "`latest_metrics` and the run's `events.jsonl` (`step` events; `eval/*` come with `eval` events).",
         "*Shown* lists where else a metric is read: the job view's derived fields (entropy status, ETA),",
         "the report (`report.json`, `report.html`), the Prometheus exporter (`python -m worker exporter`,",
-        "labels " + ", ".join(f"`{label}`" for label in JOB_LABELS) + "). Grafana dashboards will read the",
-        "Prometheus names; none is generated yet.",
+        "labels " + ", ".join(f"`{label}`" for label in JOB_LABELS) + ") and the Grafana dashboards",
+        "(`deploy/grafana/dashboards/`, generated from `monitoring/`; *panels* names them). An exported eval",
+        "metric is the job's latest evaluation. How to run Grafana and Prometheus: docs/MONITORING.md.",
         "",
         "## Trainer metrics",
         "",
-        "| key | event | unit | applies to | meaning | Prometheus | shown |",
-        "|---|---|---|---|---|---|---|",
+        "| key | event | unit | applies to | meaning | Prometheus | shown | panels |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for m in CATALOGUE:
         prom = f"`{m.prometheus}` ({m.prometheus_type.value})" if m.prometheus else ""
         shown = ", ".join(s.value for s in Surface if s in m.shown)
         lines.append(
             f"| `{m.key}` | {m.event.value} | {_cell(m.unit)} | {_cell(m.applies_to)} | {_cell(m.help)} "
-            f"| {prom} | {shown} |"
+            f"| {prom} | {shown} | {where(m.prometheus)} |"
         )
     lines += [
         "",
@@ -661,22 +738,21 @@ def render_markdown() -> str:
         "",
         "The exporter's series that come from the job rows, the leases and the broker, not from a metric.",
         "",
-        "| Prometheus | type | labels | meaning |",
-        "|---|---|---|---|",
-        *(
-            f"| `{s.name}` | {s.type.value} | {', '.join(f'`{label}`' for label in s.labels)} | {_cell(s.help)} |"
-            for s in FLEET_SERIES
-        ),
+        *_series_table(FLEET_SERIES, where),
+        "",
+        "## API series",
+        "",
+        "The API process's own series (`GET /metrics` of `python -m service serve`, service/telemetry.py).",
+        "",
+        *_series_table(API_SERIES, where),
         "",
     ]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return generated_doc_main(
-        argv, prog="python -m contract.metrics", path=DOCS_PATH, render=lambda _: render_markdown()
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _series_table(series: Iterable[FleetSeries], where: Callable[[str], str]) -> list[str]:
+    rows = ["| Prometheus | type | labels | meaning | panels |", "|---|---|---|---|---|"]
+    for s in series:
+        labels = ", ".join(f"`{label}`" for label in s.labels)
+        rows.append(f"| `{s.name}` | {s.type.value} | {labels} | {_cell(s.help)} | {where(s.name)} |")
+    return rows

@@ -229,6 +229,58 @@ class DistributedSpec(_Strict):
     mixed_precision: Literal["no", "bf16"] = "no"
 
 
+TOOL_NAMES = ("calculator", "python")  # the built-in tools (trainer/envs/tools.py); docs/TOOLS.md
+ToolName = Literal["calculator", "python"]
+
+
+class ToolLimitsSpec(_Strict):
+    """What one call of the Python code tool may use (docs/TOOLS.md). The calculator bounds itself (its
+    exponent and result size) and only reads output_bytes. The service refuses limits above the operator's
+    (STARE_TOOL_MAX_* in service/settings.py)."""
+
+    cpu_seconds: Annotated[float, Field(gt=0.0, le=600.0)] = 1.0  # RLIMIT_CPU of the sandboxed process
+    wall_seconds: Annotated[float, Field(gt=0.0, le=600.0)] = 2.0  # the parent kills the sandbox after this
+    memory_mb: Annotated[int, Field(ge=32, le=65_536)] = 256  # RLIMIT_AS (address space)
+    processes: Annotated[int, Field(ge=1, le=4096)] = 8  # RLIMIT_NPROC: threads and processes in the sandbox
+    output_bytes: Annotated[int, Field(ge=16, le=16 * 2**20)] = 4096  # stdout+stderr kept; the rest is cut
+
+    @model_validator(mode="after")
+    def _wall_covers_cpu(self) -> ToolLimitsSpec:
+        if self.wall_seconds < self.cpu_seconds:
+            raise ValueError(
+                f"environment.limits.wall_seconds ({self.wall_seconds}) must be ≥ cpu_seconds "
+                f"({self.cpu_seconds})"
+            )
+        return self
+
+
+class EnvironmentSpec(_Strict):
+    """A multi-turn environment (trainer/envs/): the rollout is a conversation of model turns and tool
+    results, up to max_turns model turns, and the last turn's text is the answer the verifier scores.
+
+    A model turn ends at EOS (or after sampling.max_new_tokens tokens). A turn whose text starts with
+    `(TOOL)` is a tool call: TOOL is a tool's name or its 1-based position in `tools`, the rest of the turn
+    is the argument (`(1)347*68`, `(python)print(2**10)`). The tool's result, cut to max_result_tokens
+    tokens and followed by a newline, is appended to the context (masked out of the loss) and the model
+    takes the next turn. docs/TOOLS.md has the format, the tools and the sandbox.
+    """
+
+    name: Literal["tool_use"] = "tool_use"
+    tools: Annotated[list[ToolName], Field(min_length=1, max_length=len(TOOL_NAMES))] = Field(
+        default_factory=lambda: list[ToolName](["calculator"])
+    )
+    max_turns: Annotated[int, Field(ge=1, le=32)] = 3  # model turns per episode (tool calls ≤ max_turns − 1)
+    max_result_tokens: Annotated[int, Field(ge=1, le=4096)] = 32  # tokens of one tool result in the context
+    limits: ToolLimitsSpec = Field(default_factory=ToolLimitsSpec)
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"environment.tools lists a tool twice: {value}")
+        return value
+
+
 class TrainSpec(_Strict):
     """A whole RL fine-tuning job."""
 
@@ -245,6 +297,8 @@ class TrainSpec(_Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     distributed: DistributedSpec = Field(default_factory=DistributedSpec)
+    # None: single-turn (the response is the answer). A tool-use environment: docs/TOOLS.md.
+    environment: EnvironmentSpec | None = None
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
 
     @model_validator(mode="after")
@@ -261,6 +315,10 @@ class TrainSpec(_Strict):
         ):
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
         _check_verifier(self.verifier)
+        if self.environment is not None and self.distributed.num_processes > 1:
+            raise ValueError(
+                "environment: tool-use rollouts run in one process (distributed.num_processes 1)"
+            )
         return self
 
     @property

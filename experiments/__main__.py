@@ -1,4 +1,5 @@
-"""`python -m experiments run [--quick] [--jobs N] [--root DIR] [--suite NAME ...]`, then `page`.
+"""`python -m experiments run [--quick] [--jobs N] [--root DIR] [--suite NAME ...] [--md F --html F
+--header F --footer F]`, then `page`.
 
 `run` runs every run of the plan that has not finished (finished runs are skipped, interrupted ones resumed),
 then writes the page; `page` only rebuilds the page from what is on disk; `list` prints the plan.
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--suite", action="append", help="only these suites (repeatable)")
         p.add_argument("--md", type=Path, default=None, help="markdown page (default docs/RESULTS.md)")
         p.add_argument("--html", type=Path, default=None, help="HTML page (default docs/results.html)")
+        p.add_argument("--header", type=Path, default=HEADER, help=f"page header (default {HEADER.name})")
+        p.add_argument("--footer", type=Path, default=FOOTER, help=f"page footer (default {FOOTER.name})")
         if name == "run":
             p.add_argument(
                 "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: cores)"
@@ -67,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         for suite in [make()]
         if any(run_dir(root, r).exists() for r in suite.runs)
     ]
-    write_page(root, shown, md, page, header=HEADER.read_text().strip(), footer=FOOTER.read_text().strip())
+    write_page(
+        root, shown, md, page, header=args.header.read_text().strip(), footer=args.footer.read_text().strip()
+    )
     print(f"wrote {md} and {page}")
     failed = sum(1 for r in runs if not is_finished(run_dir(root, r)))
     return 1 if args.command == "run" and failed else 0

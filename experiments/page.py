@@ -167,7 +167,7 @@ def suite_markdown(entry: dict[str, Any]) -> str:
     parts = [f"### {suite.title}", "", suite.description, ""]
     if not runs:
         return "\n".join([*parts, "_No run of this suite has been made yet._", ""])
-    if suite.name == "demo":
+    if suite.name == "demo" or suite.robustness:
         rows = []
         for r in runs:
             s: an.RunSummary = r["summary"]
@@ -395,6 +395,13 @@ def suite_html(entry: dict[str, Any]) -> str:
             "gate on",
         ),
     ]
+    if any(an.metric_series(r["events"], "tool/calls_per_response") for r in runs):  # a tool-use suite
+        for key, title, y in (
+            ("tool/calls_per_response", "tool calls per response", "calls"),
+            ("tool/error_rate", "tool error rate (of calls)", "fraction"),
+            ("tool/output_token_fraction", "tool-output share of response tokens (masked)", "fraction"),
+        ):
+            figs.append(_series_chart(runs, arms, key, f"{suite.name}: {title}", y))
     for q in ("pos_low", "pos_high", "neg_low", "neg_high"):
         figs.append(
             _series_chart(

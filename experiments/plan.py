@@ -27,6 +27,7 @@ from contract.protocol import CHECKPOINTS_DIR, checkpoint_name
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
+TOOL_USE_SPEC = REPO / "trainer" / "specs" / "tool_use.yaml"
 SFT_REF = "@sft:"  # model.name placeholder: the step-0 model of the named run
 
 # Arm name → algorithm section of the spec (every other setting is the suite's).
@@ -78,6 +79,9 @@ class Suite:
     arms: tuple[str, ...] = ()
     collapse_steps: int = 10  # "collapse": entropy below entropy_band.low for this many consecutive steps
     warmup_steps: int = 10  # steps left out of "fraction in band" (the RL warm-up)
+    # A robustness suite: one spec over seeds and thread counts, each run with its own SFT, judged per run
+    # by the demo's acceptance (avg@k gain, gate on) instead of compared arm against arm.
+    robustness: bool = False
 
 
 def demo_spec() -> dict[str, Any]:
@@ -171,8 +175,48 @@ def demo_suite(seeds: tuple[int, ...], threads: tuple[int, ...]) -> Suite:
     )
 
 
+def tool_use_suite(*, seeds: int, steps: int | None = None) -> Suite:
+    """The multi-turn tool-use task (trainer/specs/tool_use.yaml): grpo_ds and STARE from a shared SFT on
+    code-generated calculator transcripts (docs/TOOLS.md)."""
+    base = yaml.safe_load(TOOL_USE_SPEC.read_text())
+    base["algorithm"] = {"gate": base["algorithm"].get("gate", {})}
+    if steps is not None:
+        base = _merge(base, {"optim": {"steps": steps}, "evaluation": {"interval": steps // 2}})
+    return comparison_suite(
+        "tool-use",
+        "Multi-turn tool use: two-digit products with the calculator, tiny-arith",
+        TOOL_USE_DESCRIPTION,
+        base,
+        arms=HEADLINE,
+        seeds=seeds,
+        headline_seeds=seeds,
+    )
+
+
+def tool_use_seeds_suite(seeds: tuple[int, ...], threads: tuple[int, ...], steps: int | None = None) -> Suite:
+    """trainer/specs/tool_use.yaml itself (its own SFT, STARE) over seeds and torch thread counts: does the
+    tool-use task improve held-out accuracy on every seed, not on one lucky one."""
+    runs = []
+    for seed in seeds:
+        for t in threads:
+            spec = _merge(yaml.safe_load(TOOL_USE_SPEC.read_text()), {"seed": seed})
+            if steps is not None:
+                spec = _merge(spec, {"optim": {"steps": steps}, "evaluation": {"interval": steps // 2}})
+            runs.append(Run("tool-use-seeds", f"seed{seed}-t{t}", spec, threads=t, seed=seed, arm="stare_o1"))
+    return Suite(
+        "tool-use-seeds",
+        "The tool-use job (trainer/specs/tool_use.yaml) over seeds and torch thread counts",
+        "The shipped tool-use spec with only `seed` changed, each run with its own SFT warm-start on "
+        "code-generated calculator transcripts, at 1 and 2 torch threads.",
+        tuple(runs),
+        arms=("stare_o1",),
+        robustness=True,
+    )
+
+
 def build_plan(*, quick: bool = False, suites: tuple[str, ...] | None = None) -> list[Suite]:
-    """The default plan (≤ 60 min on 2 cores) or the quick one (≤ 10 min)."""
+    """The default plan (≤ 60 min on 2 cores, plus about 45 min for the two tool-use suites, measured on a
+    shared machine) or the quick one (≤ 10 min; no tool-use suite)."""
     all_arms = tuple(ARMS)
     if quick:
         plan = [
@@ -219,6 +263,8 @@ def build_plan(*, quick: bool = False, suites: tuple[str, ...] | None = None) ->
                 headline_seeds=3,
                 sft_from="arith",
             ),
+            tool_use_suite(seeds=3),
+            tool_use_seeds_suite(seeds=(0, 1, 2), threads=(1, 2)),
         ]
     if suites is not None:
         unknown = sorted(set(suites) - {s.name for s in plan} - set(OPTIONAL_SUITES))
@@ -232,6 +278,12 @@ def build_plan(*, quick: bool = False, suites: tuple[str, ...] | None = None) ->
     return plan
 
 
+TOOL_USE_DESCRIPTION = (
+    "Prompts `a*b=` with a, b in 10..99 (exact-match reward): products the tiny model cannot compute in its "
+    "head. Each response is an episode of up to 3 model turns; a turn `(1)a*b` calls the calculator, whose "
+    "result joins the context masked out of the loss (docs/TOOLS.md). SFT on code-generated transcripts, "
+    "then 100 RL steps; entropy, quadrants and STARE's selection count model tokens only."
+)
 ARITH_DESCRIPTION = (
     "Prompts `a+b=` with a, b in 0..99 (exact-match reward), the tiny 0.5M-parameter Llama after the demo's "
     "SFT warm-start, the demo's RL settings (300 steps) for every algorithm."

@@ -49,6 +49,7 @@ from service.routers import (
     jobs,
     metrics_history,
     models,
+    pages,
     reports,
     verifiers,
 )
@@ -266,6 +267,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         identity,
         api_keys,
         health,
+        pages,  # the job page (/ui, outside the OpenAPI schema)
     ):
         app.include_router(module.router)
 

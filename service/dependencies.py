@@ -11,7 +11,7 @@ database's event-loop pool (store.async_pool).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any, get_args, get_origin
 
 from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
@@ -35,34 +35,48 @@ bearer = HTTPBearer(
 )
 
 
-_KNOWN_QUERY: dict[int, frozenset[str]] = {}
+_KNOWN_QUERY: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
 
 
-def _query_names(route: APIRoute) -> frozenset[str]:
+def _query_names(route: APIRoute) -> tuple[frozenset[str], frozenset[str]]:
+    """The route's query parameters, and those of them that take several values (list-typed)."""
     names = _KNOWN_QUERY.get(id(route))
     if names is None:
-        names = frozenset(_dependant_query_names(route.dependant))
+        params = _dependant_query_params(route.dependant)
+        names = (
+            frozenset(params),
+            frozenset(name for name, annotation in params.items() if _is_sequence(annotation)),
+        )
         _KNOWN_QUERY[id(route)] = names
     return names
 
 
-def _dependant_query_names(dependant: Dependant) -> set[str]:
-    names = {param.alias for param in dependant.query_params}
+def _dependant_query_params(dependant: Dependant) -> dict[str, Any]:
+    params = {param.alias: param.field_info.annotation for param in dependant.query_params}
     for sub in dependant.dependencies:
-        names |= _dependant_query_names(sub)
-    return names
+        params |= _dependant_query_params(sub)
+    return params
+
+
+def _is_sequence(annotation: Any) -> bool:
+    origin = get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return True
+    return any(_is_sequence(arg) for arg in get_args(annotation)) if origin is not None else False
 
 
 async def refuse_unknown_query_parameters(request: Request) -> None:
     """Every route's guard (an app-wide dependency): a query parameter the route does not take is a 422
-    naming it, as an unknown body field is. A typo (`?limt=5`) is reported, not silently ignored."""
+    naming it, as an unknown body field is. A typo (`?limt=5`) is reported, not silently ignored. So is a
+    single-valued parameter given twice (`?after=a&after=b`): which one would win is not the caller's guess."""
     if not request.scope.get("query_string"):
         return
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    known = _query_names(route)
-    for name in request.query_params:
+    known, repeatable = _query_names(route)
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
         if name not in known:
             allowed = ", ".join(sorted(known)) or "none"
             raise Unprocessable(
@@ -70,6 +84,13 @@ async def refuse_unknown_query_parameters(request: Request) -> None:
                 param=name,
                 code="unknown_parameter",
             )
+        if name in seen and name not in repeatable:
+            raise Unprocessable(
+                f"query parameter {name!r} is given more than once; it takes one value",
+                param=name,
+                code="repeated_parameter",
+            )
+        seen.add(name)
 
 
 async def get_services(request: Request) -> Services:

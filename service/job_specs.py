@@ -40,9 +40,12 @@ def validate_spec(
     training_file: File | SimpleNamespace | None,
     models: Mapping[str, Any],
     max_processes: int | None = None,
+    tool_limits: Mapping[str, float] | None = None,
 ) -> TrainSpec:
     """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable.
-    `max_processes` is the most a worker of this deployment runs (settings.max_processes_per_job)."""
+    `max_processes` is the most a worker of this deployment runs (settings.max_processes_per_job);
+    `tool_limits` the most a tool call may use (settings.tool_limits(): field under spec.environment ->
+    the operator's maximum)."""
     data = dict(raw)  # a shallow copy: only the task is changed, and _place_training_file copies it first
     _place_training_file(data, training_file)
     _precheck_verifier(data.get("verifier"))
@@ -66,7 +69,26 @@ def validate_spec(
             param="spec.distributed.num_processes",
             code="exceeds_capacity",
         )
+    if tool_limits is not None:
+        _check_tool_limits(spec, tool_limits)
     return spec
+
+
+def _check_tool_limits(spec: TrainSpec, allowed: Mapping[str, float]) -> None:
+    """A tool-use job's limits within the operator's (STARE_TOOL_MAX_*), else 422 naming the field."""
+    if spec.environment is None:
+        return
+    for field, maximum in allowed.items():
+        value: Any = spec.environment
+        for part in field.split("."):
+            value = getattr(value, part)
+        if value > maximum:
+            setting = "STARE_TOOL_MAX_" + field.rsplit(".", 1)[-1].upper()
+            raise Unprocessable(
+                f"environment.{field} is {value:g}, above this deployment's limit {maximum:g} ({setting})",
+                param=f"spec.environment.{field}",
+                code="exceeds_limit",
+            )
 
 
 def _place_training_file(data: dict[str, Any], training_file: File | SimpleNamespace | None) -> None:
@@ -198,11 +220,13 @@ def estimate(spec: TrainSpec) -> Estimate:
     micro = math.ceil(spec.responses_per_step / spec.optim.micro_batch_size)
     evaluations = 2 + (steps // spec.evaluation.interval if spec.evaluation.interval else 0)
     sft = spec.sft
+    turns = spec.environment.max_turns if spec.environment is not None else 1
     return Estimate(
         total_steps=steps,
         responses_per_step=per_step,
         total_responses=steps * per_step,
-        max_completion_tokens=steps * per_step * spec.sampling.max_new_tokens,
+        # A tool-use episode samples up to max_turns turns of max_new_tokens each.
+        max_completion_tokens=steps * per_step * spec.sampling.max_new_tokens * turns,
         forward_backward_passes=steps * spec.optim.ppo_epochs * micro,
         sft_steps=sft.steps if sft else 0,
         sft_examples=sft.steps * sft.batch_size if sft else 0,

@@ -53,10 +53,38 @@ class Settings(SharedSettings):
     # /metrics: open when unset (restrict it at the network instead), else Bearer <token>
     metrics_token: SecretStr | None = None
 
+    # Tool-use jobs (spec environment.limits, docs/TOOLS.md): the most one tool call may use on this
+    # deployment's workers. POST /v1/jobs and /estimate refuse more with 422 naming the field.
+    tool_max_cpu_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
+    tool_max_wall_seconds: Annotated[float, Field(gt=0, le=600)] = 30.0
+    tool_max_memory_mb: Annotated[int, Field(ge=32, le=65_536)] = 1024
+    tool_max_processes: Annotated[int, Field(ge=1, le=4096)] = 32
+    tool_max_output_bytes: Annotated[int, Field(ge=16, le=16 * MIB)] = 64 * 1024
+    tool_max_turns: Annotated[int, Field(ge=1, le=32)] = 8
+
+    def tool_limits(self) -> dict[str, float]:
+        """environment field (dotted after spec.environment) -> the most this deployment allows."""
+        return {
+            "limits.cpu_seconds": self.tool_max_cpu_seconds,
+            "limits.wall_seconds": self.tool_max_wall_seconds,
+            "limits.memory_mb": self.tool_max_memory_mb,
+            "limits.processes": self.tool_max_processes,
+            "limits.output_bytes": self.tool_max_output_bytes,
+            "max_turns": self.tool_max_turns,
+        }
+
+    # The job page (service/routers/pages.py): sign-in sessions are signed cookies (service/sessions.py).
+    # Unset: a random secret per process, so sign-ins end when the API restarts; set it when several API
+    # processes serve the page (serve --workers N) or sign-ins should survive a restart.
+    session_secret: SecretStr | None = None
+    session_ttl_s: Annotated[float, Field(ge=60, le=30 * 24 * 3600)] = 8 * 3600.0
+
     def _secrets(self) -> dict[str, str | None]:
         secrets = super()._secrets()
         if self.rate_limit_redis_url is not None:
             secrets["rate_limit_redis_url password"] = url_password(self.rate_limit_redis_url)
         if self.metrics_token is not None:
             secrets["metrics_token"] = self.metrics_token.get_secret_value()
+        if self.session_secret is not None:
+            secrets["session_secret"] = self.session_secret.get_secret_value()
         return {name: value for name, value in secrets.items() if value is not None}

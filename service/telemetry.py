@@ -1,7 +1,7 @@
 """Prometheus metrics of the API process: HTTP requests (RED) and jobs by status and queue.
 
 Each app has its own CollectorRegistry (tests build many apps). Labels are bounded: route template, method,
-status class; status and queue. The worker's per-job collector (latest step values of active jobs) can be
+status class; status and queue. Names, help and labels are contract.metrics.API_SERIES (docs/metrics.md). The worker's per-job collector (latest step values of active jobs) can be
 added with `Telemetry.registry.register(...)`.
 """
 
@@ -17,12 +17,23 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contract.metrics import API_SERIES, FleetSeries
 from store import repository
 from store.database import Database
 
 logger = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_SERIES = {series.name: series for series in API_SERIES}
+
+
+def _series(name: str) -> FleetSeries:
+    return _SERIES[name]
+
+
+def _base(name: str) -> str:
+    """prometheus_client's name for a counter: the exposed name less `_total` (the client adds it)."""
+    return name.removesuffix("_total")
 
 
 class JobCountCollector(Collector):
@@ -32,8 +43,9 @@ class JobCountCollector(Collector):
         self.db = db
 
     def collect(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily("stare_jobs", "Jobs by status and queue.", labels=["status", "queue"])
-        up = GaugeMetricFamily("stare_database_up", "1 when the last scrape could read the database.")
+        jobs_series, up_series = _series("stare_jobs"), _series("stare_database_up")
+        jobs = GaugeMetricFamily(jobs_series.name, jobs_series.help, labels=list(jobs_series.labels))
+        up = GaugeMetricFamily(up_series.name, up_series.help)
         try:
             with self.db.sessions() as session:
                 counts = repository.job_status_counts(session)
@@ -52,24 +64,16 @@ class JobCountCollector(Collector):
 class Telemetry:
     def __init__(self, db: Database) -> None:
         self.registry = CollectorRegistry(auto_describe=False)  # never query the database at start-up
+        requests = _series("stare_http_requests_total")
         self.requests = Counter(
-            "stare_http_requests",
-            "HTTP requests served.",
-            ["route", "method", "status_class"],
-            registry=self.registry,
+            _base(requests.name), requests.help, list(requests.labels), registry=self.registry
         )
+        latency = _series("stare_http_request_duration_seconds")
         self.latency = Histogram(
-            "stare_http_request_duration_seconds",
-            "Time to the end of the response.",
-            ["route", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            latency.name, latency.help, list(latency.labels), buckets=LATENCY_BUCKETS, registry=self.registry
         )
-        self.enqueue_failures = Counter(
-            "stare_enqueue_failures",
-            "Jobs committed whose doorbell could not be sent.",
-            registry=self.registry,
-        )
+        failures = _series("stare_enqueue_failures_total")
+        self.enqueue_failures = Counter(_base(failures.name), failures.help, registry=self.registry)
         self.registry.register(JobCountCollector(db))
 
 

@@ -68,10 +68,12 @@ from trainer.rollout import (
     Rollout,
     cache_argument,
     concat_rollouts,
+    episodes_to_rollout,
     generate,
     hf_model,
     reflection_rate,
     rollout,
+    run_episodes,
 )
 from trainer.tasks import Example, make_train_eval, render_prompt
 from trainer.verifiers import score
@@ -634,7 +636,20 @@ class Engine:
         """Loads the task's data, the model and tokenizer (the checkpoint's weights when given: a resumed
         run) and the optimiser: what `run` does before the first step."""
         self.prompts, self.eval_examples = load_examples(self.spec)
+        self._check_environment()
         self._load_model(checkpoint)
+
+    def _check_environment(self) -> None:
+        """A job with the python tool needs the sandbox on this machine: without it every call would be a
+        tool error and the run would train on nothing, so it stops before it starts (exit 2, naming why)."""
+        env = self.spec.environment
+        if env is None or "python" not in env.tools:
+            return
+        from trainer.envs import sandbox
+
+        problem = sandbox.available()
+        if problem is not None:
+            raise ValueError(f"environment.tools: the python tool cannot run on this machine: {problem}")
 
     def _load_model(self, checkpoint: Path | None) -> None:
         spec = self.spec
@@ -774,16 +789,22 @@ class Engine:
                 for e in exs
             ]
             p_enc = tok(prompts, add_special_tokens=not self.spec.task.use_chat_template)["input_ids"]
-            a_enc = tok([e.answer for e in exs], add_special_tokens=False)["input_ids"]
-            seqs = [p + a + [tok.eos_token_id] for p, a in zip(p_enc, a_enc)]
+            if self.spec.environment is not None:
+                seqs, targets = self._sft_transcripts(exs, p_enc)
+            else:
+                a_enc = tok([e.answer for e in exs], add_special_tokens=False)["input_ids"]
+                seqs = [p + a + [tok.eos_token_id] for p, a in zip(p_enc, a_enc)]
+                targets = [[False] * len(p) + [True] * (len(s) - len(p)) for s, p in zip(seqs, p_enc)]
             width = max(len(s) for s in seqs)
             ids = torch.full((len(seqs), width), tok.pad_token_id)
             attn = torch.zeros((len(seqs), width), dtype=torch.long)
             labels = torch.full((len(seqs), width), -100)
-            for row, (s, p) in enumerate(zip(seqs, p_enc)):
+            for row, (s, target) in enumerate(zip(seqs, targets)):
                 ids[row, width - len(s) :] = torch.tensor(s)
                 attn[row, width - len(s) :] = 1
-                labels[row, width - len(s) + len(p) :] = torch.tensor(s[len(p) :])
+                labels[row, width - len(s) :] = torch.where(
+                    torch.tensor(target), torch.tensor(s), torch.tensor(-100)
+                )
             ids, attn, labels = ids.to(self.device), attn.to(self.device), labels.to(self.device)
             position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
             if sft.label_smoothing > 0:
@@ -804,6 +825,32 @@ class Engine:
             if (i + 1) % 100 == 0 or i + 1 == sft.steps:
                 self.emit({"type": EventType.SFT, "step": i + 1, "total": sft.steps, "loss": loss_value})
         self.sft_done = True
+
+    def _sft_transcripts(
+        self, examples: list[Example], prompt_ids: list[list[int]]
+    ) -> tuple[list[list[int]], list[list[bool]]]:
+        """Tool-use SFT rows: the prompt, then a code-generated episode (trainer.envs.tool_use.transcript),
+        each model turn closed by EOS; the targets are the model turns' tokens only (tool results, like in
+        RL, are context and never a label)."""
+        from trainer.envs.tool_use import transcript
+
+        env = self.spec.environment
+        assert env is not None
+        tok = self.tokenizer
+        seqs, targets = [], []
+        for example, prompt in zip(examples, prompt_ids):
+            seq, target = list(prompt), [False] * len(prompt)
+            for text, is_model in transcript(example, env):
+                ids = list(tok(text, add_special_tokens=False)["input_ids"])
+                if is_model:
+                    ids.append(tok.eos_token_id)
+                else:
+                    ids = ids[: env.max_result_tokens]
+                seq += ids
+                target += [is_model] * len(ids)
+            seqs.append(seq)
+            targets.append(target)
+        return seqs, targets
 
     def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
         """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
@@ -826,6 +873,11 @@ class Engine:
         correct_sum, pass_sum, length_sum, n_prompts = 0.0, 0.0, 0.0, 0
         for s in range(0, len(examples), 128):
             chunk = examples[s : s + 128]
+            if spec.environment is not None:
+                chunk_correct, chunk_pass, chunk_length = self._eval_episodes(chunk, k)
+                correct_sum, pass_sum = correct_sum + chunk_correct, pass_sum + chunk_pass
+                length_sum, n_prompts = length_sum + chunk_length, n_prompts + len(chunk)
+                continue
             prompts = [
                 render_prompt(
                     e,
@@ -867,6 +919,35 @@ class Engine:
             "eval/response_length": float(totals[2]) / (n_total * k),
             "eval/num_prompts": float(totals[3]),
         }
+
+    def _eval_episodes(self, chunk: list[Example], k: int) -> tuple[float, float, float]:
+        """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean
+        score, examples with a sample scoring 1, model tokens of every episode)."""
+        from trainer.envs.tool_use import COUNT_FIELDS
+
+        spec = self.spec
+        ev = spec.evaluation
+        episodes = run_episodes(
+            self._unwrapped_model,
+            self.tokenizer,
+            chunk,
+            spec,
+            num_samples=k,
+            temperature=ev.temperature,
+            top_p=ev.top_p,
+            greedy=ev.greedy,
+        )
+        counts = episodes_to_rollout(episodes, self.tokenizer.pad_token_id)[4]
+        scores = [
+            score(spec.verifier.name, text, chunk[row // k], spec.verifier.params)
+            for row, text in enumerate(episodes.answers)
+        ]
+        per_example = [scores[j * k : (j + 1) * k] for j in range(len(chunk))]
+        return (
+            sum(sum(s) / k for s in per_example),
+            sum(float(max(s) >= 1.0) for s in per_example),
+            float(counts[:, COUNT_FIELDS.index("model_tokens")].sum()),
+        )
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -1169,6 +1250,8 @@ class Engine:
                 "data/responses": global_sequences,
             }
         )
+        if batch.tool_counts is not None:
+            metrics.update(self._tool_metrics(batch.tool_counts))
         if spec.algorithm.name == "stare":
             metrics.update(
                 {
@@ -1188,6 +1271,14 @@ class Engine:
                 }
             )
         return metrics
+
+    def _tool_metrics(self, counts: Tensor) -> dict[str, float]:
+        """The tool/* metrics of a tool-use step, from the episodes' counters summed over the processes."""
+        from trainer.envs.tool_use import COUNT_FIELDS, tool_metrics
+
+        column_sums = counts.sum(0).tolist() if counts.numel() else [0.0] * len(COUNT_FIELDS)
+        totals = self._reduce([*column_sums, float(counts.shape[0])], "sum", torch.float64).tolist()
+        return tool_metrics(dict(zip(COUNT_FIELDS, totals[:-1])), totals[-1])
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -47,6 +47,9 @@ class Rollout:
     sample_logprob: Tensor | None = None
     sample_entropy: Tensor | None = None
     sample_correction: Tensor | None = None
+    # Tool-use environments: per-episode counters (B, len(trainer.envs.tool_use.COUNT_FIELDS)); None for
+    # single-turn rollouts. Tool-result tokens sit inside the response with response_mask 0.
+    tool_counts: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -110,6 +113,11 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         group_ids=torch.cat([r.group_ids for r in parts]),
         truncated=torch.cat([r.truncated for r in parts]),
         texts=[t for r in parts for t in r.texts],
+        tool_counts=(
+            torch.cat([r.tool_counts for r in parts if r.tool_counts is not None])
+            if all(r.tool_counts is not None for r in parts)
+            else None
+        ),
         **{name: torch.cat(values) for name, values in stats.items() if with_stats},
     )
 
@@ -316,7 +324,11 @@ def rollout(
     sample_stats: bool = False,
 ) -> Rollout:
     """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
-    each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`)."""
+    each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
+    multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
+    an episode of the environment (`env_rollout`)."""
+    if spec.environment is not None:
+        return env_rollout(model, tokenizer, examples, group_offset, spec)
     g = spec.sampling.group_size
     recorder = SampledTokenStats(spec.sampling.temperature) if sample_stats else None
     prompts = [
@@ -366,6 +378,211 @@ def rollout(
         truncated=truncated,
         texts=texts,
         **(dict(zip(SAMPLE_STAT_FIELDS, stats)) if stats is not None else {}),
+    )
+
+
+# ------------------------------------------------------------------------------------------ multi-turn
+
+
+@torch.no_grad()
+def generate_turn(
+    model: Any,
+    tokenizer: Any,
+    contexts: list[list[int]],
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    greedy: bool = False,
+) -> tuple[list[list[int]], list[bool]]:
+    """One model turn for each context (token ids, unpadded): the sampled ids up to and including the first
+    EOS, and whether the turn hit max_new_tokens without EOS. The contexts go in as ids, left-padded, never
+    as text: the model sees exactly these tokens (token-in, token-out)."""
+    device = model_device(model)
+    width = max(len(c) for c in contexts)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width), dtype=torch.long)
+    for row, context in enumerate(contexts):
+        ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
+        mask[row, width - len(context) :] = 1
+    gen_config = model.generation_config
+    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
+    kwargs: dict[str, object] = {
+        "max_new_tokens": max_new_tokens,
+        "pad_token_id": pad,
+        "eos_token_id": eos,
+        "use_cache": True,
+    }
+    if greedy:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+    out = out.to("cpu", copy=True)[:, width:]
+    response_mask, truncated = response_mask_from_eos(out, eos)
+    lengths = response_mask.sum(-1).long().tolist()
+    return [row[:n] for row, n in zip(out.tolist(), lengths)], truncated.tolist()
+
+
+@dataclass
+class Episodes:
+    """Multi-turn episodes: per row the prompt's ids and the pieces after it, (ids, is a model turn)."""
+
+    prompt_ids: list[list[int]]
+    pieces: list[list[tuple[list[int], bool]]]
+    answers: list[str]  # the last model turn's text: what the verifier scores
+    truncated: list[bool]  # the last model turn hit max_new_tokens without EOS
+    seen: list[list[tuple[list[int], list[int]]]]  # per row and turn: (context given, ids sampled)
+    envs: list[Any]
+
+
+def run_episodes(
+    model: Any,
+    tokenizer: Any,
+    examples: list[Example],
+    spec: TrainSpec,
+    *,
+    num_samples: int,
+    temperature: float,
+    top_p: float,
+    greedy: bool = False,
+) -> Episodes:
+    """num_samples episodes of spec.environment per example (rows example-major, like `generate`). Each turn
+    runs generate over the rows still going; tool results are tokenised on their own and appended to the
+    ids, so the context is always the ids the model produced plus the tools' ids."""
+    from trainer.envs.tool_use import ToolUseEnv
+
+    env_spec = spec.environment
+    assert env_spec is not None
+    rows = [ex for ex in examples for _ in range(num_samples)]
+    envs = [ToolUseEnv(env_spec) for _ in rows]
+    add_special = not spec.task.use_chat_template
+    prompts = [
+        render_prompt(
+            dataclasses.replace(ex, prompt=env.reset(ex)),
+            spec.task.prompt_template,
+            tokenizer,
+            use_chat_template=spec.task.use_chat_template,
+        )
+        for ex, env in zip(rows, envs)
+    ]
+    prompt_ids = [list(ids) for ids in tokenizer(prompts, add_special_tokens=add_special)["input_ids"]]
+    pieces: list[list[tuple[list[int], bool]]] = [[] for _ in rows]
+    seen: list[list[tuple[list[int], list[int]]]] = [[] for _ in rows]
+    answers = ["" for _ in rows]
+    truncated = [False for _ in rows]
+    active = list(range(len(rows)))
+    while active:
+        contexts = [prompt_ids[i] + [t for ids, _ in pieces[i] for t in ids] for i in active]
+        turns, cut = generate_turn(
+            model,
+            tokenizer,
+            contexts,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=spec.sampling.max_new_tokens,
+            greedy=greedy,
+        )
+        still = []
+        for i, context, turn, hit_budget in zip(active, contexts, turns, cut):
+            seen[i].append((context, turn))
+            pieces[i].append((turn, True))
+            text = str(tokenizer.decode(turn, skip_special_tokens=True))
+            outcome = envs[i].step(text)
+            if outcome.done:
+                answers[i], truncated[i] = text, bool(hit_budget)
+                continue
+            assert outcome.observation is not None
+            result_ids = list(tokenizer(outcome.observation, add_special_tokens=False)["input_ids"])
+            pieces[i].append((result_ids[: env_spec.max_result_tokens], False))
+            still.append(i)
+        active = still
+    return Episodes(prompt_ids, pieces, answers, truncated, seen, envs)
+
+
+def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor, int, Tensor]:
+    """(input_ids (B, P+R), attention_mask, response_mask (B, R), P, tool_counts (B, C)): prompts
+    left-padded, the pieces after them right-padded; response_mask 1 on model tokens only. The counters'
+    token_mismatches compares each turn's context and sampled ids with the laid-out row."""
+    from trainer.envs.tool_use import episode_counts
+
+    n = len(episodes.prompt_ids)
+    p_len = max(len(p) for p in episodes.prompt_ids)
+    responses = [[t for ids, _ in row for t in ids] for row in episodes.pieces]
+    r_len = max(1, max(len(r) for r in responses))
+    input_ids = torch.full((n, p_len + r_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, p_len + r_len), dtype=torch.long)
+    response_mask = torch.zeros((n, r_len), dtype=torch.float32)
+    counts = []
+    for i, (prompt, row) in enumerate(zip(episodes.prompt_ids, episodes.pieces)):
+        start = p_len - len(prompt)
+        input_ids[i, start:p_len] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[i, start:p_len] = 1
+        pos = 0
+        tool_tokens = model_tokens = 0
+        for ids, is_model in row:
+            if ids:
+                input_ids[i, p_len + pos : p_len + pos + len(ids)] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[i, p_len + pos : p_len + pos + len(ids)] = 1
+                response_mask[i, pos : pos + len(ids)] = 1.0 if is_model else 0.0
+            pos += len(ids)
+            if is_model:
+                model_tokens += len(ids)
+            else:
+                tool_tokens += len(ids)
+        laid_out = input_ids[i][attention_mask[i].bool()].tolist()
+        mismatches = 0
+        for context, turn in episodes.seen[i]:
+            expected = context + turn
+            actual = laid_out[: len(expected)]
+            mismatches += sum(a != b for a, b in zip(expected, actual)) + len(expected) - len(actual)
+        counts.append(episode_counts(episodes.envs[i], tool_tokens, model_tokens, mismatches))
+    return input_ids, attention_mask, response_mask, p_len, torch.tensor(counts, dtype=torch.float32)
+
+
+def env_rollout(
+    model: Any, tokenizer: Any, examples: list[Example], group_offset: int, spec: TrainSpec
+) -> Rollout:
+    """spec.sampling.group_size episodes of spec.environment per example, scored on their answers."""
+    g = spec.sampling.group_size
+    episodes = run_episodes(
+        model,
+        tokenizer,
+        examples,
+        spec,
+        num_samples=g,
+        temperature=spec.sampling.temperature,
+        top_p=spec.sampling.top_p,
+    )
+    input_ids, attention_mask, response_mask, p_len, counts = episodes_to_rollout(
+        episodes, tokenizer.pad_token_id
+    )
+    scores = [
+        score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
+        for i, text in enumerate(episodes.answers)
+    ]
+    correct = torch.tensor(scores, dtype=torch.float32)
+    rewards = torch.tensor(
+        [shape_reward(c, spec.reward.style) for c in correct.tolist()], dtype=torch.float32
+    )
+    overlong = resolved_overlong(spec)
+    if overlong is not None:
+        rewards = rewards + overlong_penalty(
+            response_mask.sum(-1), max_length=spec.sampling.max_new_tokens, cache_length=overlong
+        )
+    return Rollout(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        prompt_length=p_len,
+        rewards=rewards,
+        correct=correct,
+        group_ids=torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g),
+        truncated=torch.tensor(episodes.truncated, dtype=torch.bool),
+        texts=episodes.answers,
+        tool_counts=counts,
     )
 
 

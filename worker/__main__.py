@@ -3,6 +3,7 @@
   python -m worker run [--queues training] [--sweep]   a Celery worker: one training job at a time
   python -m worker sweeper                             the periodic repair pass (stale leases, lost messages)
   python -m worker embedded [--spec S] [--home .stare] one job over HTTP on the embedded stack (SQLite)
+  python -m worker embedded --serve [--home H] [--port P]   the embedded stack, running until Ctrl-C
   python -m worker exporter [--port 9464]              Prometheus metrics of active jobs, workers, queues
 
 Settings come from STARE_* environment variables (worker/settings.py). On a GPU host, start one worker per
@@ -36,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     embedded.add_argument("--spec", default="trainer/specs/demo.yaml")
     embedded.add_argument("--home", default=".stare")
     embedded.add_argument("--port", type=int, default=None)
+    embedded.add_argument(
+        "--serve",
+        action="store_true",
+        help="start the stack and leave it running (prints the job page's URL and an API key) until Ctrl-C",
+    )
     exporter = sub.add_parser("exporter", help="serve Prometheus metrics of active jobs, workers and queues")
     exporter.add_argument("--port", type=int, default=9464)
     exporter.add_argument("--addr", default="127.0.0.1")
@@ -44,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "embedded":
         from worker.embedded import main as embedded_main
+        from worker.embedded import serve as embedded_serve
 
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        if args.serve:
+            return embedded_serve(args.home, args.port)
         return embedded_main(args.spec, args.home, args.port)
     settings = WorkerSettings()
     from worker.celery_app import create_celery

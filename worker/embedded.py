@@ -5,6 +5,11 @@ its sweeper, and the API under uvicorn, all under one home folder. `run_job_over
 over HTTP exactly as a user would, follows its progress, and fetches the evaluation report.
 
     python -m worker embedded --spec trainer/specs/demo.yaml [--home .stare] [--port 8765]
+    python -m worker embedded --serve [--home .stare] [--port 8765]
+
+`--serve` starts the stack and leaves it running until Ctrl-C or SIGTERM: it prints the job page's URL and
+an API key to sign in with, and writes them for other tools (the `stare` CLI) to read: `<home>/embedded.json`
+({"url", "api", "pid"}; removed at a clean shutdown) and `<home>/api-key` (mode 0600).
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,8 +70,11 @@ def _tenant_key(database_url: str) -> str:
 
 
 @contextlib.contextmanager
-def embedded_stack(home: Path, port: int | None = None) -> Iterator[tuple[str, str]]:
-    """Starts API + worker under `home`; yields (base URL, API key); stops both on exit."""
+def embedded_stack(
+    home: Path, port: int | None = None, *, processes: list[subprocess.Popen[bytes]] | None = None
+) -> Iterator[tuple[str, str]]:
+    """Starts API + worker under `home`; yields (base URL, API key); stops both on exit. `processes`, when
+    given, receives the two child processes (to watch them)."""
     env_vars = embedded_env(home)
     for key in ("STARE_ARTIFACT_ROOT", "STARE_BROKER_FOLDER"):
         Path(env_vars[key]).mkdir(parents=True, exist_ok=True)
@@ -91,6 +101,8 @@ def embedded_stack(home: Path, port: int | None = None) -> Iterator[tuple[str, s
                 stderr=subprocess.STDOUT,
             ),
         ]
+        if processes is not None:
+            processes.extend(procs)
         yield from _serve(procs, port, logs, api_key)
 
 
@@ -131,6 +143,7 @@ def run_job_over_http(
             raise RuntimeError(f"job rejected ({created.status_code}): {created.text}")
         job = created.json()
         print(f"submitted {job['id']} ({job['algorithm']} on {job['model']}); following it", flush=True)
+        print(f"live page: {page_url(base, job['id'])}", flush=True)
         deadline = time.time() + timeout_s
         last_line = ""
         while job["status"] not in TERMINAL:
@@ -166,13 +179,70 @@ def _progress_line(job: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def page_url(base: str, job_id: str | None = None) -> str:
+    """The job page (service/routers/pages.py): the jobs list, or one job's live page."""
+    return f"{base}/ui/jobs/{job_id}" if job_id else f"{base}/ui/jobs"
+
+
+def write_key_file(home: Path, api_key: str) -> Path:
+    """`<home>/api-key`, readable by the owner only (0600 from its creation, not chmod-ed afterwards)."""
+    path = home / "api-key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(api_key + "\n")
+    return path
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def serve(home: str, port: int | None) -> int:
+    """Start the stack, print the page's URL and a key, and run until SIGINT/SIGTERM; 0 after a clean stop,
+    1 when the API or the worker died on its own."""
+    home_dir = Path(home)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    processes: list[subprocess.Popen[bytes]] = []
+    state = home_dir / "embedded.json"
+    died = None
+    with embedded_stack(home_dir, port, processes=processes) as (base, api_key):
+        key_file = write_key_file(home_dir, api_key)
+        _write_json(state, {"url": page_url(base), "api": base, "pid": os.getpid()})
+        print(f"embedded stack up under {home_dir}/ (SQLite, filesystem broker, one local worker)")
+        print(f"job page: {page_url(base)}")
+        print(f"API:      {base}  (OpenAPI docs at {base}/docs)")
+        print(f"sign in with this API key (also in {key_file}):")
+        print(api_key)
+        print("Ctrl-C or SIGTERM stops the stack.", flush=True)
+        try:
+            while not stop.wait(0.5):
+                died = next((p for p in processes if p.poll() is not None), None)
+                if died is not None:
+                    break
+        finally:
+            state.unlink(missing_ok=True)
+    if died is not None:
+        name = "API" if died is processes[0] else "worker"
+        print(f"the {name} stopped (exit {died.returncode}); see {home_dir / 'logs'}", file=sys.stderr)
+        return 1
+    print("embedded stack stopped", flush=True)
+    return 0
+
+
 def main(spec_path: str, home: str, port: int | None) -> int:
     spec = yaml.safe_load(Path(spec_path).read_text())
     home_dir = Path(home)
     with embedded_stack(home_dir, port) as (base, api_key):
+        key_file = write_key_file(home_dir, api_key)
         print(
             f"embedded stack up: API {base} (SQLite, filesystem broker, one local worker) under {home_dir}/"
         )
+        print(f"job page: {page_url(base)} (sign in with the API key in {key_file}; open while the job runs)")
         job = run_job_over_http(base, api_key, spec, home_dir / "last-job")
     evaluation = {}
     report_path = home_dir / "last-job" / "report.json"

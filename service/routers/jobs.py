@@ -61,6 +61,7 @@ def _checked_spec(body: JobCreate, training_file: FileLike | None, services: Ser
         training_file=training_file,
         models=services.models,
         max_processes=services.settings.max_processes_per_job,
+        tool_limits=services.settings.tool_limits(),
     )
 
 

@@ -1,5 +1,6 @@
-"""The metric catalogue (contract.metrics): docs/metrics.md is its rendering, every key the trainer emits is
-in it, and the exporter and the job view read it."""
+"""The metric catalogue (contract.metrics): docs/metrics.md is its rendering (with the dashboards' panels and
+recorded query values, monitoring.docs), every key the trainer emits is in it, and the exporter and the job
+view read it."""
 
 from __future__ import annotations
 
@@ -20,8 +21,17 @@ PROMETHEUS_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
 def test_the_committed_docs_are_the_catalogue_rendered() -> None:
+    from monitoring import docs
+
     committed = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    assert committed == metrics.render_markdown(), "run `python -m contract.metrics --write`"
+    assert committed == docs.render(), "run `python -m monitoring.docs --write`"
+    assert committed.startswith(metrics.render_markdown(docs.panels_by_series()))
+    # The doc reads the committed results file: a changed value there changes the doc.
+    results = docs.load_results()
+    key = "stare-job/Step/A"
+    assert key in results["results"], "run the live test with STARE_RECORD_QUERY_RESULTS=1"
+    results["results"][key]["series"][0]["value"] = 123456.0
+    assert "step=123456" in docs.render(results) and "step=123456" not in committed
 
 
 def test_every_catalogued_metric_is_documented_once() -> None:
@@ -94,7 +104,10 @@ def test_the_exporter_publishes_the_catalogues_prometheus_metrics() -> None:
 
     published = {m.key: m.prometheus for m in exporter.JOB_METRICS}
     assert published == {m.key: m.prometheus for m in metrics.CATALOGUE if m.prometheus}
-    assert all(metrics.get(key).event is EventType.STEP for key in published)
+    # Step metrics come from the job's latest step, eval metrics (avg@k, pass@k) from its latest evaluation.
+    assert {m.key for m in exporter.EVAL_METRICS} == {"eval/avg@k", "eval/pass@k"}
+    assert {m.key for m in exporter.STEP_METRICS} | {m.key for m in exporter.EVAL_METRICS} == set(published)
+    assert all(metrics.get(m.key).event is EventType.STEP for m in exporter.STEP_METRICS)
 
 
 BAND_CASES = [

@@ -17,10 +17,13 @@ def _compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
-def test_compose_references_exist():
+def test_compose_references_exist() -> None:
     compose = _compose()
     services = compose["services"]
-    assert {"postgres", "redis", "api", "worker", "sweeper", "exporter", "prometheus"} <= set(services)
+    assert {"postgres", "redis", "api", "worker", "sweeper", "exporter", "prometheus", "grafana"} <= set(
+        services
+    )
+    assert {"worker-gpu", "dcgm-exporter"} <= set(services)
     for name, service in services.items():
         build = service.get("build")
         if build:
@@ -33,17 +36,17 @@ def test_compose_references_exist():
             assert dep in services, (name, dep)
 
 
-def test_dockerfile_copies_exist():
+def test_dockerfile_copies_exist() -> None:
     for dockerfile in (ROOT / "deploy" / "docker").glob("Dockerfile.*"):
         for line in dockerfile.read_text().splitlines():
             match = re.match(r"COPY\s+(.+)\s+\S+$", line.strip())
-            if match:
-                for source in match.group(1).split():
+            if match and "--from=" not in line:  # a COPY from an earlier build stage names no source file
+                for source in (word for word in match.group(1).split() if not word.startswith("--")):
                     assert (ROOT / source).exists(), (dockerfile.name, source)
         assert "torch==2.13.0" in dockerfile.read_text() or dockerfile.name == "Dockerfile.api"
 
 
-def test_commands_are_real_entry_points():
+def test_commands_are_real_entry_points() -> None:
     for name, service in _compose()["services"].items():
         command = service.get("command")
         if isinstance(command, list) and command[:2] == ["python", "-m"]:
@@ -58,7 +61,76 @@ def test_commands_are_real_entry_points():
             assert done.returncode == 0, (name, done.stderr[-2000:])
 
 
-def test_no_secrets_in_compose():
+def test_no_secrets_in_compose() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     assert "change-me" not in text
-    assert "${POSTGRES_PASSWORD:?" in text and "${REDIS_PASSWORD:?" in text
+    assert (
+        "${POSTGRES_PASSWORD:?" in text
+        and "${REDIS_PASSWORD:?" in text
+        and "${GRAFANA_ADMIN_PASSWORD:?" in text
+    )
+
+
+IMAGE_TAG = re.compile(r"^[\w./-]+:[\w.-]+$")
+
+
+def test_every_image_is_pinned_to_a_version() -> None:
+    for name, service in _compose()["services"].items():
+        image = service.get("image")
+        if image:
+            assert IMAGE_TAG.match(image) and not image.endswith(":latest"), (name, image)
+    from_line = next(
+        line
+        for line in (ROOT / "deploy/docker/Dockerfile.worker-gpu").read_text().splitlines()
+        if line.startswith("FROM")
+    )
+    assert re.fullmatch(r"FROM nvidia/cuda:\d+\.\d+\.\d+-[\w.-]+", from_line), from_line
+
+
+def test_grafana_is_provisioned_with_the_datasource_and_the_dashboards() -> None:
+    from monitoring.build import rendered
+    from monitoring.model import DATASOURCE_UID
+
+    grafana = _compose()["services"]["grafana"]
+    assert grafana["image"].startswith("grafana/grafana-oss:")
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    assert all(v.endswith(":ro") for v in grafana["volumes"] if v.startswith("./"))
+    provisioning = ROOT / "deploy/grafana/provisioning"
+    assert mounts["/etc/grafana/provisioning/datasources"] == "./deploy/grafana/provisioning/datasources"
+    assert mounts["/etc/grafana/provisioning/dashboards"] == "./deploy/grafana/provisioning/dashboards"
+    (source,) = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())["datasources"]
+    assert source["uid"] == DATASOURCE_UID and source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090" and "prometheus" in grafana["depends_on"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards/stare.yml").read_text())["providers"]
+    folder = provider["options"]["path"]
+    assert mounts[folder] == "./deploy/grafana/dashboards"
+    for name in rendered():
+        assert (ROOT / "deploy/grafana/dashboards" / name).is_file(), name
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (
+        home.startswith(folder + "/")
+        and (ROOT / "deploy/grafana/dashboards" / home[len(folder) + 1 :]).is_file()
+    )
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+
+
+def test_gpu_workers_reserve_one_gpu_each_and_dcgm_is_scraped() -> None:
+    services = _compose()["services"]
+    gpu = services["worker-gpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["command"] == ["python", "-m", "worker", "run"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    assert gpu["build"]["dockerfile"] == "deploy/docker/Dockerfile.worker-gpu"
+    dcgm = services["dcgm-exporter"]
+    assert dcgm["profiles"] == ["gpu"] and dcgm["image"].startswith("nvcr.io/nvidia/k8s/dcgm-exporter:")
+    assert "9400:9400" in dcgm["ports"]
+    for name, service in services.items():  # nothing outside the profile needs a GPU
+        if "gpu" not in service.get("profiles", []):
+            assert "deploy" not in service, name
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
+    assert targets["dcgm"] == ["dcgm-exporter:9400"]
+    assert targets["stare-api"] == ["api:8000"] and targets["stare-fleet"] == ["exporter:9464"]
+    dockerfile = (ROOT / "deploy/docker/Dockerfile.worker-gpu").read_text()
+    assert "bubblewrap" in dockerfile and "python3.11" in dockerfile
+    assert re.search(r"pip install [^\n]*torch==2\.13\.0", dockerfile)

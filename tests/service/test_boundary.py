@@ -242,3 +242,22 @@ def test_unknown_query_parameters_are_refused_naming_them(client: TestClient, te
     error = _error(client.get(f"/v1/jobs/{job_id}?verbose=1", headers=tenant.headers), 422)
     assert error["param"] == "verbose"
     assert client.get("/v1/jobs?limit=5", headers=tenant.headers).status_code == 200
+
+
+def test_a_single_valued_query_parameter_given_twice_is_refused(
+    client: TestClient, tenant: TenantKey
+) -> None:
+    for path in (
+        "/v1/jobs?after=a&after=b",
+        "/v1/files?limit=5&limit=6",
+        "/v1/jobs?limit=5&status=queued&limit=5",
+    ):
+        error = _error(client.get(path, headers=tenant.headers), 422)
+        assert error["code"] == "repeated_parameter", path
+        assert error["param"] in ("after", "limit"), path
+    assert client.get("/v1/jobs?limit=5&status=queued", headers=tenant.headers).status_code == 200
+    from service.dependencies import _is_sequence
+
+    # A list-typed parameter (none exists today) could repeat; scalar ones, optional or not, cannot.
+    assert _is_sequence(list[str]) and _is_sequence(list[int] | None)
+    assert not _is_sequence(int) and not _is_sequence(str | None)

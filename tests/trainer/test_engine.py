@@ -380,16 +380,25 @@ def run_counting_forwards(monkeypatch, data: dict, out: Path, *, sample_stats: b
 
 
 def assert_same_run(a: dict, b: dict, wa: dict, wb: dict, lr: float, steps: int) -> None:
-    """Metrics equal up to float rounding; weights within a small fraction of an Adam step (Adam divides each
+    """Metrics equal up to float rounding; weights within a small fraction of an Adam step. Adam divides each
     gradient by its running scale, so rounding-level gradient differences become weight differences of a
-    small fraction of a step, while a wrong gradient would move them by about lr)."""
+    small fraction of a step, while a wrong gradient moves nearly every weight by about lr. The exception is
+    a weight whose gradient is itself at rounding level: m/√v is then about ±1 whatever its size, so its
+    rounding picks the sign of a whole step. Which weights those are depends on the CPU's summation order
+    (on an AVX-512 Xeon one of 65,536 gate_proj weights moved 1.4 x 0.5 % of a step; none did on AVX2), so
+    the test bounds the mean difference and the share of weights beyond 0.5 % of a step, not the maximum:
+    measured, the mean is under 1e-6 of lr x steps and the share at most 1 in 65,536; a wrong gradient gives a
+    mean near lr x steps."""
     assert sorted(a) == sorted(b) == list(range(1, steps + 1))
     for step in a:
         assert a[step].keys() == b[step].keys()
         for key, value in a[step].items():
             assert value == pytest.approx(b[step][key], rel=1e-4, abs=1e-6), (step, key)
+    step_total = lr * steps
     for name in wb:
-        assert float((wa[name] - wb[name]).abs().max()) <= 0.005 * lr * steps, name
+        diff = (wa[name] - wb[name]).abs()
+        assert float(diff.mean()) <= 1e-4 * step_total, name
+        assert float((diff > 0.005 * step_total).float().mean()) <= 1e-4, name
 
 
 @pytest.mark.parametrize("source", ["rollout", "forward"])

@@ -1,0 +1,322 @@
+// The live job page: charts (uPlot) fed by the job's event stream (/ui/api/jobs/{id}/live), checkpoints,
+// pause/resume/cancel, and other jobs overlaid on the same charts. window.stare exposes the page's state
+// (the browser test reads the number of points drawn from it).
+"use strict";
+(function () {
+  const COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7f7f7f", "#8c6d1f"];
+  const BAND_FILL = "rgba(0, 114, 178, 0.12)";
+  const TERMINAL = ["succeeded", "failed", "cancelled"];
+  const groups = JSON.parse(document.getElementById("chart-groups").textContent);
+  let job = JSON.parse(document.getElementById("job-data").textContent);
+  const jobId = job.id;
+
+  // Each run (this job, then the overlaid ones): its metric values by step, and the keys it logged.
+  const runs = [{ id: jobId, label: job.name || jobId, steps: new Map(), keys: new Set(), main: true }];
+  const charts = {};
+  const state = {
+    jobId: jobId,
+    charts: charts,
+    runs: runs,
+    received: 0,
+    streamEvents: 0,
+    ended: false,
+    checkpoints: [],
+    status: function () { return job.status; },
+    // Points drawn for this job's first series of a chart (e.g. policy entropy on "entropy").
+    points: function (chartId) {
+      const chart = charts[chartId];
+      if (!chart) return 0;
+      return chart.plot.data[1].filter(function (v) { return v !== null && v !== undefined; }).length;
+    },
+    seriesCount: function (chartId) {
+      const chart = charts[chartId];
+      return chart ? chart.plot.series.length - 1 : 0;
+    },
+    seriesLabels: function (chartId) {
+      const chart = charts[chartId];
+      return chart ? chart.plot.series.slice(1).map(function (s) { return s.label; }) : [];
+    },
+  };
+  window.stare = state;
+
+  function addPoints(run, points) {
+    for (const point of points) {
+      const values = {};
+      for (const [key, value] of Object.entries(point.values)) {
+        if (typeof value === "number" && Number.isFinite(value)) {
+          values[key] = value;
+          run.keys.add(key);
+        }
+      }
+      run.steps.set(point.step, values);
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------- charts
+
+  function chartBox(group) {
+    let box = document.getElementById("chart-" + group.id);
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "chart";
+      box.id = "chart-" + group.id;
+      box.dataset.chart = group.id;
+      const title = document.createElement("h3");
+      title.textContent = group.title;
+      box.appendChild(title);
+      const help = document.createElement("p");
+      help.className = "help";
+      help.textContent = group.series.map(function (s) { return s.label + " (" + s.unit + ")"; }).join(" · ");
+      box.appendChild(help);
+      document.getElementById("charts").appendChild(box);
+    }
+    return box;
+  }
+
+  function layout(group) {
+    const series = [{ label: "step" }];
+    const columns = [];
+    let color = 0;
+    runs.forEach(function (run, index) {
+      for (const spec of group.series) {
+        if (!run.keys.has(spec.key)) continue;
+        const line = {
+          label: run.main ? spec.label : run.label + ": " + spec.label,
+          stroke: COLORS[color++ % COLORS.length],
+          width: run.main ? 1.6 : 1.8,
+          spanGaps: true,
+          points: { show: false },
+        };
+        if (spec.dash || !run.main) line.dash = spec.dash ? [6, 4] : [3 + 2 * index, 3];
+        if (spec.stepped) line.paths = uPlot.paths.stepped({ align: 1 });
+        series.push(line);
+        columns.push({ run: run, key: spec.key });
+      }
+    });
+    const bands = [];
+    const main = runs[0];
+    if (group.band && columns.length && group.band.every(function (k) { return main.keys.has(k); })) {
+      const high = series.length;
+      series.push({ label: "band high", stroke: "rgba(0,114,178,0.35)", width: 0.6, spanGaps: true, points: { show: false } });
+      series.push({ label: "band low", stroke: "rgba(0,114,178,0.35)", width: 0.6, spanGaps: true, points: { show: false } });
+      columns.push({ run: main, key: group.band[1] }, { run: main, key: group.band[0] });
+      bands.push({ series: [high, high + 1], fill: BAND_FILL });
+    }
+    return { series: series, columns: columns, bands: bands };
+  }
+
+  function data(columns) {
+    const steps = new Set();
+    for (const column of columns) for (const step of column.run.steps.keys()) steps.add(step);
+    const xs = Array.from(steps).sort(function (a, b) { return a - b; });
+    const out = [xs];
+    for (const column of columns) {
+      out.push(xs.map(function (x) {
+        const values = column.run.steps.get(x);
+        return values && column.key in values ? values[column.key] : null;
+      }));
+    }
+    return out;
+  }
+
+  function draw() {
+    for (const group of groups) {
+      const shape = layout(group);
+      const existing = charts[group.id];
+      if (!shape.columns.length) {
+        if (existing) { existing.plot.destroy(); delete charts[group.id]; }
+        continue;
+      }
+      const box = chartBox(group);
+      const signature = shape.series.map(function (s) { return s.label; }).join("|");
+      const values = data(shape.columns);
+      if (existing && existing.signature === signature) {
+        existing.plot.setData(values);
+        continue;
+      }
+      if (existing) existing.plot.destroy();
+      const width = Math.max(320, box.clientWidth - 16);
+      const plot = new uPlot({
+        width: width,
+        height: 230,
+        scales: { x: { time: false } },
+        axes: [{ label: "step" }, { label: group.y, size: 60 }],
+        series: shape.series,
+        bands: shape.bands,
+        legend: { live: false },
+      }, values, box);
+      charts[group.id] = { plot: plot, signature: signature };
+    }
+  }
+
+  let pending = false;
+  function redraw() {
+    if (pending) return;
+    pending = true;
+    window.requestAnimationFrame(function () { pending = false; draw(); });
+  }
+  window.addEventListener("resize", function () {
+    for (const [id, chart] of Object.entries(charts)) {
+      const box = document.getElementById("chart-" + id);
+      chart.plot.setSize({ width: Math.max(320, box.clientWidth - 16), height: 230 });
+    }
+  });
+
+  // ------------------------------------------------------------------------------------ job header
+
+  function renderJob() {
+    const status = document.getElementById("status");
+    status.textContent = job.status;
+    status.className = "status status-" + job.status;
+    document.getElementById("step").textContent = String(job.progress.step);
+    const entropy = job.entropy || {};
+    document.getElementById("entropy-value").textContent =
+      typeof entropy.value === "number" ? entropy.value.toFixed(3) : "—";
+    const band = document.getElementById("entropy-state");
+    band.textContent = entropy.state || "";
+    band.className = "band band-" + (entropy.state || "none");
+    const systemFault = job.status === "failed" && job.error && job.error.category === "system";
+    const enabled = {
+      pause: job.status === "queued" || job.status === "running",
+      resume: job.status === "paused" || job.status === "pausing" || systemFault,
+      cancel: TERMINAL.indexOf(job.status) < 0 && job.status !== "cancelling",
+    };
+    for (const button of document.querySelectorAll("button[data-action]")) {
+      button.disabled = !enabled[button.dataset.action];
+    }
+  }
+
+  async function act(action) {
+    const shown = document.getElementById("action-error");
+    shown.textContent = "";
+    const response = await fetch("/ui/api/jobs/" + jobId + "/" + action, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "X-CSRF-Token": window.stareCsrfToken() },
+    });
+    if (!response.ok) {
+      shown.textContent = await window.stareErrorMessage(response);
+      return;
+    }
+    job = await response.json();
+    renderJob();
+  }
+
+  // ----------------------------------------------------------------------------------- checkpoints
+
+  function size(bytes) {
+    if (typeof bytes !== "number") return "—";
+    const units = ["B", "KiB", "MiB", "GiB"];
+    let value = bytes;
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
+    return value.toFixed(unit ? 1 : 0) + " " + units[unit];
+  }
+
+  async function loadCheckpoints() {
+    const response = await fetch("/ui/api/jobs/" + jobId + "/checkpoints", { credentials: "same-origin" });
+    if (!response.ok) return;
+    const listing = await response.json();
+    state.checkpoints = listing.data;
+    const body = document.querySelector("#checkpoints tbody");
+    body.replaceChildren();
+    for (const ckpt of listing.data) {
+      const row = document.createElement("tr");
+      row.dataset.checkpointId = ckpt.id;
+      const entropy = ckpt.metrics && typeof ckpt.metrics["entropy/mean"] === "number"
+        ? ckpt.metrics["entropy/mean"].toFixed(3) : "—";
+      for (const text of [String(ckpt.step), ckpt.created_at.replace("T", " ").slice(0, 19), size(ckpt.bytes), entropy]) {
+        const cell = document.createElement("td");
+        cell.textContent = text;
+        row.appendChild(cell);
+      }
+      const cell = document.createElement("td");
+      const link = document.createElement("a");
+      link.href = ckpt.download_url;
+      link.textContent = "download";
+      link.className = "download";
+      link.setAttribute("download", "");
+      cell.appendChild(link);
+      row.appendChild(cell);
+      body.appendChild(row);
+    }
+  }
+
+  // --------------------------------------------------------------------------------------- overlays
+
+  async function loadJobChoices() {
+    const response = await fetch("/ui/api/jobs?limit=100", { credentials: "same-origin" });
+    if (!response.ok) return;
+    const select = document.getElementById("overlay-job");
+    for (const other of (await response.json()).data) {
+      if (other.id === jobId) continue;
+      const option = document.createElement("option");
+      option.value = other.id;
+      option.textContent = other.id + (other.name ? " · " + other.name : "") + " · " + other.algorithm + " · " + other.status;
+      option.dataset.label = other.name || other.id;
+      select.appendChild(option);
+    }
+  }
+
+  async function overlay() {
+    const select = document.getElementById("overlay-job");
+    const id = select.value;
+    if (!id || runs.some(function (run) { return run.id === id; })) return;
+    const label = select.selectedOptions[0].dataset.label;
+    const response = await fetch("/ui/api/jobs/" + id + "/metrics", { credentials: "same-origin" });
+    if (!response.ok) {
+      document.getElementById("action-error").textContent = await window.stareErrorMessage(response);
+      return;
+    }
+    const run = { id: id, label: label, steps: new Map(), keys: new Set(), main: false };
+    addPoints(run, (await response.json()).data);
+    runs.push(run);
+    const tag = document.createElement("span");
+    tag.textContent = "+ " + label;
+    document.getElementById("overlays").appendChild(tag);
+    draw();
+  }
+
+  // ----------------------------------------------------------------------------------------- stream
+
+  function follow() {
+    const source = new EventSource("/ui/api/jobs/" + jobId + "/live");
+    source.addEventListener("metrics", function (event) {
+      const points = JSON.parse(event.data).data;
+      addPoints(runs[0], points);
+      state.received += points.length;
+      state.streamEvents++;
+      redraw();
+    });
+    source.addEventListener("job", function (event) {
+      job = JSON.parse(event.data);
+      state.streamEvents++;
+      renderJob();
+    });
+    source.addEventListener("lifecycle", function (event) {
+      const item = JSON.parse(event.data);
+      state.streamEvents++;
+      if (item.type.indexOf("checkpoint") === 0) loadCheckpoints();
+    });
+    source.addEventListener("end", function () {
+      state.ended = true;
+      source.close();
+      loadCheckpoints();
+    });
+    source.addEventListener("error", function () {
+      if (source.readyState === EventSource.CLOSED && !state.ended) {
+        document.getElementById("action-error").textContent =
+          "the live stream closed (signed out?): reload the page";
+      }
+    });
+  }
+
+  for (const button of document.querySelectorAll("button[data-action]")) {
+    button.addEventListener("click", function () { act(button.dataset.action); });
+  }
+  document.getElementById("overlay-add").addEventListener("click", overlay);
+  renderJob();
+  loadCheckpoints();
+  loadJobChoices();
+  follow();
+})();

@@ -1,0 +1,319 @@
+"""Typed objects of the API's responses, mirroring service/schemas.py field for field.
+
+They are the client's own copy (the client imports nothing of the server): tests/client/test_drift.py
+compares each one with the API's OpenAPI schema (field names and which are required), so a field added to,
+renamed in or dropped from the server fails the tests until the client follows. Unknown fields are kept
+(`extra="allow"`), so an older client still reads a newer server's answers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal[
+    "validating",
+    "queued",
+    "running",
+    "pausing",
+    "paused",
+    "recovering",
+    "cancelling",
+    "cancelled",
+    "succeeded",
+    "failed",
+]
+MetricValues = dict[str, float | None]
+
+
+class APIObject(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------- identity
+
+
+class Tenant(APIObject):
+    id: str
+    object: Literal["tenant"] = "tenant"
+    name: str
+    created_at: datetime
+
+
+class ApiKey(APIObject):
+    id: str
+    object: Literal["api_key"] = "api_key"
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiKeyCreated(ApiKey):
+    key: str = Field(description="The secret; shown only once.")
+
+
+class ApiKeyList(APIObject):
+    object: Literal["list"] = "list"
+    data: list[ApiKey]
+
+
+class Limits(APIObject):
+    max_active_jobs: int | None
+    max_upload_bytes: int
+    rate_limit_per_second: float | None
+    rate_limit_burst: int
+
+
+class Usage(APIObject):
+    active_jobs: int
+    jobs: int
+    files: int
+    file_bytes: int
+
+
+class Me(APIObject):
+    object: Literal["identity"] = "identity"
+    tenant: Tenant
+    api_key: ApiKey
+    limits: Limits
+    usage: Usage
+
+
+# ------------------------------------------------------------------------------------------------- files
+
+
+class File(APIObject):
+    id: str
+    object: Literal["file"] = "file"
+    filename: str
+    purpose: Literal["rl_train", "rl_eval"]
+    bytes: int
+    sha256: str
+    records: int
+    status: Literal["valid"] = "valid"
+    created_at: datetime
+
+
+class FileList(APIObject):
+    object: Literal["list"] = "list"
+    data: list[File]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class Deleted(APIObject):
+    id: str
+    object: str
+    deleted: Literal[True] = True
+
+
+class Model(APIObject):
+    id: str
+    object: Literal["model"] = "model"
+    description: str
+    builtin: bool
+
+
+class ModelList(APIObject):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+# -------------------------------------------------------------------------------------------------- jobs
+
+
+class Estimate(APIObject):
+    object: Literal["job.estimate"] = "job.estimate"
+    valid: Literal[True] = True
+    resolved_spec: dict[str, Any]
+    total_steps: int
+    responses_per_step: int
+    total_responses: int
+    max_completion_tokens: int
+    forward_backward_passes: int
+    sft_steps: int
+    sft_examples: int
+    evaluations: int
+    eval_completions: int
+    checkpoints: int
+    num_processes: int
+    queue: str
+    jobs_ahead: int
+    allowed_to_proceed: bool
+    active_jobs: int
+    max_active_jobs: int | None
+
+
+class Progress(APIObject):
+    step: int
+    total_steps: int
+    fraction: float
+    step_seconds: float | None
+    eta_seconds: float | None
+    estimated_finish: datetime | None
+
+
+class EntropyBand(APIObject):
+    low: float | None
+    high: float | None
+
+
+class EntropyStatus(APIObject):
+    value: float | None
+    band: EntropyBand
+    state: Literal["in_band", "below", "above"] | None
+    steps_out_of_band: int | None
+
+
+class LatestMetrics(APIObject):
+    step: int
+    at: datetime | None
+    values: MetricValues
+
+
+class JobError(APIObject):
+    code: str
+    message: str
+    param: str | None
+    category: Literal["user", "system"] | None
+
+
+class Job(APIObject):
+    id: str
+    object: Literal["job"] = "job"
+    name: str | None
+    status: JobStatus
+    model: str
+    algorithm: str
+    queue: str
+    training_file: str | None
+    metadata: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int
+    max_attempts: int
+    failures: int
+    lost_workers: int
+    max_lost_workers: int
+    progress: Progress
+    entropy: EntropyStatus
+    latest_metrics: LatestMetrics | None
+    error: JobError | None
+    spec: dict[str, Any]
+
+    @property
+    def is_terminal(self) -> bool:
+        """succeeded, failed or cancelled: the job will not change any more."""
+        from stare_client.states import is_terminal
+
+        return is_terminal(self.status)
+
+
+class JobList(APIObject):
+    object: Literal["list"] = "list"
+    data: list[Job]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class Event(APIObject):
+    id: int = Field(description="Sequence number within the job (1, 2, ...).")
+    object: Literal["job.event"] = "job.event"
+    job_id: str
+    type: str
+    level: Literal["info", "warn", "error"]
+    message: str
+    step: int | None
+    data: dict[str, Any] | None
+    created_at: datetime
+
+
+class EventList(APIObject):
+    object: Literal["list"] = "list"
+    data: list[Event]
+    has_more: bool
+    last_id: int | None
+
+
+class MetricPoint(APIObject):
+    step: int
+    values: MetricValues
+
+
+class MetricsHistory(APIObject):
+    object: Literal["job.metrics"] = "job.metrics"
+    job_id: str
+    names: list[str]
+    data: list[MetricPoint]
+    has_more: bool
+
+
+class Checkpoint(APIObject):
+    id: str
+    object: Literal["job.checkpoint"] = "job.checkpoint"
+    job_id: str
+    step: int
+    created_at: datetime
+    bytes: int | None
+    sha256: str | None
+    metrics: MetricValues | None
+    download_url: str
+
+
+class CheckpointList(APIObject):
+    object: Literal["list"] = "list"
+    data: list[Checkpoint]
+
+
+# ------------------------------------------------------------------------------------------------ report
+# The report (trainer/report/summary.py, REPORT_VERSION 1) is not in the OpenAPI schema (the route returns
+# a free-form object); these name the parts scripts read and keep the rest as extra fields.
+
+
+class EvalRow(APIObject):
+    step: int
+    avg_at_k: float | None = None
+    pass_at_k: float | None = None
+    k: int | None = None
+    response_length: float | None = None
+    num_prompts: int | None = None
+
+
+class Evaluation(APIObject):
+    k: int | None = None
+    before: EvalRow | None = None
+    after: EvalRow | None = None
+    delta: dict[str, float | None] = Field(default_factory=dict)
+    history: list[EvalRow] = Field(default_factory=list)
+
+
+class ReportJob(APIObject):
+    id: str | None = None
+    name: str | None = None
+    algorithm: str | None = None
+    model: str | None = None
+    status: str | None = None
+    steps_done: int | None = None
+    total_steps: int | None = None
+    duration_s: float | None = None
+
+
+class Report(APIObject):
+    report_version: int
+    job: ReportJob
+    evaluation: Evaluation
+    entropy: dict[str, Any] = Field(default_factory=dict)
+    gate: dict[str, Any] = Field(default_factory=dict)
+    reward: dict[str, Any] = Field(default_factory=dict)
+    response_length: dict[str, Any] = Field(default_factory=dict)
+    quadrants: dict[str, Any] = Field(default_factory=dict)
+    perf: dict[str, Any] = Field(default_factory=dict)
+    series: dict[str, list[list[float]]] = Field(default_factory=dict)

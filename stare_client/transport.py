@@ -1,0 +1,232 @@
+"""What the sync and async clients share about HTTP: which requests may be retried and how long to wait,
+turning responses into objects or exceptions, the Server-Sent Events parser, and the multipart body of an
+upload (streamed, with a progress callback).
+
+Retries: connection errors, 429 and 503 (and 502/504 from a proxy), with exponential backoff and jitter,
+honouring Retry-After; only for requests that are safe to repeat: GETs, and POSTs that carry an
+Idempotency-Key. Anything else is sent once.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from stare_client import errors
+
+T = TypeVar("T", bound=BaseModel)
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+MAX_RETRY_AFTER_S = 120.0
+USER_AGENT = "stare-client/0.1"
+
+ProgressCallback = Callable[[int, int], None]
+"""progress(bytes_done, bytes_total)"""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int = 5
+    backoff_s: float = 0.5  # the first wait; doubles each time
+    max_backoff_s: float = 10.0
+
+    def delay(self, attempt: int, retry_after_s: float | None) -> float:
+        """Seconds before retry number `attempt` (1-based): Retry-After when the server sent it, else
+        exponential backoff with full jitter."""
+        if retry_after_s is not None:
+            return min(max(retry_after_s, 0.0), MAX_RETRY_AFTER_S)
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+
+def retry_safe(method: str, headers: httpx.Headers | dict[str, str] | None) -> bool:
+    if method.upper() in ("GET", "HEAD"):
+        return True
+    if method.upper() == "POST" and headers is not None:
+        return any(k.lower() == "idempotency-key" for k in headers)
+    return False
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Retry-After as seconds: delta-seconds or an HTTP date."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def new_idempotency_key() -> str:
+    return f"stare-client-{uuid.uuid4().hex}"
+
+
+def connection_error(err: httpx.HTTPError, url: str) -> errors.ConnectionError:
+    reason = str(err) or type(err).__name__
+    if isinstance(err, httpx.TimeoutException):
+        reason = f"timed out ({type(err).__name__})"
+    return errors.ConnectionError(f"cannot reach {url}: {reason}", code="connection_error")
+
+
+RETRYABLE_ERRORS = (httpx.TransportError,)
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """An APIError (subclass by status) for a 4xx/5xx response whose body has been read."""
+    if response.status_code < 400:
+        return
+    body: Any
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    raise errors.api_error(response.status_code, body, retry_after(response))
+
+
+def parse(model: type[T], response: httpx.Response) -> T:
+    raise_for_error(response)
+    try:
+        return model.model_validate(response.json())
+    except ValueError as err:
+        raise errors.StareError(
+            f"unexpected response from {response.request.url}: {err}", code="bad_response"
+        ) from err
+
+
+# --------------------------------------------------------------------------------------- server-sent events
+
+
+@dataclass
+class SSEMessage:
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+
+
+@dataclass
+class SSEParser:
+    """Incremental text/event-stream parsing (the WHATWG rules that matter here: `field: value` lines, a
+    blank line ends a message, `:` lines are comments, data lines join with newlines)."""
+
+    _event: str = ""
+    _data: list[str] = field(default_factory=list)
+    _id: str | None = None
+
+    def feed_line(self, line: str) -> SSEMessage | None:
+        line = line.rstrip("\r\n")
+        if not line:
+            if not self._data and not self._event and self._id is None:
+                return None
+            message = SSEMessage(self._event or "message", "\n".join(self._data), self._id)
+            self._event, self._data, self._id = "", [], None
+            return message
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id":
+            self._id = value
+        return None  # "retry" and unknown fields: ignored (the client has its own backoff)
+
+
+def decode_event(message: SSEMessage) -> dict[str, Any] | None:
+    """The event object of a stream message, or None for a message without one."""
+    if not message.data:
+        return None
+    try:
+        value = json.loads(message.data)
+    except ValueError as err:
+        raise errors.StareError(f"malformed event in the stream: {message.data[:200]!r}") from err
+    return value if isinstance(value, dict) else None
+
+
+# ------------------------------------------------------------------------------------------------- upload
+
+
+@dataclass
+class MultipartUpload:
+    """A multipart/form-data body with one `purpose` field and one `file`, streamed from an open file in
+    chunks; `progress(sent, total)` after each file chunk. Its size is known up front (Content-Length), so
+    the server can refuse an oversized file before reading it."""
+
+    fh: IO[bytes]
+    filename: str
+    purpose: str
+    progress: ProgressCallback | None = None
+    chunk_bytes: int = 256 * 1024
+    boundary: str = field(default_factory=lambda: f"stare-{uuid.uuid4().hex}")
+
+    def __post_init__(self) -> None:
+        self.fh.seek(0, os.SEEK_END)
+        self.file_bytes = self.fh.tell()
+        self.fh.seek(0)
+        safe_name = self.filename.replace('"', "_").replace("\r", "_").replace("\n", "_")
+        b = self.boundary
+        self.head = (
+            f'--{b}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{self.purpose}\r\n'
+            f'--{b}\r\nContent-Disposition: form-data; name="file"; filename="{safe_name}"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n"
+        ).encode()
+        self.tail = f"\r\n--{b}--\r\n".encode()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            "Content-Type": f"multipart/form-data; boundary={self.boundary}",
+            "Content-Length": str(len(self.head) + self.file_bytes + len(self.tail)),
+        }
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self.head
+        sent = 0
+        if self.progress is not None:
+            self.progress(0, self.file_bytes)
+        while chunk := self.fh.read(self.chunk_bytes):
+            sent += len(chunk)
+            yield chunk
+            if self.progress is not None:
+                self.progress(sent, self.file_bytes)
+        yield self.tail
+
+    async def achunks(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks():
+            yield chunk
+
+
+def job_id_of(job: Any) -> str:
+    """A job id from an id or an object with `.id` (a Job)."""
+    value = getattr(job, "id", job)
+    if not isinstance(value, str) or not value:
+        raise errors.ConfigError(f"not a job or job id: {job!r}", param="job_id")
+    return value
+
+
+def spec_body(
+    spec: dict[str, Any], training_file: str | None, metadata: dict[str, str] | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"spec": spec}
+    if training_file is not None:
+        body["training_file"] = training_file
+    if metadata is not None:
+        body["metadata"] = metadata
+    return body

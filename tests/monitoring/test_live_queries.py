@@ -1,0 +1,112 @@
+"""Every dashboard query and every alert rule, run on a real Prometheus scraping the real stack (API,
+worker, exporter) while a tiny job trains: each query returns series for that job (or its queue) and
+every value is what its panel expects (a fraction in [0, 1], entropy > 0, the job's step, ...). The
+tool-use row runs against a tool-use job (trainer/specs/tool_use_tiny.yaml).
+
+With STARE_RECORD_QUERY_RESULTS=1 the returned values are written to deploy/grafana/query-results.json,
+which docs/metrics.md shows (`python -m monitoring.docs --write`). The GPU panels are the one exception:
+their DCGM-exporter series do not exist here (tests/monitoring/test_dashboards.py checks them statically).
+"""
+
+from __future__ import annotations
+
+import platform
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from contract import metrics as catalogue
+from monitoring.alerts import alert_rules
+from monitoring.model import Expect
+from monitoring.promql import metric_names
+from tests.conftest import requires_binary
+from tests.monitoring.stack import (
+    RECORD,
+    Stack,
+    check_alert_selectors,
+    check_dashboard_queries,
+    dashboard_refs,
+    prometheus_names,
+    record,
+)
+from tests.worker.harness import tiny_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL_SPEC = ROOT / "trainer" / "specs" / "tool_use_tiny.yaml"
+pytestmark = [pytest.mark.slow, requires_binary("prometheus")]
+
+
+def _run_facts(stack: Stack, job: str) -> dict[str, str]:
+    return {
+        f"{job} job": "tiny-arith",
+        "date": datetime.now(UTC).date().isoformat(),
+        "machine": platform.machine(),
+    }
+
+
+def test_every_dashboard_query_and_alert_selector_returns_series_for_a_live_job(stack: Stack) -> None:
+    band = {"low": 0.2, "high": 2.5}
+    spec = tiny_spec(60, 50, algorithm={"name": "stare"}, evaluation={"interval": 2}, entropy_band=band)
+    job_id = stack.submit(spec)
+    frozen = stack.freeze_after(job_id, 4)
+    try:
+        assert frozen.algorithm == "stare" and frozen.step >= 4
+        # Traffic on the API beyond Prometheus's own scrapes, so the request panels have routes to show.
+        for _ in range(3):
+            assert stack.http.get(f"/v1/jobs/{job_id}").status_code == 200
+            assert stack.http.get(f"/v1/jobs/{job_id}/metrics").status_code == 200
+        stack.h.wait_for(
+            "two scrapes of the API after the requests",
+            lambda: stack.prom.query('sum(stare_http_requests_total{route="/v1/jobs/{job_id}"}) >= 3'),
+            30,
+        )
+        refs = dashboard_refs(None)
+        assert {r.dashboard.uid for r in refs} == {"stare-job", "stare-fleet", "stare-compare"}
+        results = check_dashboard_queries(stack, frozen, refs)
+        rules = alert_rules()
+        assert len(rules) >= 11
+        results |= check_alert_selectors(stack, frozen, rules)
+
+        # Every series the dashboards and rules read is exported, by the exporter or the API.
+        exported = prometheus_names(stack)
+        used = {n for r in refs for n in metric_names(r.query.expr)} | {
+            n for rule in rules for n in metric_names(rule.expr)
+        }
+        assert used - exported == set(), sorted(used - exported)
+        # Spot checks against the job's own numbers.
+        step = results["stare-job/Step/A"]["series"][0]["value"]
+        assert step == frozen.step == stack.h.job_row(job_id)["current_step"]
+        edges = [results[f"stare-job/Entropy, band and target/{r}"]["series"][0]["value"] for r in "BC"]
+        assert edges == [band["low"], band["high"]]
+        assert results["stare-job/Step/B"]["series"][0]["value"] == 60
+        if RECORD:
+            record(results, _run_facts(stack, "stare"))
+    finally:
+        stack.end(frozen)
+    # Its job over, the worker answers the exporter's ping: one idle worker, none busy.
+    idle = f'stare_workers_idle{{queue="{stack.h.queue}"}} == 1 and on (queue) stare_workers_busy == 0'
+    stack.h.wait_for("the worker to show as idle", lambda: stack.prom.query(idle), 30)
+
+
+def test_the_tool_use_row_returns_series_for_a_tool_use_job(stack: Stack) -> None:
+    """Needs trainer/specs/tool_use_tiny.yaml (helper D's tiny tool-use job)."""
+    assert TOOL_SPEC.is_file(), f"{TOOL_SPEC} is missing: the tool-use row cannot be proven"
+    spec = yaml.safe_load(TOOL_SPEC.read_text())
+    spec.setdefault("optim", {})["steps"] = max(int(spec.get("optim", {}).get("steps", 0)), 40)
+    job_id = stack.submit(spec)
+    frozen = stack.freeze_after(job_id, 2)
+    try:
+        refs = dashboard_refs("tool-use")
+        assert len(refs) == 6 and all(r.dashboard.uid == "stare-job" for r in refs)
+        assert {n for r in refs for n in metric_names(r.query.expr)} == {
+            m.prometheus for m in catalogue.CATALOGUE if m.key.startswith("tool/")
+        }
+        results = check_dashboard_queries(stack, frozen, refs)
+        mismatches = results["stare-job/Token mismatches/A"]["series"][0]["value"]
+        assert mismatches == 0 and Expect.ZERO.admits(mismatches)
+        if RECORD:
+            record(results, {"tool-use job": "trainer/specs/tool_use_tiny.yaml"})
+    finally:
+        stack.end(frozen)

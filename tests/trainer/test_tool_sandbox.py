@@ -1,0 +1,161 @@
+"""The built-in tools: the calculator's allow-list, and the Python tool's sandbox (bubblewrap). Each hostile
+program (an endless loop, unbounded allocation, a fork bomb, a socket, reads and writes outside its
+directory) is stopped and comes back as a tool error from the environment, whose episode goes on; a
+megabyte of output is cut at the limit; a malformed call is a tool error, not an exception."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from contract.spec import EnvironmentSpec, ToolLimitsSpec
+from tests.conftest import requires_binary
+from trainer.envs import sandbox
+from trainer.envs.tool_use import ToolUseEnv, parse_call
+from trainer.envs.tools import CalculatorError, calculate, calculator_tool
+from trainer.tasks import Example
+
+LIMITS = ToolLimitsSpec(cpu_seconds=1, wall_seconds=1.5, memory_mb=128, processes=4, output_bytes=2048)
+
+
+def _env(tools: list[str], limits: ToolLimitsSpec = LIMITS) -> ToolUseEnv:
+    env = ToolUseEnv(EnvironmentSpec(tools=tools, max_turns=3, limits=limits))  # type: ignore[arg-type]
+    env.reset(Example(prompt="47*86=", answer="4042"))
+    return env
+
+
+def test_calculator_evaluates_arithmetic_and_refuses_everything_else() -> None:
+    assert calculate("347*68") == 23596
+    assert calculate("(3+4)*-5") == -35
+    assert calculate("2**10 // 3 % 7") == 341 % 7
+    assert calculate(" 7/2 ") == 3.5
+    refused = [
+        "__import__('os').system('true')",
+        "open('/etc/passwd')",
+        "x",
+        "(1).__class__",
+        "[1, 2]",
+        "1 if 1 else 2",
+        "2**100000",  # exponent bound
+        "9**9**9",
+        "10**999*10**999*10",  # size bound
+        "1/0",
+        "2.0**5000",  # float overflow
+        "(" * 300 + "1" + ")" * 300,
+        "",
+        "1 +",
+    ]
+    for expression in refused:
+        with pytest.raises(CalculatorError):
+            calculate(expression)
+    result = calculator_tool("1/0", LIMITS)
+    assert result.error and result.text == "error: division by zero"
+    assert calculator_tool("6*7", LIMITS).text == "42"
+
+
+def test_calls_are_parsed_by_name_or_position_and_malformed_ones_are_tool_errors() -> None:
+    tools = ["calculator", "python"]
+    call = parse_call("(1)47*86", tools)
+    assert call is not None and (call.tool, call.argument) == ("calculator", "47*86")
+    call = parse_call("(python)print(1)", tools)
+    assert call is not None and (call.tool, call.argument) == ("python", "print(1)")
+    assert parse_call("4042", tools) is None  # an answer
+    env = _env(["calculator"])
+    for text in ("(7)1+1", "(shell)ls", "(1)", "(1)1+", "(calculator)import os"):
+        env = _env(["calculator"])
+        outcome = env.step(text)
+        assert not outcome.done and outcome.result is not None and outcome.result.error, text
+        assert outcome.observation is not None and outcome.observation.startswith("error: ")
+        assert env.errors == 1 and env.calls == 1
+        final = env.step("4042")  # the episode goes on to its answer
+        assert final.done and env.answer == "4042"
+
+
+HOSTILE = {
+    # name: (program, what the error says, stopped by the time limit)
+    "endless-loop": ("while True: pass", "time limit", True),
+    "sleeps-forever": ("import time\ntime.sleep(60)", "time limit", True),
+    "allocates-without-bound": ("x = []\nwhile True: x.append(bytearray(10**7))", "MemoryError", False),
+    "fork-bomb": ("import os\nwhile True: os.fork()", "Resource temporarily unavailable", False),
+    "opens-a-socket": (
+        "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {port}))",
+        "Operation not permitted",
+        False,
+    ),
+    "reads-the-jobs-files": ("print(open({secret!r}).read())", "No such file", False),
+    "reads-etc": ("print(open('/etc/passwd').read())", "No such file", False),
+    "writes-outside": ("open({outside!r}, 'w').write('x')", "No such file", False),
+    "writes-usr": ("open('/usr/evil', 'w').write('x')", "Read-only file system", False),
+}
+
+
+@requires_binary("bwrap")
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_programs_are_stopped_and_reported_as_tool_errors(case: str, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the job's files")
+    outside = tmp_path / "written-from-the-sandbox"
+    server = socket.create_server(("127.0.0.1", 0))  # a real listener on the host's loopback
+    template, expected, timeout = HOSTILE[case]
+    code = template.format(port=server.getsockname()[1], secret=str(secret), outside=str(outside))
+    sandbox.python_runtime()  # found once per process (ldd over the standard library), not per call
+    env = _env(["python"])
+    started = time.monotonic()
+    outcome = env.step(f"(python){code}")
+    elapsed = time.monotonic() - started
+    assert outcome.result is not None and not outcome.done
+    assert outcome.result.error, outcome.result
+    assert outcome.result.timeout is timeout, outcome.result
+    assert expected in outcome.result.text, outcome.result.text
+    assert elapsed < LIMITS.wall_seconds + 2.0, elapsed
+    assert (env.calls, env.errors, env.timeouts) == (1, 1, int(timeout))
+    assert env.step("4042").done and env.answer == "4042"  # the episode (and training) goes on
+    assert not outside.exists()
+    server.setblocking(False)
+    with pytest.raises(BlockingIOError):  # nothing reached the host's socket (the call has returned)
+        server.accept()
+    server.close()
+
+
+@requires_binary("bwrap")
+def test_the_scratch_directory_is_writable_and_fresh_for_every_call() -> None:
+    wrote = _env(["python"]).step(
+        "(python)open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())"
+    )
+    assert wrote.result is not None and not wrote.result.error and wrote.result.text == "kept"
+    again = _env(["python"]).step("(python)import os\nprint(os.listdir('.'), os.getcwd())")
+    assert again.result is not None and again.result.text == "[] /work"
+
+
+@requires_binary("bwrap")
+def test_a_megabyte_of_output_is_cut_at_the_limit() -> None:
+    result = sandbox.run_python("print('x' * 2**20)", LIMITS)
+    assert result.truncated and result.exit_code == 0
+    assert result.output == "x" * LIMITS.output_bytes + sandbox.TRUNCATED_MARK
+    outcome = _env(["python"]).step("(python)print('y' * 2**20)")
+    assert outcome.result is not None and not outcome.result.error
+    assert outcome.result.text.startswith("y" * LIMITS.output_bytes) and outcome.result.text.endswith(
+        "truncated]"
+    )
+    ok = sandbox.run_python("print(6 * 7)", LIMITS)
+    assert (ok.output, ok.exit_code, ok.timed_out, ok.truncated) == ("42\n", 0, False, False)
+
+
+def test_a_python_tool_job_without_the_sandbox_stops_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contract.spec import load_spec
+    from trainer.engine import Engine
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "trainer" / "specs" / "tool_use_tiny.yaml")
+    spec = spec.model_copy(update={"environment": EnvironmentSpec(tools=["calculator", "python"])})
+    monkeypatch.setenv(sandbox.BWRAP_ENV, str(tmp_path / "no-bwrap-here"))
+    with pytest.raises(ValueError, match=r"environment\.tools: the python tool cannot run .*bwrap"):
+        Engine(spec, tmp_path / "out", progress=False).setup()
+    outcome = _env(["python"]).step("(python)print(1)")  # a call there would be a tool error, not a crash
+    assert (
+        outcome.result is not None and outcome.result.error and "sandbox unavailable" in outcome.result.text
+    )

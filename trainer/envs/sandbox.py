@@ -1,0 +1,363 @@
+"""The Python code tool's sandbox: bubblewrap (bwrap) around the interpreter, with rlimits and a wall clock.
+
+One call = one fresh sandbox (docs/TOOLS.md has why bubblewrap, and what each layer stops):
+- namespaces: `--unshare-all` (user, pid, net, ipc, uts, cgroup): no network but an empty loopback, no view
+  of the host's processes; `--die-with-parent` and `--new-session` (no terminal injection);
+- file system: only the interpreter, its standard library (site-packages hidden) and the shared libraries
+  it links, read-only; /proc and a minimal /dev; the working directory /work is a size-capped tmpfs, the
+  only writable place, gone when the call ends. Nothing of the host's /etc, /home, /root or the job's
+  files is there;
+- seccomp: `socket()` fails with EPERM (a socket cannot even be opened, loopback included);
+- rlimits set by prlimit (util-linux), which then execs bwrap, so every process in the sandbox inherits
+  them: RLIMIT_CPU (cpu_seconds), RLIMIT_AS (memory_mb), RLIMIT_NPROC (processes), RLIMIT_FSIZE
+  (memory_mb), RLIMIT_CORE 0.
+  RLIMIT_NPROC is per real user and never applies to root, so a root parent runs the sandbox as an
+  unprivileged user (STARE_TOOL_UID, default 65534 "nobody");
+- the wall clock: the parent kills the sandbox's process group after wall_seconds;
+- output: stdout and stderr share one pipe; the first output_bytes are kept, the rest is read and dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from contract.spec import ToolLimitsSpec
+
+BWRAP_ENV = "STARE_BWRAP"  # the bwrap binary (default: bwrap on PATH)
+PYTHON_ENV = "STARE_TOOL_PYTHON"  # the interpreter the tool runs (default: this Python's base interpreter)
+UID_ENV = "STARE_TOOL_UID"  # the user a root parent runs sandboxes as (default 65534)
+NOBODY = 65534
+SCRATCH = "/work"
+TRUNCATED_MARK = "\n[output truncated]"
+
+
+class SandboxUnavailable(RuntimeError):
+    """bwrap is missing or cannot create its namespaces here: the python tool cannot run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    output: str  # stdout and stderr as they came, cut to output_bytes
+    exit_code: int | None  # None: killed by the parent (wall time)
+    signal: int | None  # the signal that ended the process, if any
+    timed_out: bool  # CPU or wall time
+    truncated: bool
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+# ---------------------------------------------------------------------------------------------- seccomp
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
+
+
+def socket_filter() -> bytes:
+    """A classic-BPF seccomp program: socket(2) returns EPERM, every other call is allowed. On another
+    architecture than the one it was written for, it allows everything (the namespace still has no net)."""
+    machine = os.uname().machine
+    if machine not in _AUDIT_ARCH:
+        return b""
+    ld_abs, jeq_k, ret_k = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    program = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq_k, 1, 0, _AUDIT_ARCH[machine]),
+        (ret_k, 0, 0, allow),
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jeq_k, 0, 1, _SOCKET_NR[machine]),
+        (ret_k, 0, 0, eperm),
+        (ret_k, 0, 0, allow),
+    ]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+
+# ---------------------------------------------------------------------------------------------- runtime
+
+
+def bwrap_path() -> str | None:
+    """The bwrap executable (STARE_BWRAP, else bwrap on PATH), or None when there is none."""
+    return shutil.which(os.environ.get(BWRAP_ENV) or "bwrap")
+
+
+def _default_interpreter() -> str:
+    """The system's python3 when there is one (readable by the sandbox's user), else this Python's base
+    interpreter (never the virtual environment: its site-packages stay out)."""
+    major, minor = sys.version_info[:2]
+    for candidate in (
+        Path("/usr/bin/python3"),
+        Path(sys.base_prefix) / "bin" / f"python{major}.{minor}",
+        Path(sys.base_prefix) / "bin" / "python3",
+    ):
+        if candidate.exists():
+            return str(candidate.resolve())
+    return str(Path(sys.executable).resolve())
+
+
+_LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
+
+
+def _linked_libraries(binaries: list[str]) -> set[str]:
+    libraries: set[str] = set()
+    for start in range(0, len(binaries), 64):
+        try:
+            out = subprocess.run(
+                ["ldd", *binaries[start : start + 64]],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        libraries.update(match.group(1) for match in _LDD_LINE.finditer(out))
+    return libraries
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    interpreter: str
+    binds: tuple[tuple[str, str], ...]  # read-only: (path in the sandbox, path on the host)
+    hidden: tuple[str, ...]  # directories covered by an empty tmpfs (site-packages)
+    symlinks: tuple[tuple[str, str], ...]  # (target, link) as on the host (/lib -> usr/lib)
+    library_path: str
+
+
+def python_runtime(interpreter: str | None = None) -> Runtime:
+    """What the sandbox binds for the interpreter: the binary, its standard library, the libraries it and
+    its extension modules link (found with ldd; each at the path the loader looks for), and the host's
+    top-level symlinks (/lib -> usr/lib). Worked out once per interpreter (ldd takes a few seconds)."""
+    return _runtime_of(
+        str(Path(interpreter or os.environ.get(PYTHON_ENV) or _default_interpreter()).resolve())
+    )
+
+
+@functools.cache
+def _runtime_of(exe: str) -> Runtime:
+    try:
+        probe = subprocess.run(
+            [exe, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SandboxUnavailable(f"the tool interpreter {exe} does not run: {err}") from None
+    if probe.returncode != 0:
+        raise SandboxUnavailable(f"the tool interpreter {exe} does not run: {probe.stderr.strip()[-200:]}")
+    stdlib = str(Path(probe.stdout.strip()).resolve())
+    dynload = Path(stdlib) / "lib-dynload"
+    modules = sorted(str(p) for p in dynload.glob("*.so")) if dynload.is_dir() else []
+    binds: dict[str, str] = {exe: exe, stdlib: stdlib}  # destination -> source
+    for lib in _linked_libraries([exe, *modules]):
+        dest = str(Path(lib).parent.resolve() / Path(lib).name)
+        if not dest.startswith(stdlib + "/"):
+            binds[dest] = str(Path(lib).resolve())
+    hidden = tuple(
+        str(Path(stdlib) / name)
+        for name in ("site-packages", "dist-packages")
+        if (Path(stdlib) / name).is_dir()
+    )
+    symlinks = tuple(
+        (os.readlink(top), top)
+        for top in ("/lib", "/lib64", "/lib32", "/libx32", "/bin")
+        if os.path.islink(top)
+    )
+    library_path = ":".join(sorted({str(Path(dest).parent) for dest in binds if dest not in (exe, stdlib)}))
+    return Runtime(exe, tuple(sorted(binds.items())), hidden, symlinks, library_path)
+
+
+def _sandbox_uid() -> int | None:
+    """The user to run as: a root parent drops to STARE_TOOL_UID (RLIMIT_NPROC does not bind root)."""
+    if os.geteuid() != 0:
+        return None
+    return int(os.environ.get(UID_ENV, NOBODY))
+
+
+def _user_tasks(uid: int) -> int:
+    """Threads and processes the user owns now (what RLIMIT_NPROC counts)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry.path).st_uid == uid:
+                count += len(os.listdir(f"{entry.path}/task"))
+        except OSError:
+            continue
+    return count
+
+
+def bwrap_command(runtime: Runtime, limits: ToolLimitsSpec, seccomp_fd: int | None) -> list[str]:
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed: the python tool cannot run")
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    for target, link in runtime.symlinks:
+        cmd += ["--symlink", target, link]
+    for dest, source in runtime.binds:
+        cmd += ["--ro-bind", source, dest]
+    for folder in runtime.hidden:
+        cmd += ["--tmpfs", folder]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--dir", SCRATCH]
+    # The sandbox's root is a tmpfs bwrap builds: read-only once the mount points exist; then the scratch
+    # tmpfs on top is the one writable place.
+    cmd += ["--remount-ro", "/"]
+    cmd += ["--size", str(limits.memory_mb * 2**20), "--tmpfs", SCRATCH, "--chdir", SCRATCH]
+    cmd += ["--setenv", "HOME", SCRATCH, "--setenv", "TMPDIR", SCRATCH, "--setenv", "PYTHONHASHSEED", "0"]
+    cmd += ["--setenv", "LD_LIBRARY_PATH", runtime.library_path]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    # -I: isolated (no user site, no PYTHON* variables, no script dir on sys.path); -S: no site module.
+    return [*cmd, "--", runtime.interpreter, "-I", "-S", "-"]
+
+
+def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = None) -> SandboxResult:
+    """Runs `code` (read from stdin) in a fresh sandbox under `limits`. SandboxUnavailable when bwrap or
+    the interpreter is missing; any failure of the code itself is a result, never an exception."""
+    runtime = python_runtime(interpreter)
+    problem = _missing_binary()
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+    prlimit = shutil.which("prlimit") or "prlimit"
+    program = socket_filter()
+    read_fd, write_fd = os.pipe() if program else (None, None)
+    if write_fd is not None:
+        os.write(write_fd, program)  # 56 bytes: well within the pipe's buffer
+        os.close(write_fd)
+    uid = _sandbox_uid()
+    # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
+    # exiting), plus bwrap's own two processes (its monitor and the namespace's init).
+    nproc = limits.processes + 2 + _user_tasks(os.getuid() if uid is None else uid)
+    memory = limits.memory_mb * 2**20
+    cpu = max(1, math.ceil(limits.cpu_seconds))
+    # prlimit sets the limits on itself, then execs bwrap, so everything in the sandbox inherits them. The
+    # user switch and the new session are done by subprocess's C child code (no preexec_fn: the trainer
+    # has threads, and Python code between fork and exec could deadlock on a lock one of them held).
+    limited = [
+        prlimit,
+        f"--cpu={cpu}",
+        f"--as={memory}",
+        f"--fsize={memory}",
+        "--core=0",
+        f"--nproc={nproc}",
+        "--",
+    ]
+    cmd = limited + bwrap_command(runtime, limits, read_fd)
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(  # a fixed argv, no shell
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(read_fd,) if read_fd is not None else (),
+            close_fds=True,
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+        )
+    except OSError as err:
+        raise SandboxUnavailable(f"cannot start the sandbox: {err}") from None
+    finally:
+        if read_fd is not None:
+            os.close(read_fd)
+    assert proc.stdin is not None and proc.stdout is not None
+    # From a thread: a program longer than the pipe's buffer must not block us while its output fills the
+    # other pipe (the wall clock below runs meanwhile).
+    feeder = threading.Thread(target=_feed, args=(proc.stdin, code.encode("utf-8", "replace")), daemon=True)
+    feeder.start()
+    kept, truncated, killed = _read_output(proc.stdout.fileno(), limits, deadline=start + limits.wall_seconds)
+    if killed:
+        with_group(proc.pid, signal.SIGKILL)
+    try:
+        returncode = proc.wait(timeout=max(1.0, limits.wall_seconds))
+    except subprocess.TimeoutExpired:
+        with_group(proc.pid, signal.SIGKILL)
+        returncode = proc.wait()
+    proc.stdout.close()
+    seconds = time.monotonic() - start
+    text = kept.decode("utf-8", "replace")
+    if truncated:
+        text += TRUNCATED_MARK
+    sig = -returncode if returncode < 0 else None
+    # bwrap reports its child's death by a signal as exit code 128 + signal.
+    if sig is None and returncode > 128 and returncode - 128 < 65:
+        sig = returncode - 128
+    cpu_killed = sig in (signal.SIGXCPU, signal.SIGKILL) and not killed and seconds >= min(cpu, 0.5)
+    return SandboxResult(
+        output=text,
+        exit_code=None if killed else returncode,
+        signal=sig,
+        timed_out=killed or cpu_killed,
+        truncated=truncated,
+        seconds=seconds,
+    )
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the program may exit (or be killed) before reading it all
+        pipe.write(data)
+        pipe.close()
+
+
+def _read_output(fd: int, limits: ToolLimitsSpec, *, deadline: float) -> tuple[bytes, bool, bool]:
+    """(the first output_bytes, whether more came, whether the wall clock ran out) of the pipe `fd`."""
+    kept = bytearray()
+    truncated = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return bytes(kept), truncated, True
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return bytes(kept), truncated, False
+        room = limits.output_bytes - len(kept)
+        truncated = truncated or len(chunk) > room
+        kept += chunk[: max(room, 0)]
+
+
+def with_group(pid: int, sig: int) -> None:
+    """Sends `sig` to the process group `pid` leads (the sandbox: bwrap and everything under it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def available() -> str | None:
+    """None when the python tool can run here, else why not (one line)."""
+    try:
+        python_runtime()
+    except SandboxUnavailable as err:
+        return str(err)
+    return _missing_binary()
+
+
+def _missing_binary() -> str | None:
+    if bwrap_path() is None:
+        return "bubblewrap (bwrap) is not installed: the python tool cannot run"
+    if shutil.which("prlimit") is None:
+        return "prlimit (util-linux) is not installed: the python tool cannot set its limits"
+    return None
