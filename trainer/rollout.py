@@ -256,6 +256,26 @@ def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> 
     return mask, truncated
 
 
+def generation_kwargs(
+    model: Any, tokenizer: Any, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float
+) -> tuple[Any, dict[str, object]]:
+    """The EOS id(s) and the `model.generate` arguments every rollout uses: sampling at the spec's
+    temperature and top-p with top-k off, or greedy decoding."""
+    gen_config = model.generation_config
+    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
+    kwargs: dict[str, object] = {
+        "max_new_tokens": max_new_tokens,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": eos,
+        "use_cache": True,
+    }
+    if greedy:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    return eos, kwargs
+
+
 @torch.no_grad()
 def generate(
     model: Any,
@@ -280,18 +300,9 @@ def generate(
     enc = {key: enc[key].to(device) for key in ("input_ids", "attention_mask")}
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0)
-    gen_config = model.generation_config
-    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
-    kwargs: dict[str, object] = {
-        "max_new_tokens": max_new_tokens,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": eos,
-        "use_cache": True,
-    }
-    if greedy:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    eos, kwargs = generation_kwargs(
+        model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p
+    )
     # Inference mode, not only no-grad: no version counters or autograd bookkeeping on the ~150 small ops of
     # every decode forward (docs/BENCHMARKS.md, engine, second round). Its tensors cannot be saved for
     # backward, so what leaves this block is copied out of it (`to(copy=True)` outside the block gives a
@@ -406,18 +417,9 @@ def generate_turn(
     for row, context in enumerate(contexts):
         ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
         mask[row, width - len(context) :] = 1
-    gen_config = model.generation_config
-    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
-    kwargs: dict[str, object] = {
-        "max_new_tokens": max_new_tokens,
-        "pad_token_id": pad,
-        "eos_token_id": eos,
-        "use_cache": True,
-    }
-    if greedy:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    eos, kwargs = generation_kwargs(
+        model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p
+    )
     with torch.inference_mode():
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
     out = out.to("cpu", copy=True)[:, width:]

@@ -57,7 +57,7 @@ from service.services import Services
 from service.sessions import COOKIE_NAME, COOKIE_PATH, CSRF_HEADER, SIGN_IN_HEADER, SessionSigner
 from service.sessions import Session as PageSession
 from store import repository
-from store.models import TERMINAL_STATUSES, Job, Tenant
+from store.models import TERMINAL_STATUSES, Job
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -192,7 +192,7 @@ def _load_principal(services: Services, session: PageSession) -> Principal | Non
         key = repository.get_api_key(db, session.tenant_id, session.key_id)
         if key is None or key.revoked_at is not None:
             return None
-        tenant = db.get(Tenant, key.tenant_id)
+        tenant = repository.get_tenant(db, key.tenant_id)
         return Principal.of(key, tenant) if tenant is not None else None
 
 

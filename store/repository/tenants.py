@@ -25,6 +25,10 @@ def create_tenant(session: Session, name: str) -> Tenant:
     return tenant
 
 
+def get_tenant(session: Session, tenant_id: str) -> Tenant | None:
+    return session.get(Tenant, tenant_id)
+
+
 def get_tenant_by_name(session: Session, name: str) -> Tenant | None:
     return session.scalar(sa.select(Tenant).where(Tenant.name == name))
 
