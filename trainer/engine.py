@@ -68,7 +68,6 @@ from trainer.rollout import (
     Rollout,
     cache_argument,
     concat_rollouts,
-    episodes_to_rollout,
     generate,
     hf_model,
     reflection_rate,
@@ -923,8 +922,6 @@ class Engine:
     def _eval_episodes(self, chunk: list[Example], k: int) -> tuple[float, float, float]:
         """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean
         score, examples with a sample scoring 1, model tokens of every episode)."""
-        from trainer.envs.tool_use import COUNT_FIELDS
-
         spec = self.spec
         ev = spec.evaluation
         episodes = run_episodes(
@@ -937,7 +934,7 @@ class Engine:
             top_p=ev.top_p,
             greedy=ev.greedy,
         )
-        counts = episodes_to_rollout(episodes, self.tokenizer.pad_token_id)[4]
+        model_tokens = sum(len(ids) for row in episodes.pieces for ids, is_model in row if is_model)
         scores = [
             score(spec.verifier.name, text, chunk[row // k], spec.verifier.params)
             for row, text in enumerate(episodes.answers)
@@ -946,7 +943,7 @@ class Engine:
         return (
             sum(sum(s) / k for s in per_example),
             sum(float(max(s) >= 1.0) for s in per_example),
-            float(counts[:, COUNT_FIELDS.index("model_tokens")].sum()),
+            float(model_tokens),
         )
 
     def _run_eval(self) -> dict[str, float]:

@@ -363,20 +363,7 @@ def rollout(
     texts = tokenizer.batch_decode(
         [row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True
     )
-    scores = [
-        score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
-        for i, text in enumerate(texts)
-    ]
-    correct = torch.tensor(scores, dtype=torch.float32)
-    # From the float32 values, as before, so that a score that float32 rounds shapes the same way.
-    rewards = torch.tensor(
-        [shape_reward(c, spec.reward.style) for c in correct.tolist()], dtype=torch.float32
-    )
-    overlong = resolved_overlong(spec)
-    if overlong is not None:
-        rewards = rewards + overlong_penalty(
-            response_mask.sum(-1), max_length=spec.sampling.max_new_tokens, cache_length=overlong
-        )
+    correct, rewards = score_responses(texts, examples, response_mask, spec)
     group_ids = torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g)
     return Rollout(
         input_ids=input_ids,
@@ -561,19 +548,7 @@ def env_rollout(
     input_ids, attention_mask, response_mask, p_len, counts = episodes_to_rollout(
         episodes, tokenizer.pad_token_id
     )
-    scores = [
-        score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
-        for i, text in enumerate(episodes.answers)
-    ]
-    correct = torch.tensor(scores, dtype=torch.float32)
-    rewards = torch.tensor(
-        [shape_reward(c, spec.reward.style) for c in correct.tolist()], dtype=torch.float32
-    )
-    overlong = resolved_overlong(spec)
-    if overlong is not None:
-        rewards = rewards + overlong_penalty(
-            response_mask.sum(-1), max_length=spec.sampling.max_new_tokens, cache_length=overlong
-        )
+    correct, rewards = score_responses(episodes.answers, examples, response_mask, spec)
     return Rollout(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -586,6 +561,29 @@ def env_rollout(
         texts=episodes.answers,
         tool_counts=counts,
     )
+
+
+def score_responses(
+    texts: list[str], examples: list[Example], response_mask: Tensor, spec: TrainSpec
+) -> tuple[Tensor, Tensor]:
+    """(verifier scores, shaped rewards) of responses laid out example-major, spec.sampling.group_size per
+    example; the rewards carry DAPO's overlong penalty when it applies (on the response's model tokens)."""
+    g = spec.sampling.group_size
+    scores = [
+        score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
+        for i, text in enumerate(texts)
+    ]
+    correct = torch.tensor(scores, dtype=torch.float32)
+    # From the float32 values, as before, so that a score that float32 rounds shapes the same way.
+    rewards = torch.tensor(
+        [shape_reward(c, spec.reward.style) for c in correct.tolist()], dtype=torch.float32
+    )
+    overlong = resolved_overlong(spec)
+    if overlong is not None:
+        rewards = rewards + overlong_penalty(
+            response_mask.sum(-1), max_length=spec.sampling.max_new_tokens, cache_length=overlong
+        )
+    return correct, rewards
 
 
 def resolved_overlong(spec: TrainSpec) -> int | None:
