@@ -57,6 +57,21 @@ class ErrorCode(StrEnum):
     STORAGE_IO_ERROR = storage.STORAGE_IO_ERROR
 
 
+class FailureCode(StrEnum):
+    """The codes a failed job's error carries that the worker and the store set (beside the trainer's
+    ErrorCode, which a failed job carries as it came)."""
+
+    INVALID_JOB = "invalid_job"  # the trainer refused the spec or its data (exit 2): a user error
+    TRAINER_CRASHED = "trainer_crashed"  # the trainer could not start, or exited with another code
+    TRAINER_KILLED = "trainer_killed"  # the trainer was SIGKILLed (out of memory, an operator)
+    CRASH_LOOP = "crash_loop"  # attempts in a row failed at the same step
+    WORKER_LOST = "worker_lost"  # the lost-worker budget ran out
+
+
+# Every code a failed job can carry: what the exporter publishes (stare_failed_jobs) and alerts read.
+JOB_FAILURE_CODES: tuple[str, ...] = tuple(sorted({code.value for code in (*FailureCode, *ErrorCode)}))
+
+
 @dataclass(frozen=True)
 class EventFields:
     required: tuple[str, ...]

@@ -6,7 +6,7 @@ latest metric snapshot and latest evaluation from the database, the failed jobs'
 depth from the broker, and (Redis broker) the idle workers of each queue, by a Celery ping. A finished
 job is no longer active, so its series vanish from the next scrape. Labels are job_id, algorithm and queue
 only (never step, tenant or prompt: bounded cardinality); the failed-jobs series adds the error code, a
-closed set (FAILURE_CODES, each published with 0 too, so alerts and panels always have a series).
+closed set (JOB_FAILURE_CODES, each published with 0 too, so alerts and panels always have a series).
 
 Run it with `python -m worker exporter --port 9464`. What it publishes, names and help included, is
 contract.metrics' catalogue (docs/metrics.md).
@@ -25,8 +25,7 @@ from prometheus_client.registry import Collector
 
 from contract import metrics as metric_catalogue
 from contract.numbers import finite
-from contract.protocol import ErrorCode, EventType
-from contract.storage import STORAGE_CODES
+from contract.protocol import JOB_FAILURE_CODES, EventType
 from store.database import Database
 from store.models import LEASED_STATUSES, Job
 from store.repository.monitoring import failed_job_counts, latest_evals
@@ -39,15 +38,6 @@ JOB_LABELS = list(metric_catalogue.JOB_LABELS)
 JOB_METRICS = metric_catalogue.prometheus_metrics()
 STEP_METRICS = metric_catalogue.prometheus_metrics(EventType.STEP)
 EVAL_METRICS = metric_catalogue.prometheus_metrics(EventType.EVAL)
-# The error codes a failed job can carry: the worker's (worker/training.py), the store's (crash_loop,
-# worker_lost: store/repository/leases.py) and the trainer's (contract.protocol.ErrorCode).
-FAILURE_CODES: tuple[str, ...] = tuple(
-    sorted(
-        {"invalid_job", "trainer_crashed", "trainer_killed", "crash_loop", "worker_lost"}
-        | {code.value for code in ErrorCode}
-        | set(STORAGE_CODES)
-    )
-)
 PING_TIMEOUT_S = 0.5
 
 
@@ -117,7 +107,7 @@ class FleetCollector(Collector):
         for queue in queues:
             busy.add_metric([queue], float(len(owners.get(queue, ()))))
         counts = {(code, queue): count for code, queue, count in failures}
-        for code, queue in sorted(set(counts) | {(c, q) for c in FAILURE_CODES for q in self.queues}):
+        for code, queue in sorted(set(counts) | {(c, q) for c in JOB_FAILURE_CODES for q in self.queues}):
             failed.add_metric([code, queue], float(counts.get((code, queue), 0)))
         yield from families.values()
         yield step

@@ -46,7 +46,15 @@ from typing import Any, TypeVar
 import sqlalchemy.exc
 import yaml
 
-from contract.protocol import CHECKPOINT_GLOB, CHECKPOINTS_DIR, EventType, ExitCode, checkpoint_step
+from contract.protocol import (
+    CHECKPOINT_GLOB,
+    CHECKPOINTS_DIR,
+    ErrorCode,
+    EventType,
+    ExitCode,
+    FailureCode,
+    checkpoint_step,
+)
 from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
 from store import repository
 from store.database import Database
@@ -272,7 +280,10 @@ def run_claimed(
     except OSError as err:  # the trainer could not be started (no such interpreter, no memory to fork)
         logger.error("job %s: cannot start the trainer: %s", claim.job_id, err)
         return _retry(
-            recorder, claim, JobError("trainer_crashed", f"cannot start the trainer: {err}", "system"), resend
+            recorder,
+            claim,
+            JobError(FailureCode.TRAINER_CRASHED, f"cannot start the trainer: {err}", "system"),
+            resend,
         )
     stop_reason: str | None = None
     stop_sent_at = 0.0
@@ -378,12 +389,13 @@ def _conclude(
             return stop_reason
         if code == ExitCode.USER_ERROR:
             recorder.finish(
-                "failed", JobError("invalid_job", _last_line(tail) or "the trainer rejected the job", "user")
+                "failed",
+                JobError(FailureCode.INVALID_JOB, _last_line(tail) or "the trainer rejected the job", "user"),
             )
             return "failed"
         if code == ExitCode.NON_FINITE:
             message = recorder.last_error or _non_finite_message(tail)
-            recorder.finish("failed", JobError("non_finite", message, "user"))
+            recorder.finish("failed", JobError(ErrorCode.NON_FINITE, message, "user"))
             return "failed"
         if code == ExitCode.STORAGE or _is_storage_fault(recorder.last_error_event):
             # Also without exit 74: under `accelerate launch` the launcher exits 1 when rank 0 exits 74.
@@ -395,10 +407,13 @@ def _conclude(
     except LeaseLost:
         return "lease_lost"
     if code == -signal.SIGKILL:  # not ours (we kill only on a lost lease or a stop request, handled above)
-        error = JobError("trainer_killed", _crash_message("was killed by SIGKILL", tail), "system")
+        error = JobError(FailureCode.TRAINER_KILLED, _crash_message("was killed by SIGKILL", tail), "system")
         return _retry(recorder, claim, error, resend, infrastructure=True)
     return _retry(
-        recorder, claim, JobError("trainer_crashed", _crash_message(_exit(code), tail), "system"), resend
+        recorder,
+        claim,
+        JobError(FailureCode.TRAINER_CRASHED, _crash_message(_exit(code), tail), "system"),
+        resend,
     )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from contract.metrics import STEP_SECONDS
 from contract.numbers import finite
+from contract.protocol import FailureCode
 from store.ids import new_id
 from store.models import (
     CRASH_LOOP_STREAK,
@@ -336,7 +337,9 @@ def retry_job(
         left = job.max_attempts - job.failures - 1
     final = error
     if streak >= CRASH_LOOP_STREAK:
-        final = JobError("crash_loop", crash_loop_message(streak, job.current_step, error.message), "system")
+        final = JobError(
+            FailureCode.CRASH_LOOP, crash_loop_message(streak, job.current_step, error.message), "system"
+        )
     exhausted = left <= 0 or final is not error
     values: dict[str, Any] = {
         "status": "failed" if exhausted else "recovering",
@@ -410,7 +413,7 @@ def recover_stale_jobs(
             values.update(status="paused")
         elif lost >= job.max_lost_workers:
             error = JobError(
-                "worker_lost",
+                FailureCode.WORKER_LOST,
                 f"the worker stopped heartbeating; no attempts left ({lost} lost workers)",
                 "system",
             )
