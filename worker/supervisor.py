@@ -5,6 +5,12 @@ The child is `python -m trainer run SPEC --out DIR --events-stdout [--resume]` (
 (PR_SET_PDEATHSIG), so a killed worker never leaves a trainer running behind a lost lease. Cooperative
 stop: SIGTERM makes the trainer checkpoint and exit 75.
 
+The child's environment is an allow-list (`trainer_environment`, docs/SECURITY.md): it talks to the worker
+through its stdout events (contract/protocol.py), never the database or the broker, so their URLs, the
+service's keys and anything else secret in the worker's environment stay out of it, and out of what its
+tools could ever print. It gets the process basics (PATH, HOME, locale, TMPDIR), Python's own variables,
+the thread, GPU and Hugging Face cache/offline settings, and the STARE_* variables the trainer reads.
+
 The trainer's stderr comes through a pipe: a thread copies it to the attempt's log file (best effort: a
 full or read-only disk stops the copy, never the trainer) and keeps its last lines in memory, so a crash
 message can quote the trainer's last error lines even when the log file could not be written or read.
@@ -22,6 +28,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,6 +39,56 @@ logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 TAIL_LINES, TAIL_BYTES = 20, 4096  # what a crash message can quote of the trainer's stderr
+
+
+# The STARE_* variables the trainer reads (and nothing of the service's: no STARE_DATABASE_URL, no keys).
+TRAINER_STARE_VARS = frozenset(
+    {
+        "STARE_MODEL_CACHE",  # trainer/models.py: where models are cached
+        "STARE_KERNEL_BACKEND",  # trainer/algos/kernels.py: torch or triton
+        "STARE_HEAP_TUNING",  # trainer/heap.py: 0 turns the allocator tuning off
+        "STARE_BWRAP",  # trainer/envs/sandbox.py: the python tool's bubblewrap
+        "STARE_TOOL_PYTHON",  # trainer/envs/sandbox.py: the python tool's interpreter
+        "STARE_TOOL_UID",  # trainer/envs/sandbox.py: the user a root trainer runs tool calls as
+        "STARE_INJECT_NAN_STEP",  # trainer/engine.py: fault injection (tests)
+        "STARE_INJECT_CRASH_STEP",  # trainer/engine.py: fault injection (tests)
+        "STARE_STEP_DELAY_S",  # trainer/engine.py: slow steps (fault tests)
+    }
+)
+TRAINER_ENV_NAMES = TRAINER_STARE_VARS | frozenset(
+    {
+        # the process: where programs and the home are, the locale and time zone, temporary files
+        *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH"),
+        # Python: the import path (a source checkout), hashing, output, warnings, the virtual environment
+        *("PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS"),
+        *("PYTHONFAULTHANDLER", "PYTHONIOENCODING", "PYTHONUTF8", "VIRTUAL_ENV"),
+        # caches torch, triton and the tokenizers write (kernels, compiled graphs)
+        *("XDG_CACHE_HOME", "TOKENIZERS_PARALLELISM", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        # Hugging Face: where models and data sets are cached, and staying offline
+        *("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"),
+        *("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_OFFLINE"),
+        *("TRANSFORMERS_CACHE", "TRANSFORMERS_VERBOSITY"),
+    }
+)
+# Families of tuning variables (threads, GPUs, collectives, compilers), passed whole...
+TRAINER_ENV_PREFIXES = (
+    *("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS_", "CUDNN_"),
+    *("TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_", "ACCELERATE_"),
+)
+# ...except a name that looks like a credential, whatever its family.
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSW", "CREDENTIAL", "KEY", "AUTH", "_URL", "_URI", "_DSN", "COOKIE")
+
+
+def trainer_environment(parent: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The trainer child's environment: the allow-listed part of `parent`, then `extra`."""
+    env = {}
+    for name, value in parent.items():
+        if name in TRAINER_ENV_NAMES or (
+            name.startswith(TRAINER_ENV_PREFIXES) and not any(word in name for word in _SECRET_WORDS)
+        ):
+            env[name] = value
+    env.update(extra or {})
+    return env
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -97,12 +154,13 @@ class OutputTail:
 
 class TrainerProcess:
     """A supervised trainer: its events arrive on `events` (a queue of dicts; None marks end of output).
+    Its environment is `trainer_environment(os.environ, env)`: `env` adds to the allow-listed part.
 
     Opening the log file is a storage write: a failure raises contract.storage.StorageError before anything
     is started. OSError from starting the process (no such interpreter) is raised as is.
     """
 
-    def __init__(self, command: list[str], *, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, command: list[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> None:
         with storage_writes(log_path):
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log: BinaryIO | None = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
@@ -116,7 +174,7 @@ class TrainerProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                env=trainer_environment(os.environ, env),
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         except BaseException:

@@ -1,16 +1,24 @@
 """The Python code tool's sandbox: bubblewrap (bwrap) around the interpreter, with rlimits and a wall clock.
 
-One call = one fresh sandbox (docs/TOOLS.md has why bubblewrap, and what each layer stops):
+One call = one fresh sandbox, a least-privilege boundary (docs/TOOLS.md has each layer; docs/SECURITY.md
+what it promises and the tests that hold it to that):
 - namespaces: `--unshare-all` (user, pid, net, ipc, uts, cgroup): no network but an empty loopback, no view
-  of the host's processes; `--die-with-parent` and `--new-session` (no terminal injection);
+  of the host's processes; `--as-pid-1`: the interpreter is the namespace's only process at start (no bwrap
+  helper inside whose /proc/1/environ or memory it could read); `--disable-userns`: no nested user
+  namespace; `--die-with-parent` and `--new-session` (no terminal injection);
+- environment: prlimit and bwrap are started with an empty environment, and the program gets only HOME
+  and TMPDIR (/work) and LD_LIBRARY_PATH: nothing of the trainer's environment exists anywhere inside;
 - file system: only the interpreter, its standard library (site-packages hidden) and the shared libraries
-  it links, read-only; /proc and a minimal /dev; the working directory /work is a size-capped tmpfs, the
-  only writable place, gone when the call ends. Nothing of the host's /etc, /home, /root or the job's
-  files is there;
-- seccomp: `socket()` fails with EPERM (a socket cannot even be opened, loopback included);
+  it links, read-only; /proc and five device nodes (null, zero, full, random, urandom), no /dev/shm, no
+  /tmp, no /dev/mqueue. The working directory /work is a tmpfs of memory_mb, the only writable place, so
+  its size is the total the program can write; gone when the call ends. Nothing of the host's /etc, /home,
+  /root or the job's files is there;
+- seccomp (trainer/envs/seccomp.py): sockets, io_uring, ptrace and other processes' memory, namespaces and
+  mounts, bpf, perf, keys, userfaultfd, SysV and POSIX IPC, memfd and the host-administration calls fail
+  with EPERM; clone3 and calls newer than the table fail with ENOSYS; a foreign ABI kills the process;
 - rlimits set by prlimit (util-linux), which then execs bwrap, so every process in the sandbox inherits
   them: RLIMIT_CPU (cpu_seconds), RLIMIT_AS (memory_mb), RLIMIT_NPROC (processes), RLIMIT_FSIZE
-  (memory_mb), RLIMIT_CORE 0.
+  (memory_mb), RLIMIT_NOFILE, RLIMIT_CORE, RLIMIT_MEMLOCK and RLIMIT_MSGQUEUE 0.
   RLIMIT_NPROC is per real user and never applies to root, so a root parent runs the sandbox as an
   unprivileged user (STARE_TOOL_UID, default 65534 "nobody");
 - the wall clock: the parent kills the sandbox's process group after wall_seconds;
@@ -28,7 +36,6 @@ import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -37,12 +44,17 @@ from pathlib import Path
 from typing import IO
 
 from contract.spec import ToolLimitsSpec
+from trainer.envs.seccomp import filter_program
 
 BWRAP_ENV = "STARE_BWRAP"  # the bwrap binary (default: bwrap on PATH)
 PYTHON_ENV = "STARE_TOOL_PYTHON"  # the interpreter the tool runs (default: this Python's base interpreter)
 UID_ENV = "STARE_TOOL_UID"  # the user a root parent runs sandboxes as (default 65534)
 NOBODY = 65534
 SCRATCH = "/work"
+DEVICES = ("null", "zero", "full", "random", "urandom")  # /dev inside: nothing writable that stores bytes
+OPEN_FILES = 256  # RLIMIT_NOFILE: bounds the pipes and other kernel objects a program can hold
+# The environment prlimit and bwrap start with, so also bwrap's own (/proc/<pid>/environ): nothing.
+LAUNCH_ENV: dict[str, str] = {}
 TRUNCATED_MARK = "\n[output truncated]"
 
 
@@ -62,32 +74,6 @@ class SandboxResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
-
-
-# ---------------------------------------------------------------------------------------------- seccomp
-
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
-
-
-def socket_filter() -> bytes:
-    """A classic-BPF seccomp program: socket(2) returns EPERM, every other call is allowed. On another
-    architecture than the one it was written for, it allows everything (the namespace still has no net)."""
-    machine = os.uname().machine
-    if machine not in _AUDIT_ARCH:
-        return b""
-    ld_abs, jeq_k, ret_k = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
-    allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    program = [
-        (ld_abs, 0, 0, 4),  # seccomp_data.arch
-        (jeq_k, 1, 0, _AUDIT_ARCH[machine]),
-        (ret_k, 0, 0, allow),
-        (ld_abs, 0, 0, 0),  # seccomp_data.nr
-        (jeq_k, 0, 1, _SOCKET_NR[machine]),
-        (ret_k, 0, 0, eperm),
-        (ret_k, 0, 0, allow),
-    ]
-    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
 
 
 # ---------------------------------------------------------------------------------------------- runtime
@@ -211,19 +197,25 @@ def bwrap_command(runtime: Runtime, limits: ToolLimitsSpec, seccomp_fd: int | No
     bwrap = bwrap_path()
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed: the python tool cannot run")
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1"]
+    cmd += ["--die-with-parent", "--new-session", "--clearenv"]
     for target, link in runtime.symlinks:
         cmd += ["--symlink", target, link]
     for dest, source in runtime.binds:
         cmd += ["--ro-bind", source, dest]
     for folder in runtime.hidden:
         cmd += ["--tmpfs", folder]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--dir", SCRATCH]
+    cmd += ["--proc", "/proc", "--dir", "/dev"]
+    for device in DEVICES:
+        cmd += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        cmd += ["--symlink", f"/proc/self/fd/{number}", f"/dev/{name}"]
+    cmd += ["--symlink", "/proc/self/fd", "/dev/fd", "--dir", SCRATCH]
     # The sandbox's root is a tmpfs bwrap builds: read-only once the mount points exist; then the scratch
-    # tmpfs on top is the one writable place.
+    # tmpfs on top is the one writable place, and its size the total the program can write.
     cmd += ["--remount-ro", "/"]
     cmd += ["--size", str(limits.memory_mb * 2**20), "--tmpfs", SCRATCH, "--chdir", SCRATCH]
-    cmd += ["--setenv", "HOME", SCRATCH, "--setenv", "TMPDIR", SCRATCH, "--setenv", "PYTHONHASHSEED", "0"]
+    cmd += ["--setenv", "HOME", SCRATCH, "--setenv", "TMPDIR", SCRATCH]
     cmd += ["--setenv", "LD_LIBRARY_PATH", runtime.library_path]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
@@ -239,11 +231,10 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     if problem is not None:
         raise SandboxUnavailable(problem)
     prlimit = shutil.which("prlimit") or "prlimit"
-    program = socket_filter()
-    read_fd, write_fd = os.pipe() if program else (None, None)
-    if write_fd is not None:
-        os.write(write_fd, program)  # 56 bytes: well within the pipe's buffer
-        os.close(write_fd)
+    program = _filter()
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, program)  # under 2 KiB: well within the pipe's buffer
+    os.close(write_fd)
     uid = _sandbox_uid()
     # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
     # exiting), plus bwrap's own two processes (its monitor and the namespace's init).
@@ -258,7 +249,10 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
         f"--cpu={cpu}",
         f"--as={memory}",
         f"--fsize={memory}",
+        f"--nofile={OPEN_FILES}",
         "--core=0",
+        "--memlock=0",
+        "--msgqueue=0",
         f"--nproc={nproc}",
         "--",
     ]
@@ -271,7 +265,9 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            pass_fds=(read_fd,) if read_fd is not None else (),
+            env=LAUNCH_ENV,
+            cwd="/",  # not the trainer's run folder
+            pass_fds=(read_fd,),
             close_fds=True,
             user=uid,
             group=uid,
@@ -280,8 +276,7 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     except OSError as err:
         raise SandboxUnavailable(f"cannot start the sandbox: {err}") from None
     finally:
-        if read_fd is not None:
-            os.close(read_fd)
+        os.close(read_fd)
     assert proc.stdin is not None and proc.stdout is not None
     # From a thread: a program longer than the pipe's buffer must not block us while its output fills the
     # other pipe (the wall clock below runs meanwhile).
@@ -350,9 +345,17 @@ def available() -> str | None:
     """None when the python tool can run here, else why not (one line)."""
     try:
         python_runtime()
+        _filter()
     except SandboxUnavailable as err:
         return str(err)
     return _missing_binary()
+
+
+def _filter() -> bytes:
+    try:
+        return filter_program()
+    except ValueError as err:  # a machine without a reviewed system-call table: never run unfiltered
+        raise SandboxUnavailable(str(err)) from None
 
 
 def _missing_binary() -> str | None:
