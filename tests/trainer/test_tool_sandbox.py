@@ -5,6 +5,7 @@ megabyte of output is cut at the limit; a malformed call is a tool error, not an
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -159,3 +160,95 @@ def test_a_python_tool_job_without_the_sandbox_stops_before_it_starts(
     assert (
         outcome.result is not None and outcome.result.error and "sandbox unavailable" in outcome.result.text
     )
+
+
+# Issue 21's findings, probed as an attacker would: each failed on the sandbox before the fix.
+
+
+@requires_binary("bwrap")
+def test_the_parents_secrets_are_nowhere_in_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc/1/environ was bwrap's, which had inherited the trainer's (the worker's) whole environment."""
+    canary = f"CANARY{time.monotonic_ns()}"
+    monkeypatch.setenv("STARE_DATABASE_URL", f"postgresql://u:{canary}@h/db")
+    program = (
+        "import os\n"
+        "for pid in sorted(p for p in os.listdir('/proc') if p.isdigit()):\n"
+        "    print(pid, open(f'/proc/{pid}/environ', 'rb').read(), open(f'/proc/{pid}/cmdline', 'rb').read())\n"
+        "print(sorted(os.environ))"
+    )
+    result = sandbox.run_python(program, LIMITS)
+    assert result.exit_code == 0, result.output
+    assert canary not in result.output and "STARE_" not in result.output, result.output
+    first, names = result.output.strip().splitlines()
+    assert first.startswith("1 b'HOME=/work\\x00TMPDIR=/work\\x00LD_LIBRARY_PATH="), first  # pid 1: itself
+    assert names == "['HOME', 'LD_LIBRARY_PATH', 'PWD', 'TMPDIR']"
+
+
+@requires_binary("bwrap")
+def test_shared_memory_is_gone_and_the_scratch_size_is_the_whole_write_budget() -> None:
+    """With memory_mb=256, a call wrote 1.6 GB into /dev/shm: RLIMIT_FSIZE bounds one file, not the total."""
+    limits = ToolLimitsSpec(cpu_seconds=3, wall_seconds=6, memory_mb=256, processes=4, output_bytes=4096)
+    program = (
+        "import os\n"
+        "for path in ('/dev/shm/fill', '/tmp/fill', '/dev/mqueue/fill', '/fill'):\n"
+        "    try:\n"
+        "        open(path, 'wb').write(b'x' * 2**20)\n"
+        "        print(path, 'written')\n"
+        "    except OSError as err:\n"
+        "        print(path, type(err).__name__)\n"
+        "total = 0\n"
+        "try:\n"
+        "    for i in range(200):\n"
+        "        with open(f'part-{i}', 'wb') as f:\n"
+        "            for _ in range(8):\n"
+        "                f.write(b'x' * 2**20)\n"
+        "                f.flush()\n"
+        "                total += 1\n"
+        "except OSError as err:\n"
+        "    print('total', total, err.strerror)\n"
+    )
+    stats = os.statvfs("/dev/shm")
+    before = (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    result = sandbox.run_python(program, limits)
+    stats = os.statvfs("/dev/shm")
+    grown = (stats.f_blocks - stats.f_bfree) * stats.f_frsize - before
+    lines = result.output.strip().splitlines()
+    assert lines[:4] == [
+        "/dev/shm/fill FileNotFoundError",
+        "/tmp/fill FileNotFoundError",
+        "/dev/mqueue/fill FileNotFoundError",
+        "/fill OSError",  # EROFS: the root is read-only
+    ], result.output
+    words = lines[4].split(maxsplit=2)
+    assert words[0] == "total" and int(words[1]) <= limits.memory_mb, result.output
+    assert words[2] == "No space left on device", result.output
+    assert grown < limits.memory_mb * 2**20, grown
+
+
+@requires_binary("bwrap")
+def test_the_system_calls_of_the_findings_are_refused() -> None:
+    """socket() was the one refused call: socketpair, io_uring_setup, ptrace of pid 1 and a nested unshare
+    went through. Raw calls via ctypes, so the interpreter cannot be what refuses them."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("x86_64 system-call numbers")
+    program = (
+        "import ctypes, socket\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def raw(nr, *args):\n"
+        "    ctypes.set_errno(0)\n"
+        "    return libc.syscall(nr, *args), ctypes.get_errno()\n"
+        "try:\n"
+        "    socket.socketpair()\n"
+        "except OSError as err:\n"
+        "    print('socketpair', err.errno)\n"
+        "print('io_uring_setup', raw(425, 8, 0))\n"
+        "print('ptrace', raw(101, 16, 1, 0, 0))\n"  # PTRACE_ATTACH to pid 1
+        "print('unshare', raw(272, 0x10000000))\n"  # CLONE_NEWUSER
+    )
+    result = sandbox.run_python(program, LIMITS)
+    assert result.output.strip().splitlines() == [
+        "socketpair 1",
+        "io_uring_setup (-1, 1)",
+        "ptrace (-1, 1)",
+        "unshare (-1, 1)",
+    ], result.output
