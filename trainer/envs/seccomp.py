@@ -27,8 +27,9 @@ ARCHES = {"x86_64": (0xC000003E, 0x40000000), "aarch64": (0xC00000B7, 0)}
 MAX_REVIEWED_NR = 469  # file_setattr (Linux 6.17); numbers from 424 up are the same on every arch
 
 # name: (x86_64 number, aarch64 number or None where the call does not exist there), by group.
-NETWORK = {"socket": (41, 198), "socketpair": (53, 199)}
-KERNEL_SURFACE = {
+Table = dict[str, tuple[int, int | None]]
+NETWORK: Table = {"socket": (41, 198), "socketpair": (53, 199)}
+KERNEL_SURFACE: Table = {
     "io_uring_setup": (425, 425),
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
@@ -47,7 +48,7 @@ KERNEL_SURFACE = {
     "modify_ldt": (154, None),
     "personality": (135, 92),
 }
-OTHER_PROCESSES = {
+OTHER_PROCESSES: Table = {
     "ptrace": (101, 117),
     "process_vm_readv": (310, 270),
     "process_vm_writev": (311, 271),
@@ -58,7 +59,7 @@ OTHER_PROCESSES = {
     "move_pages": (279, 239),
     "migrate_pages": (256, 238),
 }
-NAMESPACES_AND_MOUNTS = {
+NAMESPACES_AND_MOUNTS: Table = {
     "unshare": (272, 97),
     "setns": (308, 268),
     "mount": (165, 40),
@@ -80,7 +81,7 @@ NAMESPACES_AND_MOUNTS = {
     "fanotify_init": (300, 262),
     "fanotify_mark": (301, 263),
 }
-UNCOUNTED_MEMORY = {  # memory that neither RLIMIT_AS nor the scratch tmpfs's size would count
+UNCOUNTED_MEMORY: Table = {  # memory that neither RLIMIT_AS nor the scratch tmpfs's size would count
     "shmget": (29, 194),
     "shmat": (30, 196),
     "shmctl": (31, 195),
@@ -102,7 +103,7 @@ UNCOUNTED_MEMORY = {  # memory that neither RLIMIT_AS nor the scratch tmpfs's si
     "memfd_create": (319, 279),
     "memfd_secret": (447, 447),
 }
-HOST_ADMINISTRATION = {  # each needs a capability the sandbox lacks: refused before the kernel looks
+HOST_ADMINISTRATION: Table = {  # each needs a capability the sandbox lacks: refused before the kernel looks
     "kexec_load": (246, 104),
     "kexec_file_load": (320, 294),
     "init_module": (175, 105),
@@ -134,7 +135,7 @@ HOST_ADMINISTRATION = {  # each needs a capability the sandbox lacks: refused be
     "get_kernel_syms": (177, None),
     "query_module": (178, None),
 }
-REFUSED_GROUPS = {
+REFUSED_GROUPS: dict[str, Table] = {
     "network": NETWORK,
     "kernel surface": KERNEL_SURFACE,
     "other processes": OTHER_PROCESSES,
@@ -142,8 +143,8 @@ REFUSED_GROUPS = {
     "uncounted memory": UNCOUNTED_MEMORY,
     "host administration": HOST_ADMINISTRATION,
 }
-REFUSED = {name: numbers for group in REFUSED_GROUPS.values() for name, numbers in group.items()}
-CLONE = {"clone": (56, 220), "clone3": (435, 435)}
+REFUSED: Table = {name: numbers for group in REFUSED_GROUPS.values() for name, numbers in group.items()}
+CLONE: Table = {"clone": (56, 220), "clone3": (435, 435)}
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 # (CLONE_NEWTIME, 0x80, is clone's exit-signal byte: it only means a namespace to unshare and clone3).
 CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
@@ -158,15 +159,22 @@ def errno_action(code: int) -> int:
     return RET_ERRNO | code
 
 
+def number_of(name: str, machine: str) -> int | None:
+    """The system-call number of `name` (in REFUSED or CLONE) on `machine`; None where it does not exist."""
+    x86_64, aarch64 = {**REFUSED, **CLONE}[name]
+    return x86_64 if machine == "x86_64" else aarch64
+
+
 def refused_numbers(machine: str) -> dict[int, str]:
     """The numbers REFUSED has on `machine` (x86_64 or aarch64), each with its call's name."""
-    column = 0 if machine == "x86_64" else 1
-    return {numbers[column]: name for name, numbers in REFUSED.items() if numbers[column] is not None}
+    numbers = {name: number_of(name, machine) for name in REFUSED}
+    return {number: name for name, number in numbers.items() if number is not None}
 
 
 def _program(machine: str) -> Iterable[tuple[int, int, int, int]]:
     arch, foreign_bit = ARCHES[machine]
-    column = 0 if machine == "x86_64" else 1
+    clone, clone3 = number_of("clone", machine), number_of("clone3", machine)
+    assert clone is not None and clone3 is not None
     eperm, enosys = errno_action(errno.EPERM), errno_action(errno.ENOSYS)
     yield (_LD_ABS, 0, 0, _ARCH)
     yield (_JEQ, 1, 0, arch)
@@ -177,10 +185,8 @@ def _program(machine: str) -> Iterable[tuple[int, int, int, int]]:
         yield (_RET, 0, 0, RET_KILL_PROCESS)
     yield (_JGT, 0, 1, MAX_REVIEWED_NR)
     yield (_RET, 0, 0, enosys)
-    yield (_JEQ, 0, 1, CLONE["clone3"][column])
+    yield (_JEQ, 0, 1, clone3)
     yield (_RET, 0, 0, enosys)
-    clone = CLONE["clone"][column]
-    assert clone is not None
     yield (_JEQ, 0, 4, clone)  # not clone: skip its four instructions (the accumulator still holds nr)
     yield (_LD_ABS, 0, 0, _ARG0_LOW)
     yield (_JSET, 0, 1, CLONE_NEW_FLAGS)
