@@ -92,6 +92,18 @@ try:
 except OSError as err:
     print('total', total, err)
 """
+# processes=8: the program and at most 7 children (fewer while another sandbox of the same user runs).
+_COUNT_FORKS = """import os, time
+children = 0
+try:
+    while children < 100:
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+        children += 1
+except OSError as err:
+    print(children, err.strerror)
+"""
 _WRITABLE_MOUNTS = """for line in open('/proc/self/mountinfo'):
     fields = line.split()
     options, rest = fields[5].split(','), fields[fields.index('-') + 1 :]
@@ -119,6 +131,13 @@ PROGRAMS: dict[str, Hostile] = {
     ),
     "inherits-no-descriptors": Hostile(
         "import os\nprint(sorted(os.listdir('/proc/self/fd')))", "ok", "['0', '1', '2', '3']", exact=True
+    ),
+    "holds-no-capability": Hostile(
+        "fields = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "print([fields[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Seccomp')])",
+        "ok",
+        "['0000000000000000', '0000000000000000', '0000000000000000', '1', '2']",
+        exact=True,
     ),
     "reads-host-root-through-proc": _refused("open('/proc/1/root/etc/passwd')", "No such file or directory"),
     # ---- the file system: nothing of the host's, nothing writable but /work
@@ -178,6 +197,7 @@ PROGRAMS: dict[str, Hostile] = {
     "sysv-message-queue": _raw("68, 0, 0o1600"),  # msgget(IPC_PRIVATE, IPC_CREAT | 0600)
     "posix-message-queue": _raw("240, 0, 0o100, 0o600, 0"),  # mq_open (a NULL name would be EFAULT)
     "fork-bomb": _refused("import os\nwhile True: os.fork()", "Resource temporarily unavailable"),
+    "counts-its-processes": Hostile(_COUNT_FORKS, "ok", check=lambda out: 1 <= int(out.split()[0]) <= 7),
     "thread-bomb": _refused(
         "import threading, time\nwhile True: threading.Thread(target=time.sleep, args=(9,), daemon=True).start()",
         "can't start new thread",

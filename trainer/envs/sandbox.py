@@ -237,8 +237,8 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     os.close(write_fd)
     uid = _sandbox_uid()
     # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
-    # exiting), plus bwrap's own two processes (its monitor and the namespace's init).
-    nproc = limits.processes + 2 + _user_tasks(os.getuid() if uid is None else uid)
+    # exiting), plus bwrap's monitor (outside the namespace; inside, the program itself is pid 1).
+    nproc = limits.processes + 1 + _user_tasks(os.getuid() if uid is None else uid)
     memory = limits.memory_mb * 2**20
     cpu = max(1, math.ceil(limits.cpu_seconds))
     # prlimit sets the limits on itself, then execs bwrap, so everything in the sandbox inherits them. The
