@@ -252,3 +252,17 @@ def test_the_system_calls_of_the_findings_are_refused() -> None:
         "ptrace (-1, 1)",
         "unshare (-1, 1)",
     ], result.output
+
+
+def test_a_bubblewrap_without_the_needed_options_makes_the_tool_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bwrap before 0.8 lacks --disable-userns and --as-pid-1: refused up front, never run with less."""
+    old = tmp_path / "bwrap"
+    old.write_text("#!/bin/sh\necho 'bubblewrap 0.6.1'\n")
+    old.chmod(0o755)
+    monkeypatch.setenv(sandbox.BWRAP_ENV, str(old))
+    problem = sandbox.available()
+    assert problem is not None and "bubblewrap 0.6.1 is older than 0.8" in problem
+    with pytest.raises(sandbox.SandboxUnavailable, match=r"older than 0\.8"):
+        sandbox.run_python("print(1)", LIMITS)

@@ -55,6 +55,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")  # /dev inside: nothing 
 OPEN_FILES = 256  # RLIMIT_NOFILE: bounds the pipes and other kernel objects a program can hold
 # The environment prlimit and bwrap start with, so also bwrap's own (/proc/<pid>/environ): nothing.
 LAUNCH_ENV: dict[str, str] = {}
+MIN_BWRAP = (0, 8)  # --disable-userns and --as-pid-1
 TRUNCATED_MARK = "\n[output truncated]"
 
 
@@ -359,8 +360,24 @@ def _filter() -> bytes:
 
 
 def _missing_binary() -> str | None:
-    if bwrap_path() is None:
+    bwrap = bwrap_path()
+    if bwrap is None:
         return "bubblewrap (bwrap) is not installed: the python tool cannot run"
     if shutil.which("prlimit") is None:
         return "prlimit (util-linux) is not installed: the python tool cannot set its limits"
+    version = _bwrap_version(bwrap)
+    if version < MIN_BWRAP:
+        found = ".".join(map(str, version)) if version else "an unknown version"
+        return f"bubblewrap {found} is older than 0.8 (the sandbox needs --disable-userns and --as-pid-1)"
     return None
+
+
+@functools.cache
+def _bwrap_version(bwrap: str) -> tuple[int, ...]:
+    """bwrap's version as numbers ("bubblewrap 0.8.0" -> (0, 8, 0)); () when it does not say."""
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out.stdout)
+    return tuple(int(part) for part in match.groups() if part is not None) if match else ()
