@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -266,3 +267,25 @@ def test_a_bubblewrap_without_the_needed_options_makes_the_tool_unavailable(
     assert problem is not None and "bubblewrap 0.6.1 is older than 0.8" in problem
     with pytest.raises(sandbox.SandboxUnavailable, match=r"older than 0\.8"):
         sandbox.run_python("print(1)", LIMITS)
+
+
+def test_a_sandbox_that_cannot_start_here_is_found_before_the_job_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installed but refused its namespaces (a container without user namespaces): available() starts one
+    real sandbox and reports bwrap's own words, so the job stops at setup instead of failing every call."""
+    with tempfile.TemporaryDirectory() as folder:  # not pytest's tmp_path: the sandbox's user must run it
+        os.chmod(folder, 0o755)
+        refused = Path(folder) / "bwrap"
+        refused.write_text(
+            "#!/bin/sh\n"
+            "if [ \"$1\" = --version ]; then echo 'bubblewrap 0.8.0'; exit 0; fi\n"
+            "echo 'bwrap: No permissions to create new namespace' >&2; exit 1\n"
+        )
+        refused.chmod(0o755)
+        monkeypatch.setenv(sandbox.BWRAP_ENV, str(refused))
+        problem = sandbox.available()
+    assert (
+        problem
+        == f"the sandbox does not start here ({refused}): bwrap: No permissions to create new namespace"
+    )

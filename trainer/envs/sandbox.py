@@ -343,13 +343,34 @@ def with_group(pid: int, sig: int) -> None:
 
 
 def available() -> str | None:
-    """None when the python tool can run here, else why not (one line)."""
+    """None when the python tool can run here, else why not (one line): the binaries, the filter's table,
+    and one real sandbox started (user namespaces may be off, or a container may refuse them)."""
     try:
-        python_runtime()
+        runtime = python_runtime()
         _filter()
     except SandboxUnavailable as err:
         return str(err)
-    return _missing_binary()
+    problem = _missing_binary()
+    if problem is not None:
+        return problem
+    return _probe(bwrap_path() or "", runtime.interpreter, os.geteuid())
+
+
+PROBE = "print('sandbox ok')"
+PROBE_LIMITS = ToolLimitsSpec(cpu_seconds=5, wall_seconds=20, memory_mb=64, processes=4, output_bytes=4096)
+
+
+@functools.cache
+def _probe(bwrap: str, interpreter: str, euid: int) -> str | None:
+    """Runs a one-line program in the sandbox once per (bwrap, interpreter, user); None when it printed."""
+    try:
+        result = run_python(PROBE, PROBE_LIMITS, interpreter=interpreter)
+    except SandboxUnavailable as err:
+        return str(err)
+    if result.ok and result.output == "sandbox ok\n":
+        return None
+    last = (result.output.strip().splitlines() or ["no output"])[-1][:200]
+    return f"the sandbox does not start here ({bwrap}): {last}"
 
 
 def _filter() -> bytes:
