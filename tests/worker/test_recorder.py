@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from store import repository
+from store.artifacts import open_artifact_storage
 from store.database import Database
 from store.models import Checkpoint, JobEvent, JobMetric
 from tests.service.conftest import (  # noqa: F401 - the service suite's fixtures, used here by name
@@ -41,7 +42,7 @@ def recorder(
         claim = repository.claim_job(session, job_id, owner="recorder-test", lease_s=60)
     assert claim is not None
     worker_settings = WorkerSettings(database_url=pg_url, artifact_root=artifact_root, db_retry_max_s=5.0)
-    return Recorder(db, claim, worker_settings)
+    return Recorder(db, claim, worker_settings, open_artifact_storage(worker_settings.artifact_root))
 
 
 def _count(db: Database, model: type, job_id: str, **where: object) -> int:  # noqa: F811 - db: the fixture's name
@@ -86,7 +87,7 @@ def test_a_batch_written_twice_leaves_the_rows_of_one_write(
         )
         claim = repository.claim_job(session, job_id, owner="recorder-test-2", lease_s=60)
     assert claim is not None and claim.attempt == 2
-    second = Recorder(db, claim, recorder.settings)
+    second = Recorder(db, claim, recorder.settings, recorder.storage)
     second.record_batch([{"type": "resumed", "step": 2}])
     assert _count(db, JobEvent, job_id, type="trainer.resumed") == 2
 
