@@ -3,6 +3,7 @@ succeeded but its reply was lost) leaves the rows of one write, and a lost lease
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,30 @@ def test_a_batch_written_twice_leaves_the_rows_of_one_write(
     with pytest.raises(LeaseLost):
         recorder.record_batch([{"type": "step", "step": 3, "metrics": step_metrics(3, 0.6)}])
     assert _count(db, JobMetric, job_id) == 2
+
+
+def test_what_the_tenant_sees_names_paths_relative_to_its_folder(
+    recorder: Recorder,
+    db: Database,  # noqa: F811
+    artifact_root: Path,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 21: a storage fault showed the tenant the server's absolute artifact path, in the trainer.error
+    event and in the job's error. The tenant's copy is relative to its folder; the worker's log keeps the
+    absolute path."""
+    claim = recorder.claim
+    absolute = f"{artifact_root.resolve()}/{claim.tenant_id}/{claim.job_id}/run/checkpoints/.tmp-step-000004"
+    message = f"cannot write {absolute}: ENOSPC (No space left on device)"
+    shown = f"cannot write {claim.job_id}/run/checkpoints/.tmp-step-000004: ENOSPC (No space left on device)"
+    with caplog.at_level(logging.ERROR, logger="worker.training"):
+        recorder.record(
+            {"type": "error", "step": 4, "code": "storage_full", "path": absolute, "message": message}
+        )
+    recorder.finish("failed", repository.JobError("storage_full", message, "system"))
+    with db.sessions() as session:
+        job = repository.load_job(session, claim.job_id)
+        events, _ = repository.list_events(session, claim.job_id, after=0, limit=100)
+    assert job is not None and job.error_message == shown
+    assert [e.message for e in events if e.type == "trainer.error"] == [shown]
+    assert all(str(artifact_root.resolve()) not in e.message for e in events)
+    assert absolute in caplog.text
