@@ -1,4 +1,4 @@
-"""POST /v1/jobs on PostgreSQL runs on the event loop (store.async_pool): one autocommit statement inserts
+"""POST /v1/jobs on PostgreSQL runs on the event loop (store.async_pool): one query, one transaction, inserts
 the job and its first event. It is the only create path (SQLite, the embedded mode, awaits the same
 functions on the engine in a thread). These pin down what it must keep: durability before the doorbell,
 the response is the stored job, Idempotency-Key under concurrency and across tenants, the error shapes."""
