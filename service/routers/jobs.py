@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
+from contract.estimate import estimate
 from contract.spec import TrainSpec
 from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
@@ -118,7 +119,7 @@ async def estimate_job(body: JobCreate, tenant: CurrentTenant, services: Service
     """Everything POST /v1/jobs checks, without creating the job: the resolved spec (every default filled
     in), its cost in steps, sampled responses and tokens, and whether the tenant's limits let it start."""
     spec = await _validated(body, tenant, services)
-    cost = job_specs.estimate(spec)
+    cost = estimate(spec)
     pool, queue = services.db.async_pool, services.settings.training_queue
     limit = services.settings.max_active_jobs_per_tenant
     active = await repository.count_active_jobs(pool, tenant.id)
@@ -129,7 +130,7 @@ async def estimate_job(body: JobCreate, tenant: CurrentTenant, services: Service
         allowed_to_proceed=not limit or active < limit,
         active_jobs=active,
         max_active_jobs=limit or None,
-        **cost.__dict__,
+        **cost.model_dump(),
     )
 
 
