@@ -158,7 +158,9 @@ class Recorder:
             return [lambda s: repository.record_eval(s, c.job_id, c.lease_token, step, metrics)]
         if kind == "checkpoint":
             step, key = int(event["step"]), self.storage.key_of(event["path"])
-            size = self.storage.size(key)
+            # A folder already pruned (keep_last) when its event is recorded late (after a database outage)
+            # has no bytes left: its row is written, then removed by the checkpoint_deleted event that follows.
+            size = self.storage.size(key) if self.storage.exists(key) else 0
             return [
                 lambda s: repository.add_checkpoint(s, c.job_id, c.lease_token, step, key, size=size),
                 self._event_op(

@@ -123,3 +123,19 @@ def test_what_the_tenant_sees_names_paths_relative_to_its_folder(
     assert [e.message for e in events if e.type == "trainer.error"] == [shown]
     assert all(str(artifact_root.resolve()) not in e.message for e in events)
     assert absolute in caplog.text
+
+
+def test_a_checkpoint_pruned_before_it_was_recorded_is_recorded_then_removed(
+    recorder: Recorder,
+    db: Database,  # noqa: F811
+    artifact_root: Path,  # noqa: F811
+) -> None:
+    """After a database outage the worker records events late: the trainer may have pruned a checkpoint
+    (keep_last) by then. Its row is written and removed by the pruning event, and the worker goes on."""
+    job_id = recorder.claim.job_id
+    gone = artifact_root / recorder.claim.run_dir / "checkpoints" / "step-000006"  # never on disk now
+    recorder.record_batch(
+        [{"type": "checkpoint", "step": 6, "path": str(gone)}, {"type": "checkpoint_deleted", "step": 6}]
+    )
+    assert _count(db, Checkpoint, job_id) == 0
+    assert _count(db, JobEvent, job_id, type="checkpoint.created") == 1
