@@ -58,7 +58,8 @@ def download_checkpoint(
     top = checkpoint_archive_name(job.id, checkpoint.step)
     sha256, size = checkpoint.archive_sha256, checkpoint.archive_bytes
     if sha256 is None or size is None:
-        sha256, size = archive_digest(services.storage, files, top)  # once per checkpoint; stored for the next download
+        # Once per checkpoint; stored for the next download.
+        sha256, size = archive_digest(services.storage, files, top)
         repository.set_checkpoint_archive(session, checkpoint, sha256, size)
         session.commit()
     session.close()
