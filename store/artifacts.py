@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -35,6 +36,7 @@ from contract.storage import fsync_dir, fsync_file
 from store.errors import NotFound
 
 STAGED_PREFIX = ".staged-"  # a hidden file beside its destination, until commit renames it
+_NAME_ENDS = r"(?![\w.-])"  # no more characters of a file name follow
 
 
 class StorageKeyError(NotFound):
@@ -207,9 +209,11 @@ class LocalArtifactStorage:
 
     def shown_to_tenant(self, text: str, tenant_id: str) -> str:
         # The tenant's own folder first (its paths become relative to it), then the rest of the root (keys).
+        # A bare folder is matched only where its name ends (ten_a is not the start of ten_ab).
         folder = f"{self.root}/{tenant_id}"
-        text = text.replace(f"{folder}/", "").replace(folder, ".")
-        return text.replace(f"{self.root}/", "").replace(str(self.root), "the artifact root")
+        text = re.sub(re.escape(folder) + _NAME_ENDS, ".", text.replace(f"{folder}/", ""))
+        text = text.replace(f"{self.root}/", "")
+        return re.sub(re.escape(str(self.root)) + _NAME_ENDS, "the artifact root", text)
 
 
 def open_artifact_storage(root: str | os.PathLike[str]) -> ArtifactStorage:

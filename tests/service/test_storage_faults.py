@@ -105,3 +105,23 @@ def test_upload_to_a_tenant_folder_on_its_own_filesystem_is_stored(
         assert sorted(p.name for p in root.rglob("*") if p.is_file()) == [f"{file_id}.jsonl"]
     finally:
         disk.unmount()
+
+
+def test_a_staged_file_on_another_filesystem_is_copied_and_renamed_into_place(tmp_path: Path) -> None:
+    """commit()'s fallback: a staged file that is not on its destination's filesystem is copied beside the
+    destination, fsynced and renamed (never left half-written, never a 503)."""
+    from store.artifacts import STAGED_PREFIX, LocalArtifactStorage
+
+    disk = Tmpfs(tmp_path / "artifacts", size_mib=1)
+    try:
+        storage = LocalArtifactStorage(disk.path)
+        elsewhere = tmp_path / "staged.partial"  # on the test's own filesystem, not the tmpfs
+        elsewhere.write_bytes(GOOD_JSONL)
+        assert elsewhere.stat().st_dev != disk.path.stat().st_dev
+        storage.commit(elsewhere, "ten_a/files/file_b.jsonl")
+        assert (disk.path / "ten_a/files/file_b.jsonl").read_bytes() == GOOD_JSONL
+        assert not elsewhere.exists()
+        assert [p.name for p in (disk.path / "ten_a/files").iterdir()] == ["file_b.jsonl"]
+        assert not any(p.name.startswith(STAGED_PREFIX) for p in disk.path.rglob("*"))
+    finally:
+        disk.unmount()
