@@ -5,11 +5,12 @@ A plain `def` route or dependency costs a thread-pool hop and SQLAlchemy's sessi
 around one statement; on a small machine that is most of the request. On PostgreSQL `AsyncPool` is a small
 pool of psycopg async connections (autocommit, UTC) that runs the repository's own SQLAlchemy statements,
 compiled once for psycopg (JSON parameters are passed as JSONB: SQLAlchemy's bind processing is not in the
-way). In autocommit each statement is its own transaction; `fetch_in_transaction` runs several in one
-(one round trip: one simple-protocol query, which PostgreSQL runs as one transaction). SQLite (embedded mode) has no async driver
-here: `ThreadedPool` runs the same statements through the SQLAlchemy engine in the thread pool. Both have
-the same two methods, `fetch_one(statement, params)` and `fetch_in_transaction(steps)` (`StatementPool`),
-so the repository has one function per operation, with one body, whatever the database.
+way). In autocommit each statement is its own transaction; `fetch_in_transaction` runs several in one (one
+round trip: one simple-protocol query, which PostgreSQL runs as one transaction). SQLite (embedded mode)
+has no async driver here: `ThreadedPool` runs the same statements through the SQLAlchemy engine in the
+thread pool. Both have the same two methods, `fetch_one(statement, params)` and
+`fetch_in_transaction(steps)` (`StatementPool`), so the repository has one function per operation, with
+one body, whatever the database.
 
 Idle connections are checked before reuse (connection_looks_alive: no round trip), so the first requests
 after a PostgreSQL restart do not fail on connections the old server closed.
