@@ -1,4 +1,5 @@
-"""Storage faults: a failed write to the run's storage, named the same way by the trainer and the worker.
+"""Storage faults: a failed write to the run's storage, named the same way by the trainer and the worker;
+and the one way the project makes a write durable (fsync_file, fsync_dir, fsync_tree).
 
 A write that fails with ENOSPC or EDQUOT (`storage_full`), EROFS (`storage_read_only`) or any other OSError
 (`storage_io_error`: EIO, ...) ends the job failed, category system, with the errno name and the path in
@@ -112,3 +113,29 @@ def storage_writes(path: str | os.PathLike[str]) -> Iterator[None]:
         if storage is None:
             raise
         raise storage from err
+
+
+# ------------------------------------------------------------------------------------------- durability
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flushes a written file's bytes to the disk (before it is renamed into place)."""
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flushes a folder's entries: a rename or a new file in it survives a power cut."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike[str]) -> None:
+    """Every file and every folder under `root`, `root` included (a folder written before its rename)."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fsync_file(os.path.join(dirpath, name))
+        fsync_dir(dirpath)

@@ -5,7 +5,7 @@ caller's own job (another tenant's is a 404).
 
 Dependencies that use a SQLAlchemy session are plain functions (FastAPI runs them in its thread pool); the
 ones that do not are `async def`, so they cost no thread hop. VisibleJob awaits its one statement on the
-database's event-loop pool (store.async_pool).
+database's event-loop pool (store.async_pool), and so does OwnedFile.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from service.errors import NotFound, TooManyRequests, Unauthenticated, Unprocess
 from service.principals import Principal, TenantRef
 from service.ratelimit import retry_after_seconds
 from service.services import Services
-from service.views import JobLike
+from service.views import FileLike, JobLike
 from store import repository
-from store.models import Checkpoint, File, Job
+from store.models import Checkpoint, Job
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -196,18 +196,18 @@ async def visible_job(
 VisibleJob = Annotated[JobLike, Depends(visible_job)]
 
 
-def owned_file(
+async def owned_file(
     file_id: Annotated[str, Path(description="A file id (file_...).", max_length=64)],
     tenant: CurrentTenant,
-    session: SessionDep,
-) -> File:
-    row = repository.get_file(session, tenant.id, file_id)
+    services: ServicesDep,
+) -> FileLike:
+    row = await repository.get_file(services.db.async_pool, tenant.id, file_id)
     if row is None:
         raise NotFound(f"no file with id {file_id!r}", param="file_id")
     return row
 
 
-OwnedFile = Annotated[File, Depends(owned_file)]
+OwnedFile = Annotated[FileLike, Depends(owned_file)]
 
 
 def owned_checkpoint(

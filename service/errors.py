@@ -104,6 +104,7 @@ class Unavailable(ServiceError):
 
 # The repository's errors (store.errors, no HTTP there) and the API error each one answers as.
 STORE_ERRORS: dict[type[store_errors.StoreError], type[ServiceError]] = {
+    store_errors.NotFound: NotFound,
     store_errors.Conflict: Conflict,
     store_errors.Invalid: Unprocessable,
     store_errors.StoreError: Unprocessable,

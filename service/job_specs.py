@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -191,50 +189,6 @@ def dotted(loc: tuple[Any, ...] | list[Any]) -> str:
         else:
             parts.append(str(part))
     return ".".join(parts)
-
-
-# ------------------------------------------------------------------------------------------------ costing
-
-
-@dataclass(frozen=True)
-class Estimate:
-    total_steps: int
-    responses_per_step: int
-    total_responses: int
-    max_completion_tokens: int
-    forward_backward_passes: int
-    sft_steps: int
-    sft_examples: int
-    evaluations: int
-    eval_completions: int
-    checkpoints: int
-    num_processes: int
-
-
-def estimate(spec: TrainSpec) -> Estimate:
-    """What the job costs in steps, sampled responses and tokens (upper bounds; no GPU-hour price)."""
-    steps = spec.optim.steps
-    per_step = spec.responses_per_step
-    if spec.optim.dynamic_sampling.enabled:  # DAPO may draw up to max_gen_batches batches per step
-        per_step *= spec.optim.dynamic_sampling.max_gen_batches
-    micro = math.ceil(spec.responses_per_step / spec.optim.micro_batch_size)
-    evaluations = 2 + (steps // spec.evaluation.interval if spec.evaluation.interval else 0)
-    sft = spec.sft
-    turns = spec.environment.max_turns if spec.environment is not None else 1
-    return Estimate(
-        total_steps=steps,
-        responses_per_step=per_step,
-        total_responses=steps * per_step,
-        # A tool-use episode samples up to max_turns turns of max_new_tokens each.
-        max_completion_tokens=steps * per_step * spec.sampling.max_new_tokens * turns,
-        forward_backward_passes=steps * spec.optim.ppo_epochs * micro,
-        sft_steps=sft.steps if sft else 0,
-        sft_examples=sft.steps * sft.batch_size if sft else 0,
-        evaluations=evaluations,
-        eval_completions=evaluations * spec.task.eval_size * spec.evaluation.k,
-        checkpoints=steps // spec.checkpoint.interval,
-        num_processes=spec.distributed.num_processes,
-    )
 
 
 def canonical_hash(value: Any) -> str:

@@ -5,11 +5,14 @@ safe in the database and the worker's sweeper re-sends queued jobs nobody claime
 
 Two ways to send, one message. `enqueue` is Celery's `send_task` (blocking; the sync routes, and any broker
 that is not Redis, e.g. the embedded mode's filesystem://). `enqueue_async` (POST /v1/jobs on the event loop)
-with a Redis broker builds the same message without I/O, Celery building the task message itself
-(`app.amqp.create_task_message`, protocol 2) inside kombu's Redis envelope, and pushes it with one LPUSH from
-an asyncio Redis client: no thread hop and none of kombu's per-publish producer and client set-up, which
-together cost more CPU than the rest of creating a job. It is what kombu's Redis transport does for a
-direct queue (routing key = queue name, default exchange, priority 0: the list named after the queue);
+with a Redis broker builds the same message without I/O and pushes it with one LPUSH from an asyncio Redis
+client: no thread hop and none of the broker connection and client set-up of a blocking publish, which
+together cost more CPU than the rest of creating a job. Nothing of the message is written here: Celery
+builds the task message (`app.amqp.create_task_message`, protocol 2) and kombu builds the envelope, with its
+own `Producer.publish` (serialisation, delivery mode, priority) on a virtual channel (body encoding,
+delivery tag, delivery info) whose delivery keeps the message instead of sending it (`_EnvelopeChannel`).
+The LPUSH is then what kombu's Redis transport does for a direct queue (routing key = queue name, default
+exchange, priority 0: the list named after the queue, the message as kombu's JSON).
 tests/service/test_queue.py holds it equal to a message sent by `send_task`, field by field, and has kombu's
 consumer decode it.
 """
@@ -17,7 +20,6 @@ consumer decode it.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import threading
 import uuid
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import kombu
+from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 from starlette.concurrency import run_in_threadpool
 
@@ -48,6 +52,23 @@ class JobQueue(Protocol):
     async def aclose(self) -> None: ...
 
 
+class _EnvelopeChannel(virtual.Channel):
+    """kombu's virtual channel, delivering to a list instead of a broker: what Producer.publish hands it is
+    the message kombu's Redis transport would push, envelope and all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.delivered: list[tuple[str, dict[str, Any]]] = []
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self.delivered.append((queue, message))
+
+
+class _EnvelopeTransport(virtual.Transport):
+    Channel = _EnvelopeChannel
+    driver_type = driver_name = "stare-envelope"
+
+
 class CeleryJobQueue:
     """Sends `task_name(job_id)` to a queue on the broker. The Celery app is built on first use."""
 
@@ -61,6 +82,7 @@ class CeleryJobQueue:
         self._app: Any = None
         self._lock = threading.Lock()
         self._redis: tuple[asyncio.AbstractEventLoop, Any] | None = None  # (its loop, an asyncio client)
+        self._envelopes: tuple[kombu.Connection, kombu.Producer] | None = None
 
     def _celery(self) -> Any:
         with self._lock:
@@ -115,27 +137,34 @@ class CeleryJobQueue:
         return True
 
     def redis_message(self, job_id: str, queue: str) -> bytes:
-        """What `send_task(task_name, args=[job_id], queue=queue)` pushes onto a Redis broker's list `queue`."""
+        """What `send_task(task_name, args=[job_id], queue=queue)` pushes onto a Redis broker's list `queue`:
+        Celery's task message in kombu's envelope, both built by them (see the module docstring)."""
         app = self._celery()
-        task_id = str(uuid.uuid4())
         headers, properties, body, _ = app.amqp.create_task_message(
-            task_id, self.task_name, [job_id], {}, reply_to=app.thread_oid, ignore_result=None
+            str(uuid.uuid4()), self.task_name, [job_id], {}, reply_to=app.thread_oid, ignore_result=None
         )
-        envelope = {
-            "body": base64.b64encode(kombu_json.dumps(body).encode("utf-8")).decode("ascii"),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": headers,
-            "properties": {
-                **properties,
-                "delivery_mode": 2,  # persistent
-                "delivery_info": {"exchange": "", "routing_key": queue},
-                "priority": 0,
-                "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
-            },
-        }
-        return kombu_json.dumps(envelope).encode("utf-8")
+        producer = self._envelope_producer()
+        producer.publish(
+            body,
+            exchange="",  # the default exchange: the routing key names the queue (a direct queue)
+            routing_key=queue,
+            serializer=app.conf.task_serializer,
+            delivery_mode=kombu.entity.PERSISTENT_DELIVERY_MODE,
+            headers=headers,
+            retry=False,
+            **properties,
+        )
+        channel = producer.channel
+        delivered_to, message = channel.delivered.pop()
+        assert delivered_to == queue and not channel.delivered
+        return kombu_json.dumps(message).encode("utf-8")
+
+    def _envelope_producer(self) -> kombu.Producer:
+        """A kombu producer on a channel that keeps what it is given (built once; it does no I/O)."""
+        if self._envelopes is None:
+            connection = kombu.Connection(transport=_EnvelopeTransport)
+            self._envelopes = (connection, kombu.Producer(connection.default_channel, auto_declare=False))
+        return self._envelopes[1]
 
     def _redis_client(self) -> Any:
         """An asyncio Redis client of the running loop (tests run several loops; production one)."""
@@ -163,6 +192,9 @@ class CeleryJobQueue:
             if self._app is not None:
                 self._app.close()
                 self._app = None
+        envelopes, self._envelopes = self._envelopes, None
+        if envelopes is not None:
+            envelopes[0].release()
 
     async def aclose(self) -> None:
         redis, self._redis = self._redis, None

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
+from contract.estimate import JobEstimate
 from store.ids import id_pattern
 from store.models import FILE_PURPOSES, JobStatus
 
@@ -245,23 +246,13 @@ class JobCreate(_Request):
     ) = Field(default=None, description="Up to 16 string pairs (keys ≤ 64 chars, values ≤ 512 chars).")
 
 
-class EstimateObject(BaseModel):
+class EstimateObject(JobEstimate):
+    """The job's cost (contract.estimate.JobEstimate, its fields written there once), its resolved spec,
+    and where it would stand: its queue and the tenant's active-job limit."""
+
     object: Literal["job.estimate"] = "job.estimate"
     valid: Literal[True] = True
     resolved_spec: dict[str, Any] = Field(description="The spec with every default filled in.")
-    total_steps: int
-    responses_per_step: int = Field(
-        description="Sampled responses per RL step (upper bound with dynamic sampling)."
-    )
-    total_responses: int
-    max_completion_tokens: int = Field(description="Upper bound on generated tokens over all RL steps.")
-    forward_backward_passes: int
-    sft_steps: int
-    sft_examples: int
-    evaluations: int
-    eval_completions: int
-    checkpoints: int
-    num_processes: int
     queue: str
     jobs_ahead: int = Field(description="Jobs queued on the same queue now.")
     allowed_to_proceed: bool = Field(description="False when the tenant is at its active-job limit.")

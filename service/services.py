@@ -12,8 +12,8 @@ from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
 from service.ratelimit import RateLimiter, RedisTokenBucketLimiter, TokenBucketLimiter
 from service.settings import Settings
-from service.storage import LocalArtifactStorage
 from service.telemetry import Telemetry
+from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 
 
@@ -21,7 +21,7 @@ from store.database import Database
 class Services:
     settings: Settings
     db: Database
-    storage: LocalArtifactStorage
+    storage: ArtifactStorage
     queue: JobQueue
     limiter: RateLimiter
     principals: PrincipalCache
@@ -44,7 +44,7 @@ class Services:
         return cls(
             settings=settings,
             db=db,
-            storage=LocalArtifactStorage(settings.artifact_root),
+            storage=open_artifact_storage(settings.artifact_root),
             queue=queue,
             limiter=_rate_limiter(settings),
             principals=PrincipalCache(settings.auth_cache_ttl_s),

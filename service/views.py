@@ -17,7 +17,7 @@ from store.models import TERMINAL_STATUSES, ApiKey, Checkpoint, File, Job, JobEv
 
 # A Job, or a read-only row of the same columns under the same names (store.repository.read_job).
 JobLike = Job | Row[Any] | SimpleNamespace
-# A File, or a read-only row of its columns (repository.get_file_async).
+# A File, or a read-only row of its columns (repository.get_file).
 FileLike = File | SimpleNamespace
 
 
@@ -115,7 +115,7 @@ def job_view(job: JobLike) -> schemas.JobObject:
     )
 
 
-def file_view(row: File) -> schemas.FileObject:
+def file_view(row: FileLike) -> schemas.FileObject:
     return schemas.FileObject(
         id=row.id,
         filename=row.filename,

@@ -1,12 +1,16 @@
-"""Single statements awaited from the event loop: the hot path GET /v1/jobs/{id} (one indexed SELECT).
+"""Statements awaited from the event loop: the hot paths GET /v1/jobs/{id} (one indexed SELECT) and
+POST /v1/jobs (the job and its first event, in one transaction).
 
 A plain `def` route or dependency costs a thread-pool hop and SQLAlchemy's session and execution machinery
 around one statement; on a small machine that is most of the request. On PostgreSQL `AsyncPool` is a small
 pool of psycopg async connections (autocommit, UTC) that runs the repository's own SQLAlchemy statements,
-compiled once for psycopg. In autocommit each statement is its own transaction. SQLite (embedded mode) has
-no async driver here: `ThreadedPool` runs the same statements through the SQLAlchemy engine in the thread
-pool. Both have one method, `fetch_one(statement, params)` (`StatementPool`), so the repository has one
-function per operation whatever the database.
+compiled once for psycopg (JSON parameters are passed as JSONB: SQLAlchemy's bind processing is not in the
+way). In autocommit each statement is its own transaction; `fetch_in_transaction` runs several in one (one
+round trip: one simple-protocol query, which PostgreSQL runs as one transaction). SQLite (embedded mode)
+has no async driver here: `ThreadedPool` runs the same statements through the SQLAlchemy engine in the
+thread pool. Both have the same two methods, `fetch_one(statement, params)` and
+`fetch_in_transaction(steps)` (`StatementPool`), so the repository has one function per operation, with
+one body, whatever the database.
 
 Idle connections are checked before reuse (connection_looks_alive: no round trip), so the first requests
 after a PostgreSQL restart do not fail on connections the old server closed.
@@ -19,18 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio.to_thread
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine, make_url
 
 _PSYCOPG = postgresql.psycopg.dialect()
-T = TypeVar("T")
+# One statement and its parameters, as the repository hands them to a pool.
+Step = tuple[sa.Executable, Mapping[str, Any]]
 
 
 def psycopg_conninfo(database_url: str) -> str:
@@ -46,15 +52,31 @@ class AsyncPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: list[psycopg.AsyncConnection[dict[str, Any]]] = []
         self._slots: asyncio.Semaphore | None = None
-        self._compiled: dict[int, tuple[sa.Executable, str]] = {}
+        self._compiled: dict[int, tuple[sa.Executable, str, frozenset[str]]] = {}
 
     def sql(self, statement: sa.Executable) -> str:
         """The statement's SQL for psycopg, compiled once."""
+        return self._compile(statement)[1]
+
+    def _compile(self, statement: sa.Executable) -> tuple[sa.Executable, str, frozenset[str]]:
+        """(statement, SQL, names of its JSON parameters), compiled once per statement."""
         found = self._compiled.get(id(statement))
         if found is None:
-            found = (statement, str(statement.compile(dialect=_PSYCOPG)))  # type: ignore[attr-defined]
+            compiled = statement.compile(dialect=_PSYCOPG)  # type: ignore[attr-defined]
+            json_binds = frozenset(
+                name for name, bind in compiled.binds.items() if isinstance(bind.type, sa.JSON)
+            )
+            found = (statement, str(compiled), json_binds)
             self._compiled[id(statement)] = found  # the statement is kept, so its id stays unique
-        return found[1]
+        return found
+
+    def _prepared(self, statement: sa.Executable, params: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """SQL and parameters for psycopg: JSON values wrapped as Jsonb (psycopg adapts no dict itself)."""
+        _, sql, json_binds = self._compile(statement)
+        return sql, {
+            key: Jsonb(value) if key in json_binds and value is not None else value
+            for key, value in params.items()
+        }
 
     def _bind_loop(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -88,16 +110,46 @@ class AsyncPool:
         """One statement's first row. `idempotent` statements (reads) that fail on a reused connection are
         tried once more on a fresh one: a connection the server dropped without a word (no FIN yet) is
         only found by using it."""
-        sql = self.sql(statement)
+        sql, values = self._prepared(statement, params)
         slots = self._bind_loop()
         async with slots:
             conn, reused = await self._checkout()
             try:
-                return await self._run(conn, sql, params)
+                return await self._run(conn, sql, values)
             except psycopg.OperationalError:
                 if not (idempotent and reused):
                     raise
-            return await self._run(await self._connect(), sql, params)
+            return await self._run(await self._connect(), sql, values)
+
+    async def fetch_in_transaction(self, steps: Sequence[Step]) -> list[dict[str, Any] | None]:
+        """Each statement's first row (None for none), all in one transaction, committed when this returns.
+
+        The statements go out as one simple-protocol query (parameters bound by psycopg on the client side),
+        which PostgreSQL runs as one implicit transaction: one round trip, and no BEGIN or COMMIT to send
+        (docs/BENCHMARKS.md has what the other ways cost). Not retried (a write)."""
+        sqls: list[str] = []
+        values: dict[str, Any] = {}
+        for statement, params in steps:
+            sql, prepared = self._prepared(statement, params)
+            if values.keys() & prepared.keys():
+                raise ValueError(
+                    f"parameter names repeat across statements: {values.keys() & prepared.keys()}"
+                )
+            sqls.append(sql)
+            values.update(prepared)
+        async with self._bind_loop():
+            conn, _ = await self._checkout()
+            try:
+                cursor = psycopg.AsyncClientCursor(conn, row_factory=dict_row)
+                await cursor.execute("; ".join(sqls), values)
+                rows = [await cursor.fetchone() if cursor.description else None]
+                while cursor.nextset():
+                    rows.append(await cursor.fetchone() if cursor.description else None)
+            except BaseException:
+                await _close_quietly(conn)  # a broken or cancelled connection is not reused
+                raise
+            self._release(conn)
+            return rows
 
     async def _run(
         self, conn: psycopg.AsyncConnection[dict[str, Any]], sql: str, params: Mapping[str, Any]
@@ -108,11 +160,14 @@ class AsyncPool:
         except BaseException:
             await _close_quietly(conn)  # a broken or cancelled connection is not reused
             raise
+        self._release(conn)
+        return row
+
+    def _release(self, conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
         if conn.closed or conn.broken:
-            await _close_quietly(conn)
+            conn.pgconn.finish()
         else:
             self._idle.append(conn)
-        return row
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []
@@ -143,13 +198,17 @@ class ThreadedPool:
             row = conn.execute(statement, dict(params)).mappings().first()
         return dict(row) if row is not None else None
 
-    async def transaction(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(connection, *args) in one transaction (committed when it returns), in the thread pool."""
-        return await anyio.to_thread.run_sync(self._transaction, fn, *args)
+    async def fetch_in_transaction(self, steps: Sequence[Step]) -> list[dict[str, Any] | None]:
+        return await anyio.to_thread.run_sync(self._fetch_in_transaction, steps)
 
-    def _transaction(self, fn: Callable[..., T], *args: Any) -> T:
+    def _fetch_in_transaction(self, steps: Sequence[Step]) -> list[dict[str, Any] | None]:
+        rows: list[dict[str, Any] | None] = []
         with self.engine.begin() as conn:
-            return fn(conn, *args)
+            for statement, params in steps:
+                result = conn.execute(statement, dict(params))
+                row = result.mappings().first() if result.returns_rows else None
+                rows.append(dict(row) if row is not None else None)
+        return rows
 
     async def close(self) -> None:
         return None

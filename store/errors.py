@@ -2,7 +2,7 @@
 
 Each error has a stable `code` (the API's error code), a message and, where one field is to blame, the
 `param` (a dotted field path or a header name). The API answers them through service.errors, which maps
-each class to its HTTP status (Conflict → 409, Invalid → 422); the worker never meets them (its writes are
+each class to its HTTP status (NotFound → 404, Conflict → 409, Invalid → 422); the worker never meets them (its writes are
 fenced on the lease and return False/None instead of raising).
 """
 
@@ -18,6 +18,12 @@ class StoreError(Exception):
         self.param = param
         if code is not None:
             self.code = code
+
+
+class NotFound(StoreError):
+    """Nothing stored under the name asked for (an artifact key with no object behind it)."""
+
+    code = "not_found"
 
 
 class Conflict(StoreError):

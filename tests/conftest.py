@@ -1,9 +1,12 @@
 """Suite-wide rules.
 
 Real components: a test that needs a real Prometheus, promtool, chromium or bubblewrap marks itself with
-`requires_binary(...)`. Missing, it is skipped with a reason starting `real component missing:`; under
+`requires_binary(...)`; a test that finds at run time that its real part cannot run here (a mount without
+root, a private PostgreSQL or Redis server that cannot be started) calls `skip_missing_component(...)`.
+Either way it is skipped with a reason starting `real component missing:`; under
 STARE_REQUIRE_REAL_COMPONENTS=1 (set by `make test`, the README's test command) such a skip is a failure,
-so a green run cannot hide a real part that never ran.
+so a green run cannot hide a real part that never ran. tests/worker/test_fault_skips.py holds the fault
+tests (outages, mounts, storage faults, database restarts) to it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -24,6 +28,12 @@ def requires_binary(*names: str) -> pytest.MarkDecorator:
         bool(missing),
         reason=f"{REAL_COMPONENT_MISSING} {', '.join(missing)} (scripts/install-system-deps installs it)",
     )
+
+
+def skip_missing_component(reason: str) -> NoReturn:
+    """Skip (or, under STARE_REQUIRE_REAL_COMPONENTS=1, fail): a real component this test needs cannot run
+    here, for `reason`."""
+    pytest.skip(f"{REAL_COMPONENT_MISSING} {reason}")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from contract.protocol import checkpoint_name, checkpoint_step
-from contract.storage import storage_writes
+from contract.storage import fsync_dir, fsync_tree, storage_writes
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
@@ -66,14 +66,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_tree(path: Path) -> None:
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
 def save_checkpoint(
     root: Path,
     step: int,
@@ -95,9 +87,9 @@ def save_checkpoint(
                 shutil.rmtree(tmp)
             tmp.mkdir()
             _write(tmp, model, tokenizer, optimizer, scheduler, {**state, "step": step}, is_lora, merge_lora)
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             _replace(tmp, final)
-            _fsync_dir(root)  # the rename itself survives a power cut
+            fsync_dir(root)  # the rename itself survives a power cut
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder never lingers (nor fills the disk)
         raise
@@ -177,14 +169,6 @@ def _replace(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _merged_copy(model: Any) -> Any:

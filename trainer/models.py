@@ -41,6 +41,7 @@ from transformers import (
 )
 
 from contract.catalog import BUILTIN_MODELS, SMOLLM2_135M_INSTRUCT, TINY_ARITH
+from contract.storage import fsync_dir, fsync_tree
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -174,12 +175,12 @@ def ensure_converted(target: Path, build: Callable[[Path], None]) -> Path:
             tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
             try:
                 build(tmp)
-                _fsync_tree(tmp)
+                fsync_tree(tmp)
                 os.rename(tmp, target)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         finally:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
     return target
@@ -187,22 +188,6 @@ def ensure_converted(target: Path, build: Callable[[Path], None]) -> Path:
 
 def _is_complete(folder: Path) -> bool:
     return (folder / "config.json").is_file()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_dir(root)
 
 
 def _convert_gguf_to_folder(gguf_path: Path, out_dir: Path) -> None:

@@ -24,11 +24,17 @@ How the run ends, by the trainer's exit code (contract.protocol.ExitCode):
 The worker's own writes after the claim (the spec file, the trainer log) fail the job the same way as the
 trainer's exit 74, instead of raising out of the task and leaving the job to the sweeper (which would count
 each attempt as a lost worker).
+
+Artifacts go through the artifact storage (store.artifacts): the run folder the trainer works in is the
+storage's local path of the job's run key, and the trainer's outputs are recorded by key. What the tenant
+sees (the job's error, its events) names paths relative to the tenant's folder; the server's absolute
+paths stay in the worker's log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -57,6 +63,7 @@ from contract.protocol import (
 )
 from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
 from store import repository
+from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 from store.repository import Claim, JobError
 from worker.settings import WorkerSettings
@@ -103,8 +110,10 @@ def with_db_retry(db: Database, max_wait_s: float, fn: Callable[[Any], T], max_d
 class Recorder:
     """Fenced, retried writes for one claimed job."""
 
-    def __init__(self, db: Database, claim: Claim, settings: WorkerSettings) -> None:
-        self.db, self.claim, self.settings = db, claim, settings
+    def __init__(
+        self, db: Database, claim: Claim, settings: WorkerSettings, storage: ArtifactStorage
+    ) -> None:
+        self.db, self.claim, self.settings, self.storage = db, claim, settings, storage
         self.last_error: str | None = None
         self.last_error_event: dict[str, Any] | None = None  # the trainer's last `error` event
 
@@ -148,12 +157,14 @@ class Recorder:
             step, metrics = int(event["step"]), event["metrics"]
             return [lambda s: repository.record_eval(s, c.job_id, c.lease_token, step, metrics)]
         if kind == "checkpoint":
-            step, relative = int(event["step"]), self._relative(event["path"])
-            size = _folder_size(Path(event["path"]))
+            step, key = int(event["step"]), self.storage.key_of(event["path"])
+            # A folder already pruned (keep_last) when its event is recorded late (after a database outage)
+            # has no bytes left: its row is written, then removed by the checkpoint_deleted event that follows.
+            size = self.storage.size(key) if self.storage.exists(key) else 0
             return [
-                lambda s: repository.add_checkpoint(s, c.job_id, c.lease_token, step, relative, size=size),
+                lambda s: repository.add_checkpoint(s, c.job_id, c.lease_token, step, key, size=size),
                 self._event_op(
-                    "checkpoint.created", f"Checkpoint at step {step}", {"step": step, "path": relative}
+                    "checkpoint.created", f"Checkpoint at step {step}", {"step": step, "path": key}
                 ),
             ]
         if kind == "checkpoint_deleted":  # pruned by keep_last: its folder is gone
@@ -175,6 +186,7 @@ class Recorder:
             self.last_error = str(event.get("message", ""))
             self.last_error_event = event
             message = str(event.get("message", "trainer error"))
+            logger.error("job %s: trainer error: %s", c.job_id, message)
             return [self._event_op("trainer.error", message, {"step": event.get("step")}, level="error")]
         return []
 
@@ -185,11 +197,12 @@ class Recorder:
         c = self.claim
         step = data.get("step")
         dedupe = f"{c.attempt}:{kind}:{step}"
+        shown = self.storage.shown_to_tenant(message, c.tenant_id)
         return lambda s: repository.append_event(
             s,
             c.job_id,
             kind,
-            message,
+            shown,
             data=data,
             level=level,
             step=step if isinstance(step, int) else None,
@@ -197,16 +210,19 @@ class Recorder:
             dedupe_key=dedupe,
         )
 
-    def _relative(self, path: str) -> str:
-        root = Path(self.settings.artifact_root).resolve()
-        return Path(path).resolve().relative_to(root).as_posix()
+    def _shown(self, error: JobError) -> JobError:
+        """The error as the tenant reads it (paths relative to its folder)."""
+        message = self.storage.shown_to_tenant(error.message, self.claim.tenant_id)
+        return dataclasses.replace(error, message=message)
 
     def finish(self, status: str, error: JobError | None = None) -> None:
         c = self.claim
+        error = self._shown(error) if error is not None else None
         self._fenced(lambda s: repository.finish_job(s, c.job_id, c.lease_token, status, error=error))
 
     def retry(self, error: JobError, *, infrastructure: bool = False) -> str:
         c = self.claim
+        error = self._shown(error)
         return str(
             self._fenced(
                 lambda s: repository.retry_job(
@@ -216,25 +232,20 @@ class Recorder:
         )
 
 
-def _folder_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def prepare_run(claim: Claim, settings: WorkerSettings) -> tuple[Path, Path, bool]:
+def prepare_run(claim: Claim, storage: ArtifactStorage) -> tuple[Path, Path, bool]:
     """Writes the resolved spec next to the run's output; returns (spec path, out dir, resume?). A failed
     write raises contract.storage.StorageError."""
-    root = Path(settings.artifact_root).resolve()
-    out_dir = root / claim.run_dir
+    out_dir = storage.local_path(claim.run_dir)
     with storage_writes(out_dir):
-        return _prepare(claim, root, out_dir)
+        return _prepare(claim, storage, out_dir)
 
 
-def _prepare(claim: Claim, root: Path, out_dir: Path) -> tuple[Path, Path, bool]:
+def _prepare(claim: Claim, storage: ArtifactStorage, out_dir: Path) -> tuple[Path, Path, bool]:
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = dict(claim.resolved_spec)
     task = dict(spec.get("task") or {})
     if task.get("path"):
-        task["path"] = str(root / task["path"])  # stored relative to the artifact root
+        task["path"] = str(storage.local_path(task["path"]))  # stored as a key
         spec["task"] = task
     spec_path = out_dir / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=True))
@@ -265,9 +276,10 @@ def run_claimed(
     db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
 ) -> str:
     """Supervises the trainer for a claimed job; returns the job's final status for this attempt."""
-    recorder = Recorder(db, claim, settings)
+    storage = open_artifact_storage(settings.artifact_root)
+    recorder = Recorder(db, claim, settings, storage)
     try:
-        spec_path, out_dir, resume = prepare_run(claim, settings)
+        spec_path, out_dir, resume = prepare_run(claim, storage)
         num_processes = int(claim.resolved_spec.get("distributed", {}).get("num_processes", 1))
         command = trainer_command(
             settings.python or sys.executable, spec_path, out_dir, resume=resume, num_processes=num_processes

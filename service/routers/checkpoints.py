@@ -58,12 +58,13 @@ def download_checkpoint(
     top = checkpoint_archive_name(job.id, checkpoint.step)
     sha256, size = checkpoint.archive_sha256, checkpoint.archive_bytes
     if sha256 is None or size is None:
-        sha256, size = archive_digest(files, top)  # once per checkpoint; stored for the next download
+        # Once per checkpoint; stored for the next download.
+        sha256, size = archive_digest(services.storage, files, top)
         repository.set_checkpoint_archive(session, checkpoint, sha256, size)
         session.commit()
     session.close()
     return StreamingResponse(
-        checkpoint_archive(files, top),
+        checkpoint_archive(services.storage, files, top),
         media_type="application/x-tar",
         headers={
             "Content-Disposition": f'attachment; filename="{top}.tar"',

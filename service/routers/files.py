@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from service import views
@@ -13,6 +13,7 @@ from service.dependencies import CurrentTenant, OwnedFile, ServicesDep, SessionD
 from service.errors import NotFound
 from service.schemas import AUTHENTICATED_ERRORS, Deleted, FileList, FileObject, FilePurpose, errors
 from service.services import Services
+from service.storage import attachment, stored_bytes
 from service.uploads import (
     check_declared_length,
     invalid_file,
@@ -68,7 +69,7 @@ async def upload_file(
     check_declared_length(request.headers.get("content-length"), settings.max_upload_bytes)
     file_id = new_id("file")
     key = f"{tenant.id}/files/{file_id}.jsonl"
-    with services.storage.staged() as staged:
+    with services.storage.staged(key) as staged:
         received = await receive_upload(
             request.stream(), boundary, staged, max_bytes=settings.max_upload_bytes
         )
@@ -133,14 +134,18 @@ async def get_file(file: OwnedFile) -> FileObject:
 @router.get(
     "/{file_id}/content",
     summary="Download a file's content",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"application/jsonl": {"schema": {"type": "string"}}}}, **errors(404)},
 )
-def get_file_content(file: OwnedFile, services: ServicesDep) -> FileResponse:
-    path = services.storage.resolve(file.storage_key)
-    if not path.is_file():
+def get_file_content(file: OwnedFile, services: ServicesDep) -> StreamingResponse:
+    storage, key = services.storage, file.storage_key
+    if not storage.exists(key):
         raise NotFound(f"the content of file {file.id} is missing from storage", param="file_id")
-    return FileResponse(path, media_type="application/jsonl", filename=file.filename)
+    return StreamingResponse(
+        stored_bytes(storage, key),
+        media_type="application/jsonl",
+        headers={"Content-Length": str(storage.size(key)), "Content-Disposition": attachment(file.filename)},
+    )
 
 
 @router.delete("/{file_id}", summary="Delete a file", response_model=Deleted, responses=errors(404, 409))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
-from sqlalchemy.orm import Session
 
+from contract.estimate import estimate
 from contract.spec import TrainSpec
 from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
@@ -65,10 +65,10 @@ def _checked_spec(body: JobCreate, training_file: FileLike | None, services: Ser
     )
 
 
-def _validated(body: JobCreate, tenant: TenantRef, session: Session, services: Services) -> TrainSpec:
+async def _validated(body: JobCreate, tenant: TenantRef, services: Services) -> TrainSpec:
     training_file = None
     if body.training_file is not None:
-        training_file = repository.get_file(session, tenant.id, body.training_file)
+        training_file = await repository.get_file(services.db.async_pool, tenant.id, body.training_file)
     return _checked_spec(body, training_file, services)
 
 
@@ -115,23 +115,22 @@ def _new_job(
 
 
 @router.post("/estimate", summary="Validate a job and estimate its cost", response_model=EstimateObject)
-def estimate_job(
-    body: JobCreate, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
-) -> EstimateObject:
+async def estimate_job(body: JobCreate, tenant: CurrentTenant, services: ServicesDep) -> EstimateObject:
     """Everything POST /v1/jobs checks, without creating the job: the resolved spec (every default filled
     in), its cost in steps, sampled responses and tokens, and whether the tenant's limits let it start."""
-    spec = _validated(body, tenant, session, services)
-    cost = job_specs.estimate(spec)
+    spec = await _validated(body, tenant, services)
+    cost = estimate(spec)
+    pool, queue = services.db.async_pool, services.settings.training_queue
     limit = services.settings.max_active_jobs_per_tenant
-    active = repository.count_active_jobs(session, tenant.id)
+    active = await repository.count_active_jobs(pool, tenant.id)
     return EstimateObject(
         resolved_spec=spec.resolved(),
-        queue=services.settings.training_queue,
-        jobs_ahead=repository.count_queued(session, services.settings.training_queue),
+        queue=queue,
+        jobs_ahead=await repository.count_queued(pool, queue),
         allowed_to_proceed=not limit or active < limit,
         active_jobs=active,
         max_active_jobs=limit or None,
-        **cost.__dict__,
+        **cost.model_dump(),
     )
 
 
@@ -161,13 +160,10 @@ async def create_job(
         )
         if existing is not None:
             return model_response(views.job_view(existing), 201, headers=REPLAYED)
-    training_file = None
-    if body.training_file is not None:
-        training_file = await repository.get_file_async(pool, tenant.id, body.training_file)
-    spec = _checked_spec(body, training_file, services)
+    spec = await _validated(body, tenant, services)
     settings = services.settings
     if settings.max_active_jobs_per_tenant:
-        _check_active_job_limit(settings, await repository.count_active_jobs_async(pool, tenant.id))
+        _check_active_job_limit(settings, await repository.count_active_jobs(pool, tenant.id))
     new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
     job, created = await repository.create_job(pool, new)
     if created:  # committed, durably, by now

@@ -1,5 +1,6 @@
-"""All SQL of the service and of the worker. Functions take a Session (or, for the event loop's hot paths,
-the database's AsyncPool) and never commit.
+"""All SQL of the service and of the worker. Functions take a Session, or (the API's reads of one row or one
+count, and creating a job) the database's event-loop pool, `Database.async_pool`; one function per operation.
+Session functions never commit; a pool function's statement is its own transaction.
 
 Modules, one per seam; this package re-exports them, so callers write `repository.create_job(...)`:
 
@@ -45,13 +46,11 @@ from store.repository.files import create_file, delete_file, get_file, list_file
 from store.repository.jobs import (
     NewJob,
     count_active_jobs,
-    count_active_jobs_async,
     count_queued,
     count_waiting,
     create_job,
     delete_job,
     find_job_by_idempotency_key,
-    get_file_async,
     get_job,
     job_status_counts,
     list_jobs,
@@ -110,7 +109,6 @@ __all__ = [
     "append_event",
     "claim_job",
     "count_active_jobs",
-    "count_active_jobs_async",
     "count_queued",
     "count_waiting",
     "crash_loop_message",
@@ -127,7 +125,6 @@ __all__ = [
     "get_api_key",
     "get_checkpoint",
     "get_file",
-    "get_file_async",
     "get_job",
     "get_tenant",
     "get_tenant_by_name",

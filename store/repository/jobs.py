@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg.types.json import Jsonb
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from store.async_pool import StatementPool, ThreadedPool
+from store.async_pool import StatementPool
 from store.errors import Conflict, Invalid
 from store.ids import new_id
 from store.models import (
     ACTIVE_STATUSES,
     DEFAULT_MAX_LOST_WORKERS,
     TERMINAL_STATUSES,
-    File,
     Job,
     JobEvent,
     utcnow,
@@ -49,17 +46,6 @@ class NewJob:
     idempotency_key: str | None = None
     request_hash: str | None = None
     max_lost_workers: int = DEFAULT_MAX_LOST_WORKERS
-
-
-def count_active_jobs(session: Session, tenant_id: str) -> int:
-    return int(
-        session.scalar(
-            sa.select(sa.func.count(Job.id)).where(
-                Job.tenant_id == tenant_id, Job.status.in_(ACTIVE_STATUSES)
-            )
-        )
-        or 0
-    )
 
 
 def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -108,13 +94,6 @@ def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
     return values, first_event
 
 
-def count_queued(session: Session, queue: str) -> int:
-    return int(
-        session.scalar(sa.select(sa.func.count(Job.id)).where(Job.queue == queue, Job.status == "queued"))
-        or 0
-    )
-
-
 def count_waiting(session: Session, queue: str) -> int:
     """Jobs of `queue` that wait for a worker (queued or recovering): each should have a doorbell."""
     return int(
@@ -151,76 +130,43 @@ async def read_job(pool: StatementPool, tenant_id: str, job_id: str) -> SimpleNa
     return SimpleNamespace(**row) if row is not None else None
 
 
-# ---- creating a job: POST /v1/jobs, one path on both databases, awaited on the database's event-loop pool
+# ---- the API's awaited statements (POST /v1/jobs, the estimate's counts, the active-job limit):
+# one function per operation, on the database's event-loop pool (store.async_pool) whatever the database.
 
 _JOBS, _EVENTS = Job.metadata.tables["jobs"], JobEvent.metadata.tables["job_events"]
 _JOB_COLUMNS = {attr.key: attr.columns[0] for attr in Job.__mapper__.column_attrs}
 _EVENT_COLUMNS = ("job_id", "seq", "type", "level", "message", "data", "created_at")
 
-# PostgreSQL: one statement, so one round trip and one transaction (autocommit): the job and its first event
-# are committed together when it returns. ON CONFLICT on (tenant_id, idempotency_key) makes a request that
-# loses an Idempotency-Key race insert nothing (it waits for the winner's commit, then returns no row and
-# replays the winner's job); a job without a key (NULL) never conflicts.
-_NEW_JOB = (
+# The job and its first event: two statements in one transaction (pipelined on PostgreSQL: one round trip).
+# ON CONFLICT on (tenant_id, idempotency_key) makes a request that loses an Idempotency-Key race insert
+# nothing (it waits for the winner's commit, then returns no row and replays the winner's job); the event is
+# inserted only beside a job row of its id, so the loser writes no event either. A job without a key (NULL)
+# never conflicts. `postgresql.insert` compiles on SQLite too (the same ON CONFLICT ... DO NOTHING clause).
+_INSERT_JOB = (
     postgresql.insert(_JOBS)
     .values({column: sa.bindparam(key, type_=column.type) for key, column in _JOB_COLUMNS.items()})
     .on_conflict_do_nothing(index_elements=[_JOBS.c.tenant_id, _JOBS.c.idempotency_key])
     .returning(_JOBS.c.id)
-    .cte("new_job")
 )
-_CREATE_JOB = (
-    sa.insert(_EVENTS)
-    .from_select(
-        list(_EVENT_COLUMNS),
-        sa.select(
-            _NEW_JOB.c.id,
-            *(sa.bindparam(f"first_event_{name}", type_=_EVENTS.c[name].type) for name in _EVENT_COLUMNS[1:]),
-        ),
-    )
-    .returning(_EVENTS.c.job_id)
+_INSERT_FIRST_EVENT = sa.insert(_EVENTS).from_select(
+    list(_EVENT_COLUMNS),
+    sa.select(
+        _JOBS.c.id,
+        *(sa.bindparam(f"first_event_{name}", type_=_EVENTS.c[name].type) for name in _EVENT_COLUMNS[1:]),
+    ).where(_JOBS.c.id == sa.bindparam("first_event_job_id")),
 )
 
 _FIND_BY_IDEMPOTENCY_KEY = sa.select(*_JOB_VIEW_COLUMNS, Job.request_hash).where(
     Job.tenant_id == sa.bindparam("tenant_id"), Job.idempotency_key == sa.bindparam("key")
-)
-_GET_FILE = sa.select(*(c.label(a.key) for a in File.__mapper__.column_attrs for c in a.columns)).where(
-    File.id == sa.bindparam("file_id"), File.tenant_id == sa.bindparam("tenant_id")
 )
 # The statuses are our own constants, written into the SQL (no list parameter: the same text on both databases).
 _COUNT_ACTIVE_JOBS = sa.select(sa.func.count(Job.id).label("active")).where(
     Job.tenant_id == sa.bindparam("tenant_id"),
     Job.status.in_([sa.literal_column(f"'{status}'") for status in ACTIVE_STATUSES]),
 )
-
-
-_JOB_JSON_KEYS = frozenset(key for key, column in _JOB_COLUMNS.items() if isinstance(column.type, sa.JSON))
-_EVENT_JSON_KEYS = frozenset(name for name in _EVENT_COLUMNS if isinstance(_EVENTS.c[name].type, sa.JSON))
-
-
-def _statement_params(
-    values: Mapping[str, Any], json_keys: frozenset[str], prefix: str = ""
-) -> dict[str, Any]:
-    """Parameters for psycopg: JSON values wrapped as Jsonb (SQLAlchemy's bind processing is bypassed)."""
-    return {
-        f"{prefix}{key}": Jsonb(value) if key in json_keys and value is not None else value
-        for key, value in values.items()
-    }
-
-
-def _insert_rows(conn: Connection, values: Mapping[str, Any], first_event: Mapping[str, Any]) -> bool:
-    """SQLite (no INSERT inside WITH): the job and its first event in one transaction; False when the
-    Idempotency-Key was taken meanwhile (nothing written)."""
-    job = {_JOB_COLUMNS[key].key: value for key, value in values.items()}
-    inserted = conn.execute(
-        sqlite.insert(_JOBS)
-        .values(job)
-        .on_conflict_do_nothing(index_elements=[_JOBS.c.tenant_id, _JOBS.c.idempotency_key])
-        .returning(_JOBS.c.id)
-    ).first()
-    if inserted is None:
-        return False
-    conn.execute(sa.insert(_EVENTS).values(dict(first_event)))
-    return True
+_COUNT_QUEUED = sa.select(sa.func.count(Job.id).label("queued")).where(
+    Job.queue == sa.bindparam("queue"), Job.status == sa.literal_column("'queued'")
+)
 
 
 async def create_job(pool: StatementPool, new: NewJob) -> tuple[SimpleNamespace, bool]:
@@ -236,14 +182,11 @@ async def create_job(pool: StatementPool, new: NewJob) -> tuple[SimpleNamespace,
         if existing is not None:
             return existing, False
     values, first_event = _new_job_rows(new)
-    if isinstance(pool, ThreadedPool):
-        inserted = await pool.transaction(_insert_rows, values, first_event)
-    else:
-        params = _statement_params({key: values.get(key) for key in _JOB_COLUMNS}, _JOB_JSON_KEYS)
-        first = {name: first_event[name] for name in _EVENT_COLUMNS[1:]}
-        params.update(_statement_params(first, _EVENT_JSON_KEYS, prefix="first_event_"))
-        inserted = await pool.fetch_one(_CREATE_JOB, params) is not None
-    if not inserted:  # the key was taken by a concurrent request, which has committed by now
+    event = {f"first_event_{name}": first_event[name] for name in _EVENT_COLUMNS}
+    inserted, _ = await pool.fetch_in_transaction(
+        [(_INSERT_JOB, {key: values.get(key) for key in _JOB_COLUMNS}), (_INSERT_FIRST_EVENT, event)]
+    )
+    if inserted is None:  # the key was taken by a concurrent request, which has committed by now
         assert new.idempotency_key is not None
         existing = await find_job_by_idempotency_key(
             pool, new.tenant_id, new.idempotency_key, new.request_hash
@@ -275,16 +218,16 @@ async def find_job_by_idempotency_key(
     return SimpleNamespace(**row)
 
 
-async def get_file_async(pool: StatementPool, tenant_id: str, file_id: str) -> SimpleNamespace | None:
-    """get_file as a read-only object, awaited (the create path's training file)."""
-    row = await pool.fetch_one(_GET_FILE, {"tenant_id": tenant_id, "file_id": file_id}, idempotent=True)
-    return SimpleNamespace(**row) if row is not None else None
-
-
-async def count_active_jobs_async(pool: StatementPool, tenant_id: str) -> int:
-    """count_active_jobs, awaited (the create path's limit check)."""
+async def count_active_jobs(pool: StatementPool, tenant_id: str) -> int:
+    """The tenant's jobs that have not finished (the active-job limit counts them)."""
     row = await pool.fetch_one(_COUNT_ACTIVE_JOBS, {"tenant_id": tenant_id}, idempotent=True)
     return int(row["active"]) if row is not None else 0
+
+
+async def count_queued(pool: StatementPool, queue: str) -> int:
+    """Jobs queued on `queue` now (the estimate's jobs_ahead)."""
+    row = await pool.fetch_one(_COUNT_QUEUED, {"queue": queue}, idempotent=True)
+    return int(row["queued"]) if row is not None else 0
 
 
 def get_job(session: Session, tenant_id: str, job_id: str) -> Job | None:

@@ -51,7 +51,6 @@ class Claim:
     resolved_spec: dict[str, Any]
     total_steps: int
     latest_checkpoint_step: int | None
-    latest_checkpoint_path: str | None
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,6 @@ def claim_job(
         resolved_spec=dict(row.resolved_spec),
         total_steps=int(row.total_steps),
         latest_checkpoint_step=latest.step if latest is not None else None,
-        latest_checkpoint_path=latest.path if latest is not None else None,
     )
 
 

@@ -4,6 +4,7 @@ the field, and change nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from typing import Any
@@ -19,8 +20,7 @@ from tests.service.helpers import GOOD_JSONL, TINY_SPEC, create_job, upload
 
 
 def _job_count(db: Database, tenant: TenantKey) -> int:
-    with db.sessions() as session:
-        return repository.count_active_jobs(session, tenant.tenant_id)
+    return asyncio.run(repository.count_active_jobs(db.async_pool, tenant.tenant_id))
 
 
 def _error(response: Any, status: int) -> dict[str, Any]:

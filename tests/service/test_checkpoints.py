@@ -158,14 +158,15 @@ def test_a_checkpoint_folder_that_is_a_symlink_out_of_the_root_is_refused(
 def test_a_digest_precomputed_by_the_worker_matches_the_download(
     client: TestClient, tenant: TenantKey, db: Database, artifact_root: Path
 ) -> None:
-    from service.storage import LocalArtifactStorage, archive_digest, checkpoint_archive_name
+    from service.storage import archive_digest, checkpoint_archive_name
+    from store.artifacts import LocalArtifactStorage
 
     job_id = create_job(client, tenant.headers)
     worker = FakeWorker(db, job_id)
     worker.checkpoint(artifact_root, 10, FILES)  # writes the folder (and a row without a digest)
     relative = f"{worker.claim.run_dir}/checkpoints/step-000010"
     storage = LocalArtifactStorage(artifact_root)
-    sha256, size = archive_digest(storage.walk(relative), checkpoint_archive_name(job_id, 10))
+    sha256, size = archive_digest(storage, storage.walk(relative), checkpoint_archive_name(job_id, 10))
     with db.transaction() as session:  # the worker re-records the step with its digest
         checkpoint_id = repository.add_checkpoint(
             session, job_id, worker.token, 10, relative, archive_sha256=sha256, archive_bytes=size

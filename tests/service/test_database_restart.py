@@ -1,7 +1,8 @@
 """The API across a PostgreSQL restart, on a private cluster (tests/worker/servers.py): while the server is
 down every request is a 503 with Retry-After (never a 500); once it is back, no request fails, on either
 read path (the event loop's psycopg pool and SQLAlchemy's pool), although every pooled connection was closed
-by the old server. Skipped where no private cluster can be started (no initdb)."""
+by the old server. Where no private cluster can be started (no initdb) it is skipped as a missing real
+component (a failure under STARE_REQUIRE_REAL_COMPONENTS=1)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from store import migrate, repository
 from store.database import Database
+from tests.conftest import skip_missing_component
 from tests.service.conftest import settings_for
 from tests.service.helpers import create_job
 from tests.worker.servers import PrivatePostgres
@@ -28,7 +30,7 @@ def private_pg() -> Iterator[PrivatePostgres]:
         server = PrivatePostgres()
         server.start()
     except Exception as err:
-        pytest.skip(f"no private PostgreSQL cluster: {err}")
+        skip_missing_component(f"no private PostgreSQL cluster: {err}")
     try:
         yield server
     finally:

@@ -1,4 +1,4 @@
-"""POST /v1/jobs on PostgreSQL runs on the event loop (store.async_pool): one autocommit statement inserts
+"""POST /v1/jobs on PostgreSQL runs on the event loop (store.async_pool): one query, one transaction, inserts
 the job and its first event. It is the only create path (SQLite, the embedded mode, awaits the same
 functions on the engine in a thread). These pin down what it must keep: durability before the doorbell,
 the response is the stored job, Idempotency-Key under concurrency and across tenants, the error shapes."""
@@ -97,6 +97,30 @@ def test_the_response_is_the_stored_job(client: TestClient, tenant: TenantKey, p
     assert event == [
         (1, "job.created", "info", "Job created and queued", {"queue": "training", "total_steps": 20})
     ]
+
+
+def test_quotes_and_sql_in_what_a_tenant_sends_are_stored_as_sent(
+    client: TestClient, tenant: TenantKey, pg_url: str
+) -> None:
+    """The create query binds its parameters on the client side (store.async_pool.fetch_in_transaction):
+    psycopg quotes every value, so text that looks like SQL is data, in the row and in the response."""
+    hostile = "x'); DELETE FROM jobs; -- \\ $$ %s %(name)s ; \" ' "
+    body = {"spec": {**TINY_SPEC, "name": hostile}, "metadata": {hostile[:64]: hostile, "b": "'"}}
+    headers = {**tenant.headers, "Idempotency-Key": hostile}
+    created = client.post("/v1/jobs", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert job["name"] == hostile and job["metadata"] == body["metadata"]
+    assert client.get(f"/v1/jobs/{job['id']}", headers=tenant.headers).json() == job
+    with psycopg.connect(psycopg_conninfo(pg_url)) as conn:
+        row = conn.execute(
+            "SELECT name, metadata, idempotency_key FROM jobs WHERE id = %s", (job["id"],)
+        ).fetchone()
+        jobs = conn.execute("SELECT count(*) FROM jobs WHERE tenant_id = %s", (tenant.tenant_id,)).fetchone()
+    assert row == (hostile, body["metadata"], hostile)
+    assert jobs == (1,)
+    replay = client.post("/v1/jobs", json=body, headers=headers)
+    assert replay.headers["Idempotent-Replayed"] == "true" and replay.json()["id"] == job["id"]
 
 
 def test_an_idempotency_key_belongs_to_its_tenant(

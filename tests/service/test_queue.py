@@ -88,7 +88,8 @@ PER_MESSAGE_PROPERTIES = {"correlation_id", "delivery_tag", "reply_to"}
 
 
 def test_the_message_pushed_from_the_event_loop_is_the_one_send_task_sends(queue_name: str) -> None:
-    """enqueue_async builds the message itself (no kombu producer); it must stay equal to Celery's own."""
+    """enqueue_async builds the message without a broker connection (Celery's task message, kombu's envelope
+    from its own Producer.publish); it must stay equal to what send_task sends."""
     queue = CeleryJobQueue(REDIS_URL, "worker.train_job")
     assert queue.pushes_from_the_loop
     assert queue.enqueue("job_A", queue_name)

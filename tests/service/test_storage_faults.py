@@ -1,10 +1,13 @@
 """Uploads while the artifact storage fails, on a real filesystem: a small tmpfs that fills up (ENOSPC) or is
 remounted read-only (EROFS). The answer is 507 or 503 with Retry-After, never a 500, and nothing is stored:
-no file row, no stored object, no staged leftovers. Needs root (mount); skipped otherwise, saying why."""
+no file row, no stored object, no staged leftovers. And a tenant's folder that is a filesystem of its own
+(a mount under the artifact root) takes uploads like any other folder: a file is staged beside its
+destination, so committing it is a rename on one filesystem (never EXDEV).
+
+Needs root (mount, tests/worker/mounts.py); skipped otherwise as a missing real component."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import TenantKey
 from tests.service.helpers import GOOD_JSONL, upload
+from tests.worker.mounts import Tmpfs
 
 
 def _mount(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -23,17 +27,11 @@ def _mount(args: list[str]) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, unmounted at teardown."""
-    point = tmp_path / "artifacts"
-    point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = _mount(["-t", "tmpfs", "-o", "size=1m", "tmpfs", str(point)])
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    disk = Tmpfs(tmp_path / "artifacts", size_mib=1)
     try:
-        yield point
+        yield disk.path
     finally:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=30)
+        disk.unmount()
 
 
 def _stored(root: Path) -> list[str]:
@@ -84,3 +82,46 @@ def test_upload_to_read_only_storage_is_503_and_stores_nothing(
     finally:
         _mount(["-o", "remount,rw", str(small_tmpfs)])
     assert upload(client, tenant.headers, GOOD_JSONL).status_code == 201
+
+
+def test_upload_to_a_tenant_folder_on_its_own_filesystem_is_stored(
+    tmp_path: Path, make_client: Callable[..., TestClient], make_tenant: Callable[[], TenantKey]
+) -> None:
+    """Issue 21: the staging folder sat at the artifact root, so with the tenant's folder on a mount of its
+    own every upload's rename crossed filesystems (EXDEV) and was answered 503 "retry later" for ever."""
+    root = tmp_path / "artifacts"
+    client = make_client(artifact_root=root)
+    tenant = make_tenant()
+    disk = Tmpfs(root / tenant.tenant_id, size_mib=4)
+    try:
+        assert (root / tenant.tenant_id).stat().st_dev != root.stat().st_dev  # really another filesystem
+        response = upload(client, tenant.headers, GOOD_JSONL)
+        assert response.status_code == 201, response.text
+        file_id = response.json()["id"]
+        download = client.get(f"/v1/files/{file_id}/content", headers=tenant.headers)
+        assert download.status_code == 200 and download.content == GOOD_JSONL
+        stored = sorted(p.relative_to(disk.path).as_posix() for p in disk.path.rglob("*") if p.is_file())
+        assert stored == [f"files/{file_id}.jsonl"]  # on the tenant's filesystem, no staged leftover
+        assert sorted(p.name for p in root.rglob("*") if p.is_file()) == [f"{file_id}.jsonl"]
+    finally:
+        disk.unmount()
+
+
+def test_a_staged_file_on_another_filesystem_is_copied_and_renamed_into_place(tmp_path: Path) -> None:
+    """commit()'s fallback: a staged file that is not on its destination's filesystem is copied beside the
+    destination, fsynced and renamed (never left half-written, never a 503)."""
+    from store.artifacts import STAGED_PREFIX, LocalArtifactStorage
+
+    disk = Tmpfs(tmp_path / "artifacts", size_mib=1)
+    try:
+        storage = LocalArtifactStorage(disk.path)
+        elsewhere = tmp_path / "staged.partial"  # on the test's own filesystem, not the tmpfs
+        elsewhere.write_bytes(GOOD_JSONL)
+        assert elsewhere.stat().st_dev != disk.path.stat().st_dev
+        storage.commit(elsewhere, "ten_a/files/file_b.jsonl")
+        assert (disk.path / "ten_a/files/file_b.jsonl").read_bytes() == GOOD_JSONL
+        assert not elsewhere.exists()
+        assert [p.name for p in (disk.path / "ten_a/files").iterdir()] == ["file_b.jsonl"]
+        assert not any(p.name.startswith(STAGED_PREFIX) for p in disk.path.rglob("*"))
+    finally:
+        disk.unmount()

@@ -1,6 +1,7 @@
 """Real storage faults for the suite: a small tmpfs that can be filled, and a read-only mount over it.
 
-Mounting needs root (CAP_SYS_ADMIN); where it is refused the tests that need it skip, saying why.
+Mounting needs root (CAP_SYS_ADMIN); where it is refused the tests that need it skip, saying why, as a
+missing real component (tests/conftest.py: a failure under STARE_REQUIRE_REAL_COMPONENTS=1).
 
 Read-only mid-job: `mount -o remount,ro` of the tmpfs is refused (EBUSY) while any file on it is open for
 writing, and a running job always has two (the trainer's events.jsonl, the worker's copy of the trainer
@@ -15,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
+from tests.conftest import skip_missing_component
 
 MIB = 1024 * 1024
 
@@ -35,12 +36,10 @@ class Tmpfs:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         if os.geteuid() != 0:
-            pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN); the storage fault tests are skipped")
+            skip_missing_component("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
         done = _run("mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path))
         if done.returncode != 0:
-            pytest.skip(
-                f"cannot mount a tmpfs here ({done.stderr.strip()}); the storage fault tests are skipped"
-            )
+            skip_missing_component(f"cannot mount a tmpfs here ({done.stderr.strip()})")
         self.read_only_bind = False
 
     def free_bytes(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.conftest import skip_missing_component
 from tests.worker.harness import (
     STALE_AFTER_S,
     Harness,
@@ -40,7 +41,7 @@ def _json_safe(value: Any) -> Any:
 
 def test_redis_flushed_and_restarted_with_jobs_queued_and_running(infra: Infra, harness: Harness) -> None:
     if infra.redis is None:
-        pytest.skip("no private redis-server here: will not flush and restart the shared one")
+        skip_missing_component("no private redis-server here: will not flush and restart the shared one")
     h = harness
     worker = h.start_worker()
     running = h.post_job(tiny_spec(6, 2))
@@ -83,7 +84,7 @@ def test_redis_flushed_and_restarted_with_jobs_queued_and_running(infra: Infra, 
 
 def test_postgres_restarted_while_job_runs(infra: Infra, harness: Harness) -> None:
     if infra.postgres is None:
-        pytest.skip("no private PostgreSQL cluster here: will not restart the shared server")
+        skip_missing_component("no private PostgreSQL cluster here: will not restart the shared server")
     h = harness
     steps = 10
     worker = h.start_worker()
@@ -150,7 +151,7 @@ def test_worker_lost_during_database_outage_resumes_from_recorded_checkpoint(
     record yet. "Latest checkpoint" is the latest row: the next attempt must resume from it, not from a newer
     folder on disk whose steps have no metric rows (that would leave a gap in the history)."""
     if infra.postgres is None:
-        pytest.skip("no private PostgreSQL cluster here: will not stop the shared server")
+        skip_missing_component("no private PostgreSQL cluster here: will not stop the shared server")
     h = harness
     steps, interval = 8, 2
     worker = h.start_worker()

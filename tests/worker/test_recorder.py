@@ -3,6 +3,7 @@ succeeded but its reply was lost) leaves the rows of one write, and a lost lease
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from store import repository
+from store.artifacts import open_artifact_storage
 from store.database import Database
 from store.models import Checkpoint, JobEvent, JobMetric
 from tests.service.conftest import (  # noqa: F401 - the service suite's fixtures, used here by name
@@ -41,7 +43,7 @@ def recorder(
         claim = repository.claim_job(session, job_id, owner="recorder-test", lease_s=60)
     assert claim is not None
     worker_settings = WorkerSettings(database_url=pg_url, artifact_root=artifact_root, db_retry_max_s=5.0)
-    return Recorder(db, claim, worker_settings)
+    return Recorder(db, claim, worker_settings, open_artifact_storage(worker_settings.artifact_root))
 
 
 def _count(db: Database, model: type, job_id: str, **where: object) -> int:  # noqa: F811 - db: the fixture's name
@@ -86,7 +88,7 @@ def test_a_batch_written_twice_leaves_the_rows_of_one_write(
         )
         claim = repository.claim_job(session, job_id, owner="recorder-test-2", lease_s=60)
     assert claim is not None and claim.attempt == 2
-    second = Recorder(db, claim, recorder.settings)
+    second = Recorder(db, claim, recorder.settings, recorder.storage)
     second.record_batch([{"type": "resumed", "step": 2}])
     assert _count(db, JobEvent, job_id, type="trainer.resumed") == 2
 
@@ -94,3 +96,46 @@ def test_a_batch_written_twice_leaves_the_rows_of_one_write(
     with pytest.raises(LeaseLost):
         recorder.record_batch([{"type": "step", "step": 3, "metrics": step_metrics(3, 0.6)}])
     assert _count(db, JobMetric, job_id) == 2
+
+
+def test_what_the_tenant_sees_names_paths_relative_to_its_folder(
+    recorder: Recorder,
+    db: Database,  # noqa: F811
+    artifact_root: Path,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 21: a storage fault showed the tenant the server's absolute artifact path, in the trainer.error
+    event and in the job's error. The tenant's copy is relative to its folder; the worker's log keeps the
+    absolute path."""
+    claim = recorder.claim
+    absolute = f"{artifact_root.resolve()}/{claim.tenant_id}/{claim.job_id}/run/checkpoints/.tmp-step-000004"
+    message = f"cannot write {absolute}: ENOSPC (No space left on device)"
+    shown = f"cannot write {claim.job_id}/run/checkpoints/.tmp-step-000004: ENOSPC (No space left on device)"
+    with caplog.at_level(logging.ERROR, logger="worker.training"):
+        recorder.record(
+            {"type": "error", "step": 4, "code": "storage_full", "path": absolute, "message": message}
+        )
+    recorder.finish("failed", repository.JobError("storage_full", message, "system"))
+    with db.sessions() as session:
+        job = repository.load_job(session, claim.job_id)
+        events, _ = repository.list_events(session, claim.job_id, after=0, limit=100)
+    assert job is not None and job.error_message == shown
+    assert [e.message for e in events if e.type == "trainer.error"] == [shown]
+    assert all(str(artifact_root.resolve()) not in e.message for e in events)
+    assert absolute in caplog.text
+
+
+def test_a_checkpoint_pruned_before_it_was_recorded_is_recorded_then_removed(
+    recorder: Recorder,
+    db: Database,  # noqa: F811
+    artifact_root: Path,  # noqa: F811
+) -> None:
+    """After a database outage the worker records events late: the trainer may have pruned a checkpoint
+    (keep_last) by then. Its row is written and removed by the pruning event, and the worker goes on."""
+    job_id = recorder.claim.job_id
+    gone = artifact_root / recorder.claim.run_dir / "checkpoints" / "step-000006"  # never on disk now
+    recorder.record_batch(
+        [{"type": "checkpoint", "step": 6, "path": str(gone)}, {"type": "checkpoint_deleted", "step": 6}]
+    )
+    assert _count(db, Checkpoint, job_id) == 0
+    assert _count(db, JobEvent, job_id, type="checkpoint.created") == 1

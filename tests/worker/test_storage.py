@@ -309,3 +309,25 @@ def test_the_storage_error_comes_from_the_trainers_event_else_from_its_stderr() 
     )
     assert _storage_error({"type": "error", "code": "bogus"}, "").message  # never empty
     assert _storage_error({"type": "error", "code": "bogus"}, "").code == STORAGE_IO_ERROR
+
+
+def test_the_tenant_sees_paths_relative_to_its_folder_and_keys_for_the_rest(tmp_path: Path) -> None:
+    from store.artifacts import LocalArtifactStorage, StorageKeyError
+
+    storage = LocalArtifactStorage(tmp_path / "artifacts")
+    root = storage.root
+    run = storage.local_path("ten_a/job_b/run")
+    assert run == root / "ten_a/job_b/run" and storage.key_of(run / "checkpoints/step-000002") == (
+        "ten_a/job_b/run/checkpoints/step-000002"
+    )
+    message = f"cannot write {run}/checkpoints/.tmp-step-000004-7: ENOSPC; see {root}/ten_a and {root}/.x"
+    assert storage.shown_to_tenant(message, "ten_a") == (
+        "cannot write job_b/run/checkpoints/.tmp-step-000004-7: ENOSPC; see . and .x"
+    )
+    assert storage.shown_to_tenant(f"no space under {root}", "ten_a") == "no space under the artifact root"
+    other = f"{root}/ten_ab/job_c and {root}/ten_a, {root}2"  # another tenant's folder, another root
+    assert storage.shown_to_tenant(other, "ten_a") == f"ten_ab/job_c and ., {root}2"
+    with pytest.raises(StorageKeyError):
+        storage.key_of(tmp_path / "elsewhere")
+    with pytest.raises(StorageKeyError):
+        storage.local_path("../escape")

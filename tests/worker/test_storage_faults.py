@@ -1,7 +1,8 @@
 """Reliability 8 (issue 12): the run's storage fails mid-job, on a real tmpfs under the tenant's folder.
 
 - Disk full: the tmpfs is filled (the trainer paused for the moment it takes) so that the next checkpoint
-  meets ENOSPC → failed, storage_full, errno name and path in the message, attempt 1 (not retried), the
+  meets ENOSPC → failed, storage_full, errno name and path in the message (relative to the tenant's folder:
+  the server's absolute path only in the worker's log), attempt 1 (not retried), the
   last recorded checkpoint intact and loadable, no row and no folder for the half-written one. Once the
   space is back, POST /resume queues it again and it ends succeeded from that checkpoint, every step once.
 - Read-only: after a checkpoint the folder turns read-only (see tests/worker/mounts.py for how) → failed,
@@ -94,6 +95,17 @@ def _error_event(h: Harness, job_id: str) -> dict[str, Any]:
     return errors[0]
 
 
+def _assert_absolute_paths_only_in_the_log(
+    h: Harness, worker: Any, job_id: str, shown: str, absolute: str
+) -> None:
+    """Issue 21: the tenant's error named the server's absolute artifact path. The tenant sees paths relative
+    to its folder; the worker's log keeps the absolute one."""
+    root = str(Path(h.infra.artifact_root).resolve())
+    assert root not in shown, shown
+    assert all(root not in e["message"] for e in h.events(job_id)), "no event shows the server's paths"
+    assert absolute in worker.log(), f"the worker's log names {absolute}"
+
+
 def _assert_not_retried(h: Harness, job_id: str) -> None:
     context = h.diagnostics(job_id)
     row = h.job_row(job_id)
@@ -120,7 +132,10 @@ def test_disk_full_fails_the_job_once_and_keeps_the_last_checkpoint(
     error = job["error"]
     assert (error["code"], error["category"]) == ("storage_full", "system"), context
     run_dir = str(h.run_dir(job_id).resolve())
-    assert "ENOSPC" in error["message"] and f"{run_dir}/checkpoints/.tmp-step-" in error["message"], error
+    assert "ENOSPC" in error["message"] and f"{job_id}/run/checkpoints/.tmp-step-" in error["message"], error
+    _assert_absolute_paths_only_in_the_log(
+        h, worker, job_id, error["message"], f"{run_dir}/checkpoints/.tmp-step-"
+    )
     _assert_not_retried(h, job_id)
     event = _error_event(h, job_id)
     assert event["message"] == error["message"], event
@@ -185,7 +200,11 @@ def test_read_only_storage_mid_job_fails_once_and_the_worker_runs_on(
     error = job["error"]
     assert (error["code"], error["category"]) == ("storage_read_only", "system"), context
     run_dir = str(h.run_dir(job_id).resolve())
-    assert "EROFS" in error["message"] and f"{run_dir}/checkpoints/.tmp-step-" in error["message"], error
+    assert "EROFS" in error["message"] and f"{job_id}/run/checkpoints/.tmp-step-" in error["message"], error
+    _assert_absolute_paths_only_in_the_log(
+        h, worker, job_id, error["message"], f"{run_dir}/checkpoints/.tmp-step-"
+    )
+    assert _error_event(h, job_id)["message"] == error["message"]
     _assert_not_retried(h, job_id)
     error_step = int(_error_event(h, job_id)["step"])
     # A temp folder made before the switch cannot be removed from a read-only folder: it stays, without a row.
@@ -200,7 +219,9 @@ def test_read_only_storage_mid_job_fails_once_and_the_worker_runs_on(
     assert second_job["status"] == "failed", h.diagnostics(second)
     assert (second_job["error"]["code"], second_job["error"]["category"]) == ("storage_read_only", "system")
     assert "EROFS" in second_job["error"]["message"], second_job["error"]
-    assert str(Path(h.infra.artifact_root).resolve() / h.tenant_id) in second_job["error"]["message"]
+    assert f"cannot write {second}" in second_job["error"]["message"], second_job["error"]
+    tenant_folder = str(Path(h.infra.artifact_root).resolve() / h.tenant_id)
+    _assert_absolute_paths_only_in_the_log(h, worker, second, second_job["error"]["message"], tenant_folder)
     _assert_not_retried(h, second)
     assert [e["type"] for e in h.events(second)] == ["job.created", "job.running", "job.failed"]
 
