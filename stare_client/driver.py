@@ -26,7 +26,7 @@ import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
 import httpx
 
@@ -316,12 +316,30 @@ class AsyncListing(Bound[P, R]):
         return cast(AsyncDriver, self._owner._driver).iterate(self.listing(*args, **kwargs))
 
 
-class operation(Generic[P, R]):
-    """A method that returns a value: the value on a sync client, a coroutine on an async one."""
+class Twin(Generic[P, R]):
+    """A descriptor that binds its function to a sync or an async kind of Bound, by the owner's driver."""
 
-    def __init__(self, fn: Callable[Concatenate[Any, P], Op[R]]) -> None:
+    sync_kind: ClassVar[type[Bound[Any, Any]]]
+    async_kind: ClassVar[type[Bound[Any, Any]]]
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         functools.update_wrapper(cast(Any, self), fn)
+
+    def bind(self, owner: Bindable[Any] | None) -> Any:
+        if owner is None:
+            return self
+        kind = self.sync_kind if isinstance(owner._driver, SyncDriver) else self.async_kind
+        return kind(self.fn, owner)
+
+
+class operation(Twin[P, R]):
+    """A method that returns a value: the value on a sync client, a coroutine on an async one."""
+
+    sync_kind, async_kind = SyncCall, AsyncCall
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Op[R]]) -> None:
+        super().__init__(fn)
 
     @overload
     def __get__(self, owner: None, cls: type) -> operation[P, R]: ...
@@ -329,20 +347,17 @@ class operation(Generic[P, R]):
     def __get__(self, owner: Bindable[Sync], cls: type) -> SyncCall[P, R]: ...
     @overload
     def __get__(self, owner: Bindable[Async], cls: type) -> AsyncCall[P, R]: ...
-
     def __get__(self, owner: Bindable[Any] | None, cls: type) -> Any:
-        if owner is None:
-            return self
-        kind = SyncCall if isinstance(owner._driver, SyncDriver) else AsyncCall
-        return kind(self.fn, owner)
+        return self.bind(owner)
 
 
-class listing(Generic[P, R]):
+class listing(Twin[P, R]):
     """A method that produces values: an iterator on a sync client, an async iterator on an async one."""
 
+    sync_kind, async_kind = SyncListing, AsyncListing
+
     def __init__(self, fn: Callable[Concatenate[Any, P], ListingOp[R]]) -> None:
-        self.fn = fn
-        functools.update_wrapper(cast(Any, self), fn)
+        super().__init__(fn)
 
     @overload
     def __get__(self, owner: None, cls: type) -> listing[P, R]: ...
@@ -350,9 +365,5 @@ class listing(Generic[P, R]):
     def __get__(self, owner: Bindable[Sync], cls: type) -> SyncListing[P, R]: ...
     @overload
     def __get__(self, owner: Bindable[Async], cls: type) -> AsyncListing[P, R]: ...
-
     def __get__(self, owner: Bindable[Any] | None, cls: type) -> Any:
-        if owner is None:
-            return self
-        kind = SyncListing if isinstance(owner._driver, SyncDriver) else AsyncListing
-        return kind(self.fn, owner)
+        return self.bind(owner)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic
 
 import httpx
+from pydantic import BaseModel
 
 from stare_client import archive, errors, models, states, transport
 from stare_client.driver import (
@@ -66,6 +67,18 @@ class Resource(Bindable[M], Generic[M]):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._c.base_url}>"
 
+    def _pages(
+        self, model: type[BaseModel], path: str, *, after: Any, limit: int, **filters: Any
+    ) -> ListingOp[Any]:
+        """Every item of a cursor-paged list (`data`, `has_more`, `last_id`), page by page."""
+        while True:
+            page: Any = yield from self._c.get.op(model, path, after=after, limit=limit, **filters)
+            for item in page.data:
+                yield Item(item)
+            if not page.has_more or page.last_id is None:
+                return
+            after = page.last_id
+
 
 class Jobs(Resource[M]):
     @operation
@@ -106,14 +119,7 @@ class Jobs(Resource[M]):
     @listing
     def list(self, *, status: str | None = None, page_size: int = 20) -> ListingOp[models.Job]:
         """Every job of the tenant, newest first (optionally only those in `status`), page by page."""
-        after: str | None = None
-        while True:
-            page = yield from self.list_page.op(status=status, after=after, limit=page_size)
-            for job in page.data:
-                yield Item(job)
-            if not page.has_more or page.last_id is None:
-                return
-            after = page.last_id
+        return self._pages(models.JobList, "/v1/jobs", after=None, limit=page_size, status=status)
 
     @operation
     def get(self, job: JobRef) -> Op[models.Job]:
@@ -186,13 +192,9 @@ class Jobs(Resource[M]):
         job_id = transport.job_id_of(job)
         path = f"/v1/jobs/{job_id}/events"
         last = after
-        while not follow:
-            page = yield from self._c.get.op(models.EventList, path, after=last, limit=1000)
-            for event in page.data:
-                yield Item(event)
-            if not page.has_more or page.last_id is None:
-                return
-            last = page.last_id
+        if not follow:
+            yield from self._pages(models.EventList, path, after=last, limit=1000)
+            return
         cursor = _Cursor(last)
         failing_since: float | None = None
         attempt = 0
@@ -345,16 +347,7 @@ class Files(Resource[M]):
 
     @listing
     def list(self, *, purpose: str | None = None, page_size: int = 20) -> ListingOp[models.File]:
-        after: str | None = None
-        while True:
-            page = yield from self._c.get.op(
-                models.FileList, "/v1/files", purpose=purpose, after=after, limit=page_size
-            )
-            for item in page.data:
-                yield Item(item)
-            if not page.has_more or page.last_id is None:
-                return
-            after = page.last_id
+        return self._pages(models.FileList, "/v1/files", after=None, limit=page_size, purpose=purpose)
 
     @operation
     def get(self, file_id: str) -> Op[models.File]:
@@ -464,11 +457,11 @@ class Checkpoints(Resource[M]):
             raise
         try:
             yield Pump(response, sink.write)
+            sha256 = sink.finish()
         except transport.RETRYABLE_ERRORS as err:
             raise transport.connection_error(err, self._c.base_url) from err
         finally:
             sink.close()
-        sha256 = sink.finish()
         archive.verify(sha256, sink.done_bytes, response.headers.get("x-content-sha256"), expected_bytes)
         if ckpt.sha256 is not None and ckpt.sha256.lower() != sha256:
             raise errors.ChecksumMismatch(
