@@ -306,11 +306,11 @@ class Reply:
 
 
 class HostileServer:
-    """A real HTTP server on 127.0.0.1 answering each path with a canned Reply and recording every request's
-    path and headers."""
+    """A real HTTP server on 127.0.0.1 answering each path with a canned Reply (or the next of a list, the last
+    one repeating) and recording every request's path and headers."""
 
     def __init__(self) -> None:
-        self.routes: dict[str, Reply] = {}
+        self.routes: dict[str, Reply | list[Reply]] = {}
         self.requests: list[tuple[str, dict[str, str]]] = []
         server = self
 
@@ -319,6 +319,8 @@ class HostileServer:
                 path = self.path.split("?")[0]
                 server.requests.append((path, {k.lower(): v for k, v in self.headers.items()}))
                 reply = server.routes.get(path, Reply(b'{"error": {"code": "not_found"}}', 404))
+                if isinstance(reply, list):
+                    reply = reply.pop(0) if len(reply) > 1 else reply[0]
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():
                     self.send_header(name, value)
@@ -636,3 +638,38 @@ def test_no_request_to_another_origin_carries_the_key(server: HostileServer, oth
     with Client(server.url, KEY, max_retries=0) as client:
         client.send("GET", f"{other.url}/v1/me")
     assert len(other.requests) == 1 and other.keys_seen() == []
+
+
+@pytest.mark.parametrize("hostile", ["bomb", "another origin"])
+def test_the_command_prints_one_line_and_exits_1(
+    hostile: str,
+    server: HostileServer,
+    other: HostileServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stare_client.cli import Exit, main
+
+    if hostile == "bomb":
+        server.checkpoint(gzip_bomb(), announced_bytes=BOMB_BYTES)
+        expected = "compression bomb|past the cap"
+    else:
+        listing_points_at(server, other)
+        expected = "not the API's origin"
+    argv = [
+        "--url",
+        server.url,
+        "--api-key",
+        KEY,
+        "checkpoints",
+        "download",
+        JOB,
+        "--to",
+        str(tmp_path / "c"),
+        "-o",
+        "json",  # no progress bar: stderr holds only what went wrong
+    ]
+    assert main(argv) == Exit.ERROR
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and re.search(expected, lines[0]), lines
+    assert list(tmp_path.iterdir()) == [] and other.requests == []
