@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, cast, overload
 
@@ -201,7 +201,7 @@ class SyncDriver:
                     return cast(R, out.value)
         raise AssertionError("unreachable: drive ends with Done")
 
-    def iterate(self, op: ListingOp[R]) -> Iterator[R]:
+    def iterate(self, op: ListingOp[R]) -> Generator[R, None, None]:
         with contextlib.closing(self.drive(op)) as outs:
             for out in outs:
                 if isinstance(out, Item):
@@ -262,7 +262,7 @@ class AsyncDriver:
                     return cast(R, out.value)
         raise AssertionError("unreachable: drive ends with Done")
 
-    async def iterate(self, op: ListingOp[R]) -> AsyncIterator[R]:
+    async def iterate(self, op: ListingOp[R]) -> AsyncGenerator[R, None]:
         async with contextlib.aclosing(self.drive(op)) as outs:
             async for out in outs:
                 if isinstance(out, Item):
@@ -307,12 +307,12 @@ class AsyncCall(Bound[P, R]):
 
 
 class SyncListing(Bound[P, R]):
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[R]:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Generator[R, None, None]:
         return cast(SyncDriver, self._owner._driver).iterate(self.listing(*args, **kwargs))
 
 
 class AsyncListing(Bound[P, R]):
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[R]:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[R, None]:
         return cast(AsyncDriver, self._owner._driver).iterate(self.listing(*args, **kwargs))
 
 

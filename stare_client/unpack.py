@@ -34,9 +34,9 @@ import os
 import shutil
 import tarfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, cast
+from typing import IO, Any, Literal, cast
 
 from stare_client import errors
 from stare_client.transport import ProgressCallback
@@ -159,7 +159,9 @@ class Budget:
 
     def take(self, name: str, size_bytes: int) -> None:
         """Reserve a member's logical size before writing it."""
-        if size_bytes < 0 or self.written_bytes + size_bytes > self.unpacked_cap_bytes:
+        if size_bytes < 0:
+            raise _unsafe(name, f"announces a negative size ({size_bytes} bytes)")
+        if self.written_bytes + size_bytes > self.unpacked_cap_bytes:
             raise too_large(
                 f"archive member {name!r} ({size_bytes} bytes) would unpack past the cap of "
                 f"{self.unpacked_cap_bytes} bytes (the announced size, this client's limit, or "
@@ -259,17 +261,18 @@ def member_path(member: tarfile.TarInfo, limits: ArchiveLimits = DEFAULT_LIMITS)
 
 @dataclass
 class Tree:
-    """The members accepted so far: one top folder, no path twice, nothing under a file."""
+    """The members accepted so far: one top folder, no path twice, nothing under a file. A folder that a
+    member's path implies (the server's tar lists files only) may still come as a member of its own, once."""
 
     limits: ArchiveLimits
     top: str | None = None
-    is_dir: dict[PurePosixPath, bool] | None = None
+    members: int = 0
+    kinds: dict[PurePosixPath, Literal["file", "dir", "implied"]] = field(default_factory=dict)
 
     def admit(self, member: tarfile.TarInfo) -> PurePosixPath:
         rel = member_path(member, self.limits)
-        seen = self.is_dir if self.is_dir is not None else {}
-        self.is_dir = seen
-        if len(seen) >= self.limits.max_members:
+        self.members += 1
+        if self.members > self.limits.max_members:
             raise errors.UnsafeArchive(
                 f"the archive has more than {self.limits.max_members} members", code="too_many_members"
             )
@@ -282,12 +285,16 @@ class Tree:
                 f"a checkpoint archive holds one top-level folder; {member.name!r} is outside {self.top!r}",
                 code="unsafe_archive",
             )
-        if rel in seen:
+        known = self.kinds.get(rel)
+        if known is not None and not (known == "implied" and member.isdir()):
             raise _unsafe(member.name, "appears twice (a second copy would overwrite the first)")
         for parent in rel.parents:
-            if seen.get(parent) is False:
+            if not parent.parts:
+                continue
+            if self.kinds.get(parent) == "file":
                 raise _unsafe(member.name, f"lies under {str(parent)!r}, which is a file")
-        seen[rel] = member.isdir()
+            self.kinds.setdefault(parent, "implied")
+        self.kinds[rel] = "dir" if member.isdir() else "file"
         return rel
 
 

@@ -1,5 +1,5 @@
 """The sync and async clients are one definition run by two drivers (stare_client/driver.py): against a
-real HTTP server on 127.0.0.1 (tests/security/test_hostile_archives.py's), both give the same answers, the
+real HTTP server on 127.0.0.1 (tests/client/hostile.py), both give the same answers, the
 same retries (a 503 then a 200, with on_retry) and the same events from a paged list and a live stream, and
 an event stream abandoned half-way has its connection closed by the driver."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from stare_client import AsyncClient, Client, RetryInfo
 from stare_client.driver import AsyncCall, AsyncListing, SyncCall, SyncListing
-from tests.security.test_hostile_archives import KEY, HostileServer, Reply
+from tests.client.hostile import KEY, HostileServer, Reply
 
 EVENT = {"object": "job.event", "job_id": "job_1", "type": "job.step", "level": "info", "message": "step"}
 STAMP = "2026-01-01T00:00:00Z"
@@ -35,18 +35,30 @@ def sse(ids: list[int], end: bool) -> Reply:
     return Reply(text.encode(), headers={"Content-Type": "text/event-stream"})
 
 
+KEYS: dict[str, Any] = {
+    "object": "list",
+    "data": [
+        {
+            "id": "key_1",
+            "object": "api_key",
+            "name": "k",
+            "prefix": "sk-stare-ab",
+            "created_at": STAMP,
+            "last_used_at": None,
+            "revoked_at": None,
+        }
+    ],
+}
+
+
+def busy_then_keys() -> list[Reply]:
+    return [Reply(b"busy", 503, {"Retry-After": "0"}), Reply(json.dumps(KEYS).encode())]
+
+
 @pytest.fixture
 def server() -> Iterator[HostileServer]:
     running = HostileServer()
-    keys = {
-        "object": "list",
-        "data": [{"id": "key_1", "name": "k", "prefix": "sk-stare-ab", "created_at": STAMP}],
-    }
-    keys["data"][0] |= {"object": "api_key", "last_used_at": None, "revoked_at": None}
-    running.routes["/v1/api-keys"] = [
-        Reply(b"busy", 503, {"Retry-After": "0"}),
-        Reply(json.dumps(keys).encode()),
-    ]
+    running.routes["/v1/api-keys"] = busy_then_keys()
     running.routes["/v1/jobs/job_1/events"] = [page([1, 2], True), page([3], False)]
     yield running
     running.close()
@@ -58,10 +70,7 @@ def test_both_clients_give_the_same_answers_and_retries(server: HostileServer) -
         assert isinstance(client.keys.list, SyncCall) and isinstance(client.jobs.events, SyncListing)
         sync_keys = client.keys.list()
         sync_events = [e.id for e in client.jobs.events("job_1", follow=False)]
-    server.routes["/v1/api-keys"] = [
-        Reply(b"busy", 503, {"Retry-After": "0"}),
-        server.routes["/v1/api-keys"][0],
-    ]  # type: ignore[index]
+    server.routes["/v1/api-keys"] = busy_then_keys()
     server.routes["/v1/jobs/job_1/events"] = [page([1, 2], True), page([3], False)]
 
     async_retries: list[RetryInfo] = []
