@@ -235,7 +235,7 @@ class AsyncDriver:
             finally:
                 await effect.response.aclose()
         elif isinstance(effect, Blocking):
-            return await asyncio.to_thread(effect.fn)
+            return await _in_thread(effect.fn)
         return None
 
     async def drive(self, op: Generator[Any, Any, Any]) -> AsyncGenerator[Item[Any] | Done, None]:
@@ -267,6 +267,19 @@ class AsyncDriver:
             async for out in outs:
                 if isinstance(out, Item):
                     yield out.value
+
+
+async def _in_thread(fn: Callable[[], Any]) -> Any:
+    """`fn()` in a worker thread. When the caller is cancelled meanwhile, the thread (which cannot be
+    stopped) is waited for before the cancellation goes on, so the operation's cleanup (removing a partial
+    folder) never races a thread still writing into it."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 # ---------------------------------------------------------------------------------------------- the twins

@@ -298,12 +298,21 @@ class Tree:
         return rel
 
 
+def _folder(into: Path, rel: PurePosixPath) -> Path:
+    """Make `into/rel` level by level, never `into` or above: if `into` vanished (a cancelled download's
+    cleanup), this fails instead of making it again."""
+    path = into
+    for part in rel.parts:
+        path = path / part
+        path.mkdir(mode=0o755, exist_ok=True)
+    return path
+
+
 def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, budget: Budget) -> None:
     budget.take(member.name, member.size)
     source = tar.extractfile(member)
     if source is None:
         raise _unsafe(member.name, "cannot be read")
-    dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     written = 0
     with source, os.fdopen(fd, "wb") as out:
@@ -328,20 +337,23 @@ def safe_extract(
     on any refusal removes what it wrote and raises UnsafeArchive."""
     budget = Budget.of(limits, archive.stat().st_size, announced_bytes)
     tree = Tree(limits)
+    made_into = not into.exists()
+    into.mkdir(mode=0o755, exist_ok=True)
     try:
         with archive.open("rb") as raw, _decompressed(raw) as plain:
             stream = CappedStream(plain, budget)
             with tarfile.open(fileobj=cast(IO[bytes], stream), mode="r:") as tar:
                 while (member := tar.next()) is not None:
                     rel = tree.admit(member)
-                    dest = into.joinpath(*rel.parts)
                     if member.isdir():
-                        dest.mkdir(mode=0o755, parents=True, exist_ok=True)
+                        _folder(into, rel)
                     else:
-                        _write_member(tar, member, dest, budget)
+                        _write_member(tar, member, _folder(into, rel.parent) / rel.name, budget)
                     del cast(Any, tar).members[:]  # tarfile keeps every TarInfo; the Tree has what it needs
     except BaseException as err:
-        if tree.top is not None:
+        if made_into:
+            shutil.rmtree(into, ignore_errors=True)
+        elif tree.top is not None:
             shutil.rmtree(into / tree.top, ignore_errors=True)
         if isinstance(err, errors.StareError):
             raise

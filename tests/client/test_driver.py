@@ -1,19 +1,21 @@
 """The sync and async clients are one definition run by two drivers (stare_client/driver.py): against a
 real HTTP server on 127.0.0.1 (tests/client/hostile.py), both give the same answers, the
 same retries (a 503 then a 200, with on_retry) and the same events from a paged list and a live stream, and
-an event stream abandoned half-way has its connection closed by the driver."""
+an event stream abandoned half-way has its connection closed by the driver; a cancelled async call waits
+for its blocking step (unpacking) before its cleanup runs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from stare_client import AsyncClient, Client, RetryInfo
-from stare_client.driver import AsyncCall, AsyncListing, SyncCall, SyncListing
+from stare_client.driver import AsyncCall, AsyncDriver, AsyncListing, Blocking, Op, SyncCall, SyncListing
 from tests.client.hostile import KEY, HostileServer, Reply
 
 EVENT = {"object": "job.event", "job_id": "job_1", "type": "job.step", "level": "info", "message": "step"}
@@ -120,3 +122,30 @@ def test_an_abandoned_stream_is_closed_by_the_driver(server: HostileServer) -> N
         assert any(not c.is_idle() for c in pool.connections)  # the stream holds its connection
         stream.close()  # the caller stops early: the driver closes what the operation opened
         assert all(c.is_idle() or c.is_closed() for c in pool.connections)
+
+
+def test_a_cancelled_async_call_waits_for_its_blocking_step() -> None:
+    """A thread cannot be stopped: cancelling the caller while an unpack runs must not let the operation's
+    cleanup race it, so the cancellation is delivered once the thread is done."""
+    finished: list[float] = []
+
+    def unpack() -> None:
+        time.sleep(0.3)
+        finished.append(time.monotonic())
+
+    def op() -> Op[None]:
+        yield Blocking(unpack)
+
+    async def run() -> float:
+        import httpx
+
+        async with httpx.AsyncClient() as http:
+            task = asyncio.create_task(AsyncDriver(http).run(op()))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return time.monotonic()
+
+    cancelled_at = asyncio.run(run())
+    assert finished and finished[0] <= cancelled_at
