@@ -90,23 +90,47 @@ def bomb_parts(logical_bytes: int) -> tuple[bytes, bytes, bytes]:
     return head, bytes(MIB), bytes(2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE)
 
 
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+
+
+def gzip_of(pieces: list[tuple[bytes, int]]) -> bytes:
+    """A gzip stream of each piece repeated its count of times. After a full flush deflate starts afresh, so
+    a piece's compressed bytes stand for every repeat (compressing hundreds of MiB for real takes seconds)."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    packed: dict[bytes, bytes] = {}
+    body: list[bytes] = []
+    crc = size = 0
+    for data, count in pieces:
+        if data not in packed:
+            packed[data] = c.compress(data) + c.flush(zlib.Z_FULL_FLUSH)
+        body.append(packed[data] * count)
+        for _ in range(count):
+            crc = zlib.crc32(data, crc)
+        size += len(data) * count
+    body.append(c.flush(zlib.Z_FINISH))
+    return GZIP_HEADER + b"".join(body) + crc.to_bytes(4, "little") + (size % 2**32).to_bytes(4, "little")
+
+
 @functools.cache
 def gzip_bomb(logical_bytes: int = BOMB_BYTES) -> bytes:
-    """A gzip stream built from one compressed MiB of zeros repeated: after a full flush deflate restarts, so
-    the same bytes stand for every MiB (compressing 512 MiB for real takes seconds)."""
+    """One member of `logical_bytes` zeros."""
     head, zeros, tail = bomb_parts(logical_bytes)
-    c = zlib.compressobj(9, zlib.DEFLATED, -15)
-    first = c.compress(head) + c.flush(zlib.Z_FULL_FLUSH)
-    chunk = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
-    last = c.compress(tail) + c.flush(zlib.Z_FINISH)
-    chunks = logical_bytes // MIB
-    crc = zlib.crc32(head)
-    for _ in range(chunks):
-        crc = zlib.crc32(zeros, crc)
-    crc = zlib.crc32(tail, crc)
-    size = (len(head) + chunks * MIB + len(tail)) % 2**32
-    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-    return header + first + chunk * chunks + last + crc.to_bytes(4, "little") + size.to_bytes(4, "little")
+    return gzip_of([(head, 1), (zeros, logical_bytes // MIB), (tail, 1)])
+
+
+@functools.cache
+def gzip_shards_bomb(shards: int = BOMB_BYTES // MIB) -> bytes:
+    """`shards` members of one MiB of zeros each: no member is large, only their sum (the counting must
+    happen while unpacking)."""
+    folder = tarfile.TarInfo(TOP)
+    folder.type = tarfile.DIRTYPE
+    pieces = [(folder.tobuf(tarfile.PAX_FORMAT), 1)]
+    zeros = bytes(MIB)
+    for i in range(shards):
+        shard = tarfile.TarInfo(f"{TOP}/model-{i:05d}.safetensors")
+        shard.size = MIB
+        pieces += [(shard.tobuf(tarfile.PAX_FORMAT), 1), (zeros, 1)]
+    return gzip_of([*pieces, (bytes(2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE), 1)])
 
 
 def xz_compress(data: bytes) -> bytes:
