@@ -10,6 +10,7 @@ from stare_client.archive import DownloadedCheckpoint
 from stare_client.client import Client, RetryInfo
 from stare_client.errors import (
     APIError,
+    ArchiveTooLarge,
     AuthError,
     BadRequest,
     ChecksumMismatch,
@@ -26,13 +27,17 @@ from stare_client.errors import (
     ServerUnavailable,
     StareError,
     UnsafeArchive,
+    UntrustedOrigin,
     ValidationError,
     WaitTimeout,
 )
 from stare_client.states import is_terminal
+from stare_client.unpack import ArchiveLimits
 
 __all__ = [
     "APIError",
+    "ArchiveLimits",
+    "ArchiveTooLarge",
     "AsyncClient",
     "AuthError",
     "BadRequest",
@@ -53,6 +58,7 @@ __all__ = [
     "ServerUnavailable",
     "StareError",
     "UnsafeArchive",
+    "UntrustedOrigin",
     "ValidationError",
     "WaitTimeout",
     "is_terminal",

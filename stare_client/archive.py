@@ -10,9 +10,9 @@ checkpoint (trainer/checkpoints.py):
     state.json          step, data cursor, controller state
 
 Nothing is left half-done: the archive goes to a hidden sibling of the target (`.<name>.partial-*`), its
-SHA-256 and size are checked against what the server announced, it is unpacked there (refusing links,
-devices, absolute paths and `..`), a local merge (if asked for) is written there too, and only then is the
-folder renamed to the target. An interrupted download leaves at most the hidden partial folder, which the
+SHA-256 and size are checked against what the server announced, it is unpacked there within the client's
+limits (stare_client.unpack: sizes, ratio, members, links, devices, absolute paths and `..`), a local merge
+(if asked for) is written there too, and only then is the folder renamed to the target. An interrupted download leaves at most the hidden partial folder, which the
 next attempt removes; never a folder under the target's name.
 
 `merged=True`: a checkpoint with model/ (full fine-tuning, or LoRA with merge_on_save) needs nothing more.
@@ -29,15 +29,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tarfile
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from stare_client import errors
 from stare_client.models import Checkpoint, Report
+from stare_client.unpack import ArchiveLimits as ArchiveLimits  # unpacking lives in stare_client.unpack
+from stare_client.unpack import safe_extract as safe_extract
 
 Selector = Literal["latest", "best"] | int | str
 MODEL_DIR, ADAPTER_DIR, MERGED_DIR = "model", "adapter", "merged"
@@ -151,70 +151,6 @@ def verify(
             f"SHA-256 of the download is {actual_sha256}, the server announced {expected_sha256}",
             code="checksum_mismatch",
         )
-
-
-# ----------------------------------------------------------------------------------------------- unpacking
-
-
-def _member_path(member: tarfile.TarInfo) -> PurePosixPath:
-    name = member.name
-    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-        raise errors.UnsafeArchive(f"archive member {name!r} has an absolute path", code="unsafe_archive")
-    path = PurePosixPath(name.replace("\\", "/"))
-    if any(part == ".." for part in path.parts):
-        raise errors.UnsafeArchive(f"archive member {name!r} leaves its folder (..)", code="unsafe_archive")
-    if member.issym() or member.islnk():
-        raise errors.UnsafeArchive(
-            f"archive member {name!r} is a {'symbolic' if member.issym() else 'hard'} link",
-            code="unsafe_archive",
-        )
-    if not (member.isfile() or member.isdir()):
-        raise errors.UnsafeArchive(
-            f"archive member {name!r} is not a regular file or folder (a device, FIFO or other special file)",
-            code="unsafe_archive",
-        )
-    parts = [p for p in path.parts if p not in ("", ".")]
-    if not parts:
-        raise errors.UnsafeArchive(f"archive member {name!r} has an empty name", code="unsafe_archive")
-    return PurePosixPath(*parts)
-
-
-def check_members(
-    members: Iterable[tarfile.TarInfo],
-) -> tuple[str, list[tuple[tarfile.TarInfo, PurePosixPath]]]:
-    """(top folder, [(member, safe relative path)]) or UnsafeArchive: every member a regular file or folder
-    under one top folder, with a relative path that stays inside it."""
-    checked = [(m, _member_path(m)) for m in members]
-    tops = {path.parts[0] for _, path in checked}
-    if len(tops) != 1:
-        raise errors.UnsafeArchive(
-            f"a checkpoint archive holds one folder; this one has {len(tops)} top-level entries",
-            code="unsafe_archive",
-        )
-    return tops.pop(), checked
-
-
-def safe_extract(archive: Path, into: Path) -> Path:
-    """Unpack `archive` under `into` after checking every member (check_members); files are written with
-    mode 0644 and folders 0755 whatever the archive says, never through an existing link. Returns the top
-    folder."""
-    with tarfile.open(archive, mode="r:*") as tar:
-        top, checked = check_members(tar.getmembers())
-        for member, rel in checked:
-            dest = into.joinpath(*rel.parts)
-            if member.isdir():
-                dest.mkdir(mode=0o755, parents=True, exist_ok=True)
-                continue
-            dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            if source is None:
-                raise errors.UnsafeArchive(
-                    f"cannot read archive member {member.name!r}", code="unsafe_archive"
-                )
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            with source, os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(source, out, 1024 * 1024)
-    return into / top
 
 
 def publish(tree: Path, target: Path, overwrite: bool) -> None:

@@ -113,7 +113,19 @@ class ChecksumMismatch(StareError):
 
 
 class UnsafeArchive(StareError):
-    """A checkpoint archive holds a member the client refuses (a link, a device, an absolute path, `..`)."""
+    """A checkpoint archive the client refuses: a member that is a link, a device, an absolute path or `..`,
+    a second copy of a path, too many members, too deep a path, a corrupt or truncated archive. Nothing of
+    it is left on disk."""
+
+
+class ArchiveTooLarge(UnsafeArchive):
+    """A download or its unpacked tree would pass a cap: the announced size, the client's
+    ArchiveLimits, or the compression ratio (a bomb); it was stopped at the cap."""
+
+
+class UntrustedOrigin(StareError):
+    """A download URL (or a redirect) points at an origin other than the API's and not among the
+    `download_origins` the client was given; the API key is only ever sent to the API's own origin."""
 
 
 class MissingDependency(StareError):

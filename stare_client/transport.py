@@ -5,6 +5,10 @@ upload (streamed, with a progress callback).
 Retries: connection errors, 429 and 503 (and 502/504 from a proxy), with exponential backoff and jitter,
 honouring Retry-After; only for requests that are safe to repeat: GETs, and POSTs that carry an
 Idempotency-Key. Anything else is sent once.
+
+Credentials: the API key is attached per request by OriginBearer, and only to the configured API's origin
+(scheme, host, port); a request anywhere else (a download URL or redirect on another host) carries none.
+Downloads follow redirects themselves, hop by hop, each hop checked by DownloadPolicy.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
@@ -46,6 +50,71 @@ class RetryPolicy:
             return min(max(retry_after_s, 0.0), MAX_RETRY_AFTER_S)
         ceiling = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
         return random.uniform(ceiling / 2, ceiling)
+
+
+# --------------------------------------------------------------------------------------------- credentials
+
+Origin = tuple[str, str, int]
+DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_REDIRECTS = 5
+
+
+def origin_of(url: httpx.URL | str) -> Origin:
+    """(scheme, host, port) with the scheme's default port made explicit, so http://h and http://h:80 agree."""
+    parsed = httpx.URL(url)
+    scheme = parsed.scheme.lower()
+    return scheme, parsed.host.lower(), parsed.port or DEFAULT_PORTS.get(scheme, 0)
+
+
+class OriginBearer(httpx.Auth):
+    """The API key as a Bearer token on requests to the API's own origin, and on no other."""
+
+    def __init__(self, api_key: str, base_url: str) -> None:
+        self._header = f"Bearer {api_key}"
+        self.origin = origin_of(base_url)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if origin_of(request.url) == self.origin:
+            request.headers["Authorization"] = self._header
+        else:
+            request.headers.pop("Authorization", None)
+        yield request
+
+
+@dataclass(frozen=True)
+class DownloadPolicy:
+    """Where a checkpoint may be fetched from: the API's origin (with the key), or an origin the caller named
+    in `download_origins` (without it: a pre-signed object-store URL needs none). Anything else is refused
+    before a request is made, whether the listing names it or a redirect leads there."""
+
+    base_url: str
+    trusted: frozenset[Origin]
+
+    @classmethod
+    def of(cls, base_url: str, download_origins: Iterable[str] = ()) -> DownloadPolicy:
+        return cls(base_url, frozenset(origin_of(o) for o in download_origins))
+
+    def resolve(self, url: str, via: httpx.URL | None = None) -> str:
+        """`url` once its origin is allowed: a path of the API as it is (the client joins it to the base URL,
+        path prefix included), anything else made absolute against `via` (a redirect's response URL)."""
+        if via is None and httpx.URL(url).is_relative_url and not url.startswith("//"):
+            return url
+        target = (via or httpx.URL(self.base_url)).join(url)
+        origin = origin_of(target)
+        if origin != origin_of(self.base_url) and origin not in self.trusted:
+            how = f"a redirect from {via}" if via is not None else "the checkpoint's download_url"
+            raise errors.UntrustedOrigin(
+                f"{how} points at {origin[0]}://{origin[1]}:{origin[2]}, not the API's origin; refused "
+                "(pass download_origins=[...] to fetch from it without the API key)",
+                code="untrusted_origin",
+                param="download_url",
+            )
+        return str(target)
+
+
+def redirect_target(response: httpx.Response) -> str | None:
+    """The Location of a redirect response, else None."""
+    return response.headers["location"] if response.is_redirect else None
 
 
 def retry_safe(method: str, headers: httpx.Headers | dict[str, str] | None) -> bool:
@@ -164,10 +233,11 @@ def decode_event(message: SSEMessage) -> dict[str, Any] | None:
 
 
 @dataclass
-class MultipartUpload:
+class MultipartUpload(httpx.SyncByteStream, httpx.AsyncByteStream):
     """A multipart/form-data body with one `purpose` field and one `file`, streamed from an open file in
     chunks; `progress(sent, total)` after each file chunk. Its size is known up front (Content-Length), so
-    the server can refuse an oversized file before reading it."""
+    the server can refuse an oversized file before reading it. A byte stream for both httpx clients, so one
+    upload operation serves the sync and the async client."""
 
     fh: IO[bytes]
     filename: str
@@ -208,7 +278,10 @@ class MultipartUpload:
                 self.progress(sent, self.file_bytes)
         yield self.tail
 
-    async def achunks(self) -> AsyncIterator[bytes]:
+    def __iter__(self) -> Iterator[bytes]:
+        return self.chunks()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         for chunk in self.chunks():
             yield chunk
 
