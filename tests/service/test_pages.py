@@ -9,12 +9,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from contract import metrics as catalogue
 from service.app import create_app
+from service.errors import BadRequest
+from service.routers.events import parse_last_event_id
 from service.routers.pages import chart_groups
 from service.sessions import COOKIE_NAME, SessionSigner
 from service.settings import Settings
@@ -57,7 +61,9 @@ def test_sign_in_sets_a_scoped_http_only_strict_cookie_without_the_key(
     header = _signed_in(client, tenant.key)
     attributes = {part.strip().split("=")[0].lower() for part in header.split(";")}
     assert {"httponly", "path", "samesite", "max-age"} <= attributes
-    values = {part.strip().split("=")[0].lower(): part.strip().partition("=")[2] for part in header.split(";")}
+    values = {
+        part.strip().split("=")[0].lower(): part.strip().partition("=")[2] for part in header.split(";")
+    }
     assert values["path"] == "/" and "samesite=strict" in header.lower()  # the page's scripts call /v1
     assert "secure" not in attributes  # plain http here; https below
     assert tenant.key not in header and tenant.key_id not in header  # opaque, signed, no secret
@@ -282,3 +288,127 @@ def test_hostile_page_requests_get_a_clear_4xx(client: TestClient, tenant: Tenan
         if "json" in response.headers.get("content-type", ""):
             assert response.json()["error"]["message"]
     assert client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["status"] == "queued"
+
+
+# ------------------------------------------------------------------------------ every page response's headers
+
+
+def _app_routes(routes: list[Any], prefix: str = "") -> list[tuple[str, APIRoute]]:
+    """(path, route) of every route in the app's table, included routers flattened."""
+    found = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append((prefix + route.path, route))
+        elif hasattr(route, "original_router"):  # an included router (FastAPI keeps it whole)
+            found.extend(_app_routes(route.original_router.routes, prefix + route.include_context.prefix))
+    return found
+
+
+def _page_requests(app: Any, job_id: str) -> list[tuple[str, str]]:
+    """(METHOD, URL) for every /ui route of the app's route table, path parameters filled in."""
+    fill = {"job_id": job_id, "name": "page.js"}
+    found = []
+    for path, route in _app_routes(app.routes):
+        if not (path == "/ui" or path.startswith("/ui/")):
+            continue
+        url = path
+        for name in re.findall(r"{(\w+)}", url):
+            url = url.replace("{" + name + "}", fill[name])
+        found.extend((method, url) for method in sorted(route.methods))
+    return found
+
+
+def _assert_secured(response: Any, what: object) -> None:
+    headers = response.headers
+    assert "frame-ancestors 'none'" in headers.get("content-security-policy", ""), what
+    assert "script-src 'self'" in headers["content-security-policy"], what
+    assert headers.get("x-frame-options") == "DENY", what
+    assert headers.get("x-content-type-options") == "nosniff", what
+    assert headers.get("referrer-policy") == "no-referrer", what
+    assert "cache-control" in headers, what
+
+
+def test_every_page_response_carries_the_security_headers(
+    client: TestClient, tenant: TenantKey, make_tenant: Callable[[], TenantKey]
+) -> None:
+    """Walks the route table: every /ui route, signed in and out, and its errors and redirects (the report
+    page was once served without them)."""
+    job_id = create_job(client, tenant.headers)
+    theirs = create_job(client, make_tenant().headers)
+    requests = _page_requests(client.app, job_id)
+    assert ("GET", f"/ui/jobs/{job_id}/report") in requests and ("DELETE", "/ui/session") in requests
+    for signed_in in (False, True):
+        client.cookies.clear()
+        if signed_in:
+            _signed_in(client, tenant.key)
+        for method, url in requests:
+            body = {"api_key": tenant.key} if url == "/ui/session" and method == "POST" else None
+            response = client.request(method, url, json=body, headers=SIGN_IN, follow_redirects=False)
+            assert response.status_code < 500, (method, url, response.text)
+            _assert_secured(response, (signed_in, method, url, response.status_code))
+    errors = [
+        ("GET", f"/ui/jobs/{theirs}/report"),  # another tenant's: the 404 page
+        ("GET", f"/ui/jobs/{theirs}"),
+        ("GET", "/ui/jobs/job_%00x"),  # refused by the request boundary
+        ("GET", "/ui/jobs/" + "j" * 65),
+        ("GET", "/ui/nope"),
+        ("PUT", "/ui/jobs"),
+        ("GET", "/ui/static/nope.js"),
+        ("GET", "/ui/sign-in?limt=1"),
+        ("DELETE", "/ui/session"),  # no CSRF token: 403
+    ]
+    for method, url in errors:
+        response = client.request(method, url, follow_redirects=False)
+        assert 400 <= response.status_code < 500, (method, url, response.status_code)
+        _assert_secured(response, (method, url, response.status_code))
+    client.cookies.clear()
+    assert client.get(f"/ui/jobs/{job_id}/report", follow_redirects=False).status_code == 303
+    static = client.get("/ui/static/page.js")
+    assert static.headers["cache-control"] == "no-cache"  # a route's own Cache-Control is kept
+    assert "content-security-policy" not in client.get("/healthz").headers  # pages only
+
+
+# ------------------------------------------------------------------------------------------ Last-Event-ID
+
+
+def test_last_event_id_has_one_bounded_parser() -> None:
+    assert parse_last_event_id(None, 2) == (0, 0) and parse_last_event_id(" ", 1) == (0,)
+    assert parse_last_event_id("2147483647.2147483647", 2) == (2**31 - 1, 2**31 - 1)
+    assert parse_last_event_id(" 12 ", 1) == (12,)
+    for value, fields in [
+        ("2147483648.0", 2),
+        ("0.2147483648", 2),
+        ("2147483648", 1),
+        ("12", 2),
+        ("1.2", 1),
+        ("1.2.3", 2),
+        ("\u0663.1", 2),
+        ("-1.0", 2),
+        ("1e3.0", 2),
+        ("0x10", 1),
+    ]:
+        with pytest.raises(BadRequest) as refused:
+            parse_last_event_id(value, fields)
+        assert refused.value.param == "Last-Event-ID", value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["2147483648.0", "0.2147483648", "99999999999.1", "2147483647.2147483647", "0.0", "1.", ".1", "1..2"],
+)
+def test_no_last_event_id_breaks_a_stream(
+    client: TestClient, db: Database, tenant: TenantKey, value: str
+) -> None:
+    """Out of the 32-bit range was once a 200 that died on the database's error mid-stream; now every
+    value is a 400 or a whole stream (its `end` frame included), on both streams."""
+    job_id = create_job(client, tenant.headers)
+    worker = FakeWorker(db, job_id)
+    worker.steps(1, 2)
+    worker.finish("succeeded")
+    for url in (f"/v1/jobs/{job_id}/live", f"/v1/jobs/{job_id}/events?stream=true"):
+        response = client.get(url, headers={**tenant.headers, "Last-Event-ID": value})
+        assert response.status_code in (200, 400), (url, value, response.status_code, response.text)
+        if response.status_code == 200:
+            assert response.text.endswith('"status": "succeeded"}\n\n'), (url, value, response.text[-300:])
+        else:
+            assert response.json()["error"]["param"] == "Last-Event-ID"
