@@ -153,11 +153,10 @@ def _look_up_session(services: Services, page: PageSession) -> tuple[Principal, 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: the principal, and the page's session when the cookie (not a Bearer key)
-    authenticated it, with the CSRF token the page embeds for it."""
+    """Who sent a request: the principal and, when the page's session cookie (not a Bearer key)
+    authenticated it, the CSRF token the page embeds for that session."""
 
     principal: Principal
-    session: PageSession | None = None
     csrf_token: str | None = None
 
 
@@ -205,7 +204,7 @@ async def _identify(
             if not required:
                 return None
             raise _session_refused(cookie, found)
-        caller = Caller(found, page, signer.csrf_token(page))
+        caller = Caller(found, signer.csrf_token(page))
         if request.method not in SAFE_METHODS and not signer.csrf_ok(page, csrf):
             raise Forbidden(f"missing or wrong {CSRF_HEADER} header", param=CSRF_HEADER, code="csrf_failed")
     await spend_rate_token(services, caller.principal)
