@@ -54,6 +54,7 @@ from service.routers import (
     verifiers,
 )
 from service.services import Services
+from service.sessions import SessionSigner
 from service.settings import Settings
 from service.telemetry import TelemetryMiddleware
 from service.uploads import MULTIPART_OVERHEAD_BYTES
@@ -236,6 +237,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dependencies=[Depends(refuse_unknown_query_parameters)],
     )
     app.state.services = services
+    secret = settings.session_secret.get_secret_value().encode() if settings.session_secret else None
+    app.state.session_signer = SessionSigner(secret, settings.session_ttl_s)  # the job page's sign-ins
 
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(StoreError, _service_error)  # the repository's errors (store.errors)
@@ -279,6 +282,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_upload_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
     )
     app.add_middleware(TelemetryMiddleware, telemetry=services.telemetry)
+    app.add_middleware(pages.PageSecurityHeaders)  # outermost: the boundary's refusals under /ui too
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -1,7 +1,12 @@
-"""Request dependencies, named for what they give a route: SessionDep, CurrentPrincipal, CurrentTenant,
-OwnedJob (to change it), VisibleJob (to read it), OwnedFile, OwnedCheckpoint. Authentication, rate limiting
-and the ownership checks live here and nowhere else: a route that takes OwnedJob only ever sees the
-caller's own job (another tenant's is a 404).
+"""Request dependencies, named for what they give a route: SessionDep, CurrentCaller, CurrentPrincipal,
+CurrentTenant, PageCaller (the pages: None when not signed in), OwnedJob (to change it), VisibleJob (to read
+it), OwnedFile, OwnedCheckpoint. Authentication, rate limiting and the ownership checks live here and nowhere
+else: a route that takes OwnedJob only ever sees the caller's own job (another tenant's is a 404).
+
+Authentication is one function for every route (`_identify`): a Bearer API key, or the job page's session
+cookie (service.sessions), which then needs the X-CSRF-Token header on every unsafe method. Both resolve to
+the key's principal through the same cache (service.principals), record the key's use the same way and spend
+a token of the same rate bucket, so the page's scripts call the /v1 routes exactly as an API client does.
 
 Dependencies that use a SQLAlchemy session are plain functions (FastAPI runs them in its thread pool); the
 ones that do not are `async def`, so they cost no thread hop. VisibleJob awaits its one statement on the
@@ -11,27 +16,37 @@ database's event-loop pool (store.async_pool), and so does OwnedFile.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any, get_args, get_origin
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Header, Path, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from service.errors import NotFound, TooManyRequests, Unauthenticated, Unprocessable
+from service.errors import Forbidden, NotFound, TooManyRequests, Unauthenticated, Unprocessable
 from service.principals import Principal, TenantRef
 from service.ratelimit import retry_after_seconds
 from service.services import Services
+from service.sessions import COOKIE_NAME, CSRF_HEADER, SAFE_METHODS, SessionSigner
+from service.sessions import Session as PageSession
 from service.views import FileLike, JobLike
 from store import repository
-from store.models import Checkpoint, Job
+from store.models import ApiKey, Checkpoint, Job, Tenant
 
 bearer = HTTPBearer(
     auto_error=False,
     scheme_name="ApiKey",
     description="An API key: `Authorization: Bearer sk-stare-...` (create one with `python -m service create-tenant`).",
+)
+session_cookie = APIKeyCookie(
+    name=COOKIE_NAME,
+    auto_error=False,
+    scheme_name="Session",
+    description="The job page's sign-in session (POST /ui/session), for the page's own scripts: HttpOnly, "
+    "SameSite=Strict; writes need the header X-CSRF-Token too.",
 )
 
 
@@ -116,54 +131,189 @@ async def get_session(services: ServicesDep) -> AsyncIterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def _look_up(services: Services, presented: str) -> tuple[Principal, str] | None:
-    """The key's principal and stored hash from the database (recording its use), or None."""
+def _verified(session: Session, key: ApiKey, tenant: Tenant) -> tuple[Principal, str]:
+    """The key's principal and stored hash, its use recorded (at most once a minute, store.repository)."""
+    if repository.touch_api_key(session, key):
+        session.commit()
+    return Principal.of(key, tenant), key.key_hash
+
+
+def _look_up_key(services: Services, presented: str) -> tuple[Principal, str] | None:
     with services.db.sessions() as session:
         found = repository.find_api_key(session, presented)
-        if found is None:
-            return None
-        key, tenant = found
-        if repository.touch_api_key(session, key):
-            session.commit()
-        return Principal.of(key, tenant), key.key_hash
+        return _verified(session, *found) if found is not None else None
 
 
-async def authenticate(
-    services: ServicesDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> Principal:
-    """The caller's principal from `Authorization: Bearer <key>`, then one token from its rate bucket."""
-    if credentials is None or not credentials.credentials:
-        raise Unauthenticated(
-            "no API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
-        )
-    presented = credentials.credentials.strip()
-    principal = services.principals.get(presented)
-    if principal is None:
-        found = await run_in_threadpool(_look_up, services, presented)
-        if found is None:
-            raise Unauthenticated("invalid API key")
-        principal, key_hash = found
-        if principal.key.revoked_at is not None:
-            raise Unauthenticated("this API key was revoked", code="api_key_revoked")
-        services.principals.put(key_hash, principal)
+def _look_up_session(services: Services, page: PageSession) -> tuple[Principal, str] | None:
+    with services.db.sessions() as session:
+        key = repository.get_api_key(session, page.tenant_id, page.key_id)
+        tenant = repository.get_tenant(session, page.tenant_id) if key is not None else None
+        return _verified(session, key, tenant) if key is not None and tenant is not None else None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the principal and, when the page's session cookie (not a Bearer key)
+    authenticated it, the CSRF token the page embeds for that session."""
+
+    principal: Principal
+    csrf_token: str | None = None
+
+
+def session_signer(request: Request) -> SessionSigner:
+    signer: SessionSigner = request.app.state.session_signer  # built by create_app
+    return signer
+
+
+CsrfHeader = Annotated[
+    str | None,
+    Header(
+        alias=CSRF_HEADER,
+        max_length=200,
+        description="Only with the job page's session cookie, on every method but GET/HEAD/OPTIONS: the "
+        "token the page embeds. Bearer requests never need it.",
+    ),
+]
+
+
+async def _identify(
+    request: Request,
+    services: Services,
+    credentials: HTTPAuthorizationCredentials | None,
+    cookie: str | None,
+    csrf: str | None,
+    *,
+    required: bool,
+) -> Caller | None:
+    """The one authentication of every route: `Authorization: Bearer <key>` when the header is there,
+    else the session cookie; then the key's principal (cached, service.principals), a CSRF check for a
+    cookie's unsafe methods, and one token of the key's rate bucket. A missing or failed cookie is a 401
+    when `required`, else None (the pages send the browser to sign in)."""
+    if "authorization" in request.headers:
+        if credentials is None or not credentials.credentials:
+            raise Unauthenticated(
+                "no API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
+            )
+        principal = await key_principal(services, credentials.credentials.strip())
+        caller = Caller(principal)
+    else:
+        signer = session_signer(request)
+        page = signer.verify(cookie)
+        found = await _session_principal(services, page) if page is not None else None
+        if page is None or found is None or found.key.revoked_at is not None:
+            if not required:
+                return None
+            raise _session_refused(cookie, found)
+        caller = Caller(found, signer.csrf_token(page))
+        if request.method not in SAFE_METHODS and not signer.csrf_ok(page, csrf):
+            raise Forbidden(f"missing or wrong {CSRF_HEADER} header", param=CSRF_HEADER, code="csrf_failed")
+    await spend_rate_token(services, caller.principal)
+    return caller
+
+
+async def spend_rate_token(services: Services, principal: Principal) -> None:
+    """One token of the key's rate bucket (service.ratelimit), or 429 with Retry-After."""
     wait_s = await services.limiter.acquire_async(principal.key.id)
     if wait_s > 0:
         raise TooManyRequests(
             f"rate limit of {services.settings.rate_limit_per_second:g} requests/s per key exceeded; retry later",
             retry_after_s=retry_after_seconds(wait_s),
         )
+
+
+def _session_refused(cookie: str | None, principal: Principal | None) -> Unauthenticated:
+    if cookie is None:
+        return Unauthenticated(
+            "no API key: send the header 'Authorization: Bearer <key>' (or sign in at /ui/sign-in)",
+            code="missing_api_key",
+        )
+    if principal is not None:
+        return Unauthenticated("the API key of this session was revoked", code="api_key_revoked")
+    return Unauthenticated("the session has expired or is not valid: sign in again", code="invalid_session")
+
+
+async def key_principal(services: Services, presented: str) -> Principal:
+    """A presented API key's principal (cached), or Unauthenticated; sign-in (service.routers.pages) checks
+    keys with it too."""
+    principal = services.principals.get(presented)
+    if principal is None:
+        found = await run_in_threadpool(_look_up_key, services, presented)
+        if found is None:
+            raise Unauthenticated("invalid API key")
+        principal, key_hash = found
+        if principal.key.revoked_at is not None:
+            raise Unauthenticated("this API key was revoked", code="api_key_revoked")
+        services.principals.put(key_hash, principal)
     return principal
 
 
-CurrentPrincipal = Annotated[Principal, Depends(authenticate)]
+async def _session_principal(services: Services, page: PageSession) -> Principal | None:
+    """The principal of the key a verified session names (cached like the key), revoked or not; None when
+    the key or its tenant is gone."""
+    principal = services.principals.get_by_key_id(page.key_id, page.tenant_id)
+    if principal is None:
+        found = await run_in_threadpool(_look_up_session, services, page)
+        if found is None:
+            return None
+        principal, key_hash = found
+        services.principals.put(key_hash, principal)  # the cache keeps no revoked key
+    return principal
 
 
-async def current_tenant(principal: CurrentPrincipal) -> TenantRef:
-    return principal.tenant
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+SessionCookie = Annotated[str | None, Depends(session_cookie)]
+
+
+async def authenticate(
+    request: Request,
+    services: ServicesDep,
+    credentials: BearerCredentials,
+    cookie: SessionCookie,
+    csrf: CsrfHeader = None,
+) -> Caller:
+    """Every authenticated route's caller: a Bearer key, or the job page's session cookie (401 without)."""
+    caller = await _identify(request, services, credentials, cookie, csrf, required=True)
+    assert caller is not None
+    return caller
+
+
+CurrentCaller = Annotated[Caller, Depends(authenticate)]
+
+
+async def page_caller(
+    request: Request,
+    services: ServicesDep,
+    credentials: BearerCredentials,
+    cookie: SessionCookie,
+    csrf: CsrfHeader = None,
+) -> Caller | None:
+    """The pages' caller, by the same authentication: None when not signed in (the page redirects)."""
+    return await _identify(request, services, credentials, cookie, csrf, required=False)
+
+
+PageCaller = Annotated[Caller | None, Depends(page_caller)]
+
+
+async def current_principal(caller: CurrentCaller) -> Principal:
+    return caller.principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+
+
+async def current_tenant(caller: CurrentCaller) -> TenantRef:
+    return caller.principal.tenant
 
 
 CurrentTenant = Annotated[TenantRef, Depends(current_tenant)]
+
+
+def tenant_job(session: Session, tenant: TenantRef, job_id: str) -> Job:
+    """The tenant's job, or NotFound (another tenant's job is missing, never forbidden)."""
+    job = repository.get_job(session, tenant.id, job_id)
+    if job is None:
+        raise NotFound(f"no job with id {job_id!r}", param="job_id")
+    return job
 
 
 def owned_job(
@@ -171,10 +321,7 @@ def owned_job(
     tenant: CurrentTenant,
     session: SessionDep,
 ) -> Job:
-    job = repository.get_job(session, tenant.id, job_id)
-    if job is None:
-        raise NotFound(f"no job with id {job_id!r}", param="job_id")
-    return job
+    return tenant_job(session, tenant, job_id)
 
 
 OwnedJob = Annotated[Job, Depends(owned_job)]

@@ -59,6 +59,13 @@ class Unauthenticated(ServiceError):
         super().__init__(message, code=code, headers={"WWW-Authenticate": "Bearer"})
 
 
+class Forbidden(ServiceError):
+    """Authenticated, but the request lacks what this use of the credential needs (the page's CSRF token)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
 class NotFound(ServiceError):
     """Missing, or owned by another tenant: the two are indistinguishable on purpose."""
 

@@ -5,6 +5,9 @@ with the constant-time hash comparison on every hit, so most requests authentica
 trip. Revoking a key through the API forgets it at once in this process; a key revoked elsewhere (another
 API process, the command line) stops working within ttl_s. Revoked and unknown keys are never cached. Set
 STARE_AUTH_CACHE_TTL_S=0 to look every key up on every request.
+
+The job page's session cookie names its key by id (service.sessions); `get_by_key_id` finds the same entry
+through that id, so a cookie and the key it was issued for share one entry, one expiry and one `forget`.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class PrincipalCache:
         self.clock = clock
         self.max_entries = max_entries
         self._entries: dict[str, _Entry] = {}
+        self._prefixes: dict[str, str] = {}  # key id -> prefix, for sessions (which carry the id)
         self._lock = threading.Lock()
 
     def get(self, presented: str) -> Principal | None:
@@ -74,6 +78,17 @@ class PrincipalCache:
             return None
         return entry.principal
 
+    def get_by_key_id(self, key_id: str, tenant_id: str) -> Principal | None:
+        """The cached principal of a key named by its id (a verified session cookie names it so)."""
+        if self.ttl_s <= 0:
+            return None
+        prefix = self._prefixes.get(key_id)
+        entry = self._entries.get(prefix) if prefix is not None else None
+        if entry is None or entry.expires < self.clock():
+            return None
+        principal = entry.principal
+        return principal if principal.key.id == key_id and principal.tenant.id == tenant_id else None
+
     def put(self, key_hash: str, principal: Principal) -> None:
         if self.ttl_s <= 0 or principal.key.revoked_at is not None:
             return
@@ -81,11 +96,18 @@ class PrincipalCache:
             if len(self._entries) >= self.max_entries:
                 now = self.clock()
                 for prefix in [p for p, e in self._entries.items() if e.expires < now]:
-                    del self._entries[prefix]
+                    self._pop(prefix)
                 if len(self._entries) >= self.max_entries:
                     self._entries.clear()
+                    self._prefixes.clear()
             self._entries[principal.key.prefix] = _Entry(key_hash, principal, self.clock() + self.ttl_s)
+            self._prefixes[principal.key.id] = principal.key.prefix
 
     def forget(self, prefix: str) -> None:
         with self._lock:
-            self._entries.pop(prefix, None)
+            self._pop(prefix)
+
+    def _pop(self, prefix: str) -> None:
+        entry = self._entries.pop(prefix, None)
+        if entry is not None:
+            self._prefixes.pop(entry.principal.key.id, None)

@@ -404,7 +404,8 @@ class Readiness(BaseModel):
 
 _ERROR_DESCRIPTIONS = {
     400: "Malformed request (a body that cannot be parsed, a broken multipart form).",
-    401: "Missing, invalid or revoked API key.",
+    401: "Missing, invalid or revoked API key (or job page session).",
+    403: "A job page session's write without its X-CSRF-Token header (never for a Bearer key).",
     404: "No such object for this tenant (another tenant's objects are indistinguishable from missing ones).",
     409: "The object's state does not allow this (e.g. deleting a running job).",
     413: "The body or file is over the size limit.",
@@ -421,4 +422,4 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[code]} for code in codes}
 
 
-AUTHENTICATED_ERRORS = errors(400, 401, 413, 422, 429, 503)
+AUTHENTICATED_ERRORS = errors(400, 401, 403, 413, 422, 429, 503)

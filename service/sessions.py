@@ -2,13 +2,17 @@
 
 The browser presents its API key once, in the body of POST /ui/session; the server checks it like a Bearer
 key and answers with a cookie that holds no secret of the tenant's: the key's id, the tenant's id, an expiry
-and a random nonce, signed with HMAC-SHA256 under the server's session secret. Every page request verifies
-the signature and the expiry, then loads the key row again, so revoking the key ends its sessions at once.
+and a random nonce, signed with HMAC-SHA256 under the server's session secret. The cookie authenticates the
+page's requests to /v1 as the key itself would (service.dependencies.authenticate: the same principal cache,
+last-used record, rate bucket and ownership checks), so revoking the key ends its sessions as it ends the key.
 
-The cookie is HttpOnly (scripts cannot read it), SameSite=Strict (no other site's page sends it), scoped to
-Path=/ui, and Secure when the page is served over https. State-changing calls also need the header
-`X-CSRF-Token` carrying a token derived from the cookie's nonce, which only the server's own pages embed.
-Signing out clears the cookie; a copy taken before stays valid until its expiry (Settings.session_ttl_s).
+The cookie is HttpOnly (scripts cannot read it), SameSite=Strict (no request started by another site's page
+carries it, not even a top-level navigation), Secure when the page is served over https, and scoped to
+Path=/: the page's scripts call /v1 themselves, so the cookie must reach /v1 as well as /ui. Every
+cookie-authenticated request with an unsafe method (anything but GET, HEAD, OPTIONS) must also carry the
+header `X-CSRF-Token`, a token derived from the cookie's nonce that only the server's own pages embed; a
+Bearer request never needs it (another site cannot make a browser send an Authorization header). Signing out
+clears the cookie; a copy taken before stays valid until its expiry (Settings.session_ttl_s).
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass
 
 COOKIE_NAME = "stare_session"
-COOKIE_PATH = "/ui"
+COOKIE_PATH = "/"
 CSRF_HEADER = "X-CSRF-Token"
 SIGN_IN_HEADER = "X-Stare-Sign-In"  # the sign-in POST needs it: a cross-site form cannot send a custom header
 MAX_COOKIE_CHARS = 512
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # no CSRF token needed: they change nothing
+_ID = re.compile(r"[a-z]{1,8}_[A-Za-z0-9]{1,56}")  # key and tenant ids (store.ids)
+MAX_EXPIRES = 2**40  # unix seconds; far past any Settings.session_ttl_s
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,12 @@ class SessionSigner:
         key_id, tenant_id, expires, nonce = (fields.get(name) for name in ("k", "t", "e", "n"))
         if not (isinstance(key_id, str) and isinstance(tenant_id, str) and isinstance(nonce, str)):
             return None
-        if not isinstance(expires, int) or expires <= (time.time() if now is None else now):
+        # Only this server signs cookies; the shapes are checked all the same, so that a leaked secret
+        # cannot smuggle a value the database would refuse into the key lookup.
+        if not (_ID.fullmatch(key_id) and _ID.fullmatch(tenant_id)):
+            return None
+        current_s = time.time() if now is None else now
+        if type(expires) is not int or not current_s < expires < MAX_EXPIRES:
             return None
         return Session(key_id, tenant_id, expires, nonce)
 

@@ -2,6 +2,9 @@
 started as a user starts it, `python -m worker embedded --serve`: a real API, a real Celery worker and real
 training jobs of the tiny model.
 
+The page's scripts call the /v1 API themselves with the session cookie (no API of the page's own), so the
+tour runs the API's routes, streams and downloads too.
+
 One tour: sign in with the key the stack wrote, see the jobs list, get a 404 page for another tenant's job,
 open a running job and watch new points arrive on the entropy chart (read from the page's state), pause
 and resume it from the page (the status checked through the API), overlay a second job (a series more),
@@ -194,7 +197,7 @@ def test_job_page_tour_in_chromium(tmp_path: Path) -> None:
             page.click("#sign-in button[type=submit]")
             page.wait_for_url(f"{base}/ui/jobs")
             (cookie,) = [c for c in context.cookies() if c["name"] == "stare_session"]
-            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
             assert page.evaluate("() => document.cookie") == ""
             assert page.locator(f"#jobs tr[data-job-id='{watched}']").count() == 1
             assert page.locator(f"#jobs tr[data-job-id='{overlaid}']").count() == 1
@@ -243,8 +246,8 @@ def test_job_page_tour_in_chromium(tmp_path: Path) -> None:
             # A checkpoint's download link works (through the page's cookie, as a tar).
             page.wait_for_selector("#checkpoints a.download", timeout=60_000)
             link = page.locator("#checkpoints a.download").first
-            assert link.get_attribute("href", timeout=5_000).startswith(
-                f"/ui/api/jobs/{watched}/checkpoints/"
+            assert link.get_attribute("href", timeout=5_000).startswith(  # the API's own download route
+                f"/v1/jobs/{watched}/checkpoints/"
             )
             with page.expect_download() as download:
                 link.click()

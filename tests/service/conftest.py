@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from psycopg import sql
 
 from service.app import create_app
+from service.sessions import COOKIE_NAME, CSRF_HEADER
 from service.settings import Settings
 from store import migrate, repository
 from store.database import Database
@@ -173,8 +174,9 @@ def tenant(make_tenant: Callable[[], TenantKey]) -> TenantKey:
 
 @pytest.fixture(scope="module")
 def fuzz_world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """For the fuzzers (test_schemathesis, test_fuzz_hostile): an app, a tenant with a real key, and real objects
-    (jobs in several states, a file, a checkpoint) whose ids replace generated path ids."""
+    """For the fuzzers (test_schemathesis, test_fuzz_hostile): an app, a tenant with a real key and a signed-in
+    page session for it, and real objects (jobs in several states, a file, a checkpoint) whose ids replace
+    generated path ids."""
     from tests.service.helpers import GOOD_JSONL, FakeWorker, create_job, upload
 
     root = tmp_path_factory.mktemp("fuzz-artifacts")
@@ -187,6 +189,11 @@ def fuzz_world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with TestClient(app) as client:
         file_id = upload(client, tenant.headers, GOOD_JSONL).json()["id"]
         jobs = [create_job(client, tenant.headers) for _ in range(6)]
+        signed_in = client.post("/ui/session", json={"api_key": secret}, headers={"X-Stare-Sign-In": "1"})
+        cookie = signed_in.cookies[COOKIE_NAME]
+    signer = app.state.session_signer
+    page_session = signer.verify(cookie)
+    assert page_session is not None
     worker = FakeWorker(db, jobs[0])
     worker.steps(1, 5)
     checkpoint_id = worker.checkpoint(Path(root), 5)
@@ -195,6 +202,8 @@ def fuzz_world(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     yield {
         "app": app,
         "tenant": tenant,
+        # The job page's credentials for the same key: its session cookie and the CSRF token its pages embed.
+        "page_headers": {"Cookie": f"{COOKIE_NAME}={cookie}", CSRF_HEADER: signer.csrf_token(page_session)},
         "ids": {
             "job_id": jobs,
             "file_id": [file_id],

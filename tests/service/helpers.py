@@ -137,3 +137,49 @@ def documented_operations() -> list[tuple[str, str, dict[str, Any]]]:
         for path, item in app.openapi()["paths"].items()
         for method, spec in item.items()
     ]
+
+
+def page_operations() -> list[tuple[str, str, list[dict[str, Any]], bool]]:
+    """(path, METHOD, parameters as OpenAPI writes them, has a body) for every route the OpenAPI schema
+    leaves out (the job page's, under /ui), read from the app's route table: the fuzzers drive them too."""
+    import tempfile
+
+    from fastapi.dependencies.models import Dependant
+    from fastapi.routing import APIRoute
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    def flat(routes: list[Any], prefix: str = "") -> list[tuple[str, APIRoute]]:
+        found: list[tuple[str, APIRoute]] = []
+        for route in routes:
+            if isinstance(route, APIRoute):
+                found.append((prefix + route.path, route))
+            elif hasattr(route, "original_router"):  # an included router
+                found.extend(flat(route.original_router.routes, prefix + route.include_context.prefix))
+        return found
+
+    def parameters(dependant: Dependant) -> list[dict[str, Any]]:
+        found = [
+            {"in": where, "name": param.alias}
+            for where, params in (
+                ("path", dependant.path_params),
+                ("query", dependant.query_params),
+                ("header", dependant.header_params),
+                ("cookie", dependant.cookie_params),
+            )
+            for param in params
+        ]
+        for sub in dependant.dependencies:
+            found.extend(p for p in parameters(sub) if p not in found)
+        return found
+
+    app = create_app(
+        Settings(database_url="sqlite://", queue_backend="record", artifact_root=Path(tempfile.mkdtemp()))
+    )
+    return [
+        (path, method, parameters(route.dependant), bool(route.dependant.body_params))
+        for path, route in flat(app.routes)
+        if not route.include_in_schema
+        for method in sorted(route.methods)
+    ]

@@ -1,4 +1,5 @@
-"""API keys: prefixed, stored only as SHA-256, compared in constant time, refused once revoked."""
+"""API keys: prefixed, stored only as SHA-256, compared in constant time, refused once revoked; and the job
+page's session cookie, which authenticates through the same function (cache, last-used record, rate bucket)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from store import keys
+from service.sessions import COOKIE_NAME, SessionSigner
+from store import keys, repository
 from store.database import Database
 from store.models import ApiKey
 from tests.service.conftest import TenantKey
@@ -108,3 +110,100 @@ def test_me_reports_tenant_key_limits_and_usage(
     assert me["api_key"]["id"] == tenant.key_id
     assert me["usage"] == {"active_jobs": 0, "jobs": 0, "files": 0, "file_bytes": 0}
     assert me["api_key"]["last_used_at"] is not None
+
+
+# ------------------------------------------------- the job page's session cookie: the same authentication
+
+
+def _session_cookie(client: TestClient, key: str) -> str:
+    client.cookies.clear()
+    signed_in = client.post("/ui/session", json={"api_key": key}, headers={"X-Stare-Sign-In": "1"})
+    assert signed_in.status_code == 200, signed_in.text
+    cookie = client.cookies.get(COOKIE_NAME)
+    assert cookie is not None
+    return cookie
+
+
+def test_a_key_revoked_elsewhere_ends_its_sessions_within_the_cache_ttl(
+    make_client: Callable[..., TestClient], make_tenant: Callable[[], TenantKey], db: Database
+) -> None:
+    """A cookie resolves to its key through the key's own cache entry: revoked behind the API's back (another
+    process, the command line), key and sessions stop together, within auth_cache_ttl_s."""
+    client = make_client(auth_cache_ttl_s=30.0)
+    cache = client.app.state.services.principals  # type: ignore[attr-defined]
+    now = [1000.0]
+    cache.clock = lambda: now[0]
+    tenant = make_tenant()
+    with db.transaction() as s:
+        repository.create_api_key(s, tenant.tenant_id, "spare")
+    _session_cookie(client, tenant.key)
+    assert client.get("/v1/me").status_code == 200
+    with db.transaction() as s:
+        key = repository.get_api_key(s, tenant.tenant_id, tenant.key_id)
+        assert key is not None
+        repository.revoke_api_key(s, key)
+    assert client.get("/v1/me").status_code == 200  # cached, as the key itself is
+    assert client.get("/v1/me", headers=tenant.headers).status_code == 200
+    now[0] += 31.0
+    assert_error(client.get("/v1/me"), 401, "api_key_revoked")
+    assert client.get("/ui/jobs", follow_redirects=False).status_code == 303
+    assert_error(client.get("/v1/me", headers=tenant.headers), 401, "api_key_revoked")
+
+    uncached = make_client(auth_cache_ttl_s=0.0)
+    other = make_tenant()
+    with db.transaction() as s:
+        repository.create_api_key(s, other.tenant_id, "spare")
+    _session_cookie(uncached, other.key)
+    assert uncached.get("/v1/me").status_code == 200
+    with db.transaction() as s:
+        key = repository.get_api_key(s, other.tenant_id, other.key_id)
+        assert key is not None
+        repository.revoke_api_key(s, key)
+    assert_error(uncached.get("/v1/me"), 401, "api_key_revoked")  # no cache: at once
+
+
+def test_a_session_records_the_keys_use_and_spends_its_rate_bucket(
+    make_client: Callable[..., TestClient], make_tenant: Callable[[], TenantKey], db: Database
+) -> None:
+    client = make_client(auth_cache_ttl_s=0.0, rate_limit_per_second=0.01, rate_limit_burst=4)
+    tenant = make_tenant()
+    _session_cookie(client, tenant.key)  # one token: the sign-in checks the key as a request does
+    with db.transaction() as s:
+        s.execute(sa.update(ApiKey).where(ApiKey.id == tenant.key_id).values(last_used_at=None))
+    assert client.get("/v1/me").status_code == 200  # two
+    with db.sessions() as s:
+        row = s.get(ApiKey, tenant.key_id)
+        assert row is not None and row.last_used_at is not None  # recorded for the cookie as for Bearer
+    assert client.get("/v1/jobs", headers=tenant.headers).status_code == 200  # three: the same bucket
+    assert client.get("/v1/jobs").status_code == 200  # four
+    limited = client.get("/v1/jobs")
+    assert_error(limited, 429, "rate_limit_exceeded")
+    assert int(limited.headers["Retry-After"]) >= 1
+    assert_error(client.get("/v1/jobs", headers=tenant.headers), 429, "rate_limit_exceeded")
+    assert client.get("/ui/jobs").status_code == 429  # the pages too
+
+
+def test_cookie_and_key_answer_alike_when_missing_or_bad(client: TestClient, tenant: TenantKey) -> None:
+    client.cookies.clear()
+    assert_error(client.get("/v1/jobs"), 401, "missing_api_key")
+    client.cookies.set(COOKIE_NAME, "forged.value", path="/")
+    response = client.get("/v1/jobs")
+    assert_error(response, 401, "invalid_session")
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert client.get("/v1/jobs", headers=tenant.headers).status_code == 200  # Bearer wins over a cookie
+    basic = client.get("/v1/jobs", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert_error(basic, 401, "missing_api_key")  # a header that is there is never silently skipped
+    client.cookies.clear()
+
+
+def test_a_signed_cookie_with_impossible_fields_is_refused() -> None:
+    """Only the server signs cookies, but verify() still checks every field's shape: a leaked secret must
+    not carry a NUL or an overlong id into the database lookup."""
+    signer = SessionSigner(b"s" * 32, ttl_s=60)
+    good, session = signer.issue("key_01ABC", "ten_01ABC", now=1000.0)
+    assert signer.verify(good, now=1001.0) == session
+    for key_id, tenant_id in [("key_\x00", "ten_1"), ("key_1", "ten_" + "x" * 200), ("1", "ten_1"), ("", "")]:
+        cookie, _ = signer.issue(key_id, tenant_id, now=1000.0)
+        assert signer.verify(cookie, now=1001.0) is None, (key_id, tenant_id)
+    far, _ = signer.issue("key_1", "ten_1", now=2.0**41)
+    assert signer.verify(far, now=2.0**41) is None

@@ -1,11 +1,13 @@
-"""Hostile-value fuzzing of every documented operation (Hypothesis, real app, real PostgreSQL): the inputs an
-attacker or a careless client sends that a schema-driven generator rarely reaches. Each case takes a valid
-request and makes one part of it hostile (a path id, a query value, a header, one leaf of the JSON body, a
-line of an uploaded file) with:
+"""Hostile-value fuzzing of every operation, the documented ones and the job page's routes the schema leaves
+out (Hypothesis, real app, real PostgreSQL): the inputs an attacker or a careless client sends that a
+schema-driven generator rarely reaches. Each case takes a valid request, authenticated by the Bearer key or
+by the page's session cookie (with its CSRF token), and makes one part of it hostile (a path id, a query
+value, one of the headers the service reads, one leaf of the JSON body, a line of an uploaded file) with:
 - strings holding NUL, lone surrogates, control characters, non-ASCII digits, very long runs;
 - numbers that are NaN, ±Infinity, overflowing literals (1e999), 5,000-digit integers, past 64-bit range;
 - structures nested 100,000 deep, or swapped in where a scalar belongs.
-No answer may be a 5xx; every refusal is in the error shape. Cases per operation: STARE_FUZZ_EXAMPLES (default
+No answer may be a 5xx; every refusal is in the error shape; every event stream that starts ends whole (its
+`end` frame: the fuzzed job has finished). Cases per operation: STARE_FUZZ_EXAMPLES (default
 25 in the test suite; `make fuzz` raises it). The count is printed at the end of the session.
 """
 
@@ -25,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.service import conftest
-from tests.service.helpers import GOOD_JSONL, TINY_SPEC, documented_operations
+from tests.service.helpers import GOOD_JSONL, TINY_SPEC, documented_operations, page_operations
 
 EXAMPLES = int(os.environ.get("STARE_FUZZ_EXAMPLES", "25"))
 
@@ -40,6 +42,7 @@ hostile_text = st.one_of(
     st.sampled_from(["\ud800", "a\udfffb", "\u0663", "\u00b2", "\u2167", "\uff11", "\u202e", "\ufeff"]),
     st.text(alphabet=st.characters(max_codepoint=0x1F), min_size=1, max_size=10),
     st.sampled_from(["9" * 40, "-1", "2147483648", "9223372036854775808", "1e999", "NaN", "inf", "-0"]),
+    st.sampled_from(["2147483648.0", "0.2147483648", "2147483647.2147483647", "1.", ".1", "1..2"]),
     st.sampled_from(["x" * 5000, "../../etc/passwd", "%00", "'; DROP TABLE jobs;--", "{{7*7}}"]),
 )
 hostile_number = st.one_of(
@@ -91,7 +94,28 @@ def _set(node: Any, path: tuple[Any, ...], value: Any) -> Any:
     return node
 
 
+# Every request header the service reads (authentication, the page's CSRF token and sign-in marker,
+# idempotency, stream resumption, content negotiation, and what the static files' FileResponse reads for
+# conditional and range requests): each one gets hostile values on every operation.
+READ_HEADERS = [
+    "Authorization",
+    "Cookie",
+    "X-CSRF-Token",
+    "X-Stare-Sign-In",
+    "Idempotency-Key",
+    "Last-Event-ID",
+    "Accept",
+    "Content-Type",
+    "Origin",
+    "Range",
+    "If-Range",
+    "If-None-Match",
+    "If-Modified-Since",
+]
+KNOWN_NAMES = {"/ui/static/{name}": "page.js", "/ui/vendor/{name}": "uPlot.min.css"}
+
 BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/ui/session"): {"api_key": "@@key"},
     ("POST", "/v1/jobs"): {"spec": TINY_SPEC, "metadata": {"team": "ml"}},
     ("POST", "/v1/jobs/estimate"): {"spec": TINY_SPEC, "metadata": {"team": "ml"}},
     ("POST", "/v1/api-keys"): {"name": "ci"},
@@ -105,10 +129,11 @@ BASE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
 
 
 def _operations() -> list[tuple[str, str, list[dict[str, Any]], bool]]:
-    return [
+    documented = [
         (path, method, spec.get("parameters", []), "requestBody" in spec)
         for path, method, spec in documented_operations()
     ]
+    return documented + page_operations()
 
 
 OPERATIONS = _operations()
@@ -119,7 +144,13 @@ def world(fuzz_world: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The fuzzers' shared world (conftest.fuzz_world), one real object of each kind for the path ids."""
     with TestClient(fuzz_world["app"], raise_server_exceptions=False) as client:
         ids = {name: known[0] for name, known in fuzz_world["ids"].items()}
-        yield {"client": client, "headers": fuzz_world["tenant"].headers, "ids": ids}
+        yield {
+            "client": client,
+            "headers": fuzz_world["tenant"].headers,
+            "page_headers": fuzz_world["page_headers"],
+            "key": fuzz_world["tenant"].key,
+            "ids": ids,
+        }
 
 
 @pytest.mark.parametrize(
@@ -134,6 +165,7 @@ def test_hostile_values_never_get_a_server_error(
         targets.append("body")
     if not targets:
         targets = ["query:unexpected"]
+    targets += [f"header:{name}" for name in READ_HEADERS if f"header:{name}" not in targets]
     label = f"hostile {method} {path}"
 
     @settings(
@@ -143,10 +175,16 @@ def test_hostile_values_never_get_a_server_error(
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(target=st.sampled_from(targets), value=hostile_value, pick=st.randoms(use_true_random=False))
-    def run(target: str, value: Any, pick: random.Random) -> None:
-        url, query, headers, content, files = _request(world, path, method, target, value, pick)
+    @given(
+        target=st.sampled_from(targets),
+        value=hostile_value,
+        pick=st.randoms(use_true_random=False),
+        as_page=st.booleans(),
+    )
+    def run(target: str, value: Any, pick: random.Random, as_page: bool) -> None:
+        url, query, headers, content, files = _request(world, path, method, target, value, pick, as_page)
         conftest.SCHEMATHESIS_CASES[label] = conftest.SCHEMATHESIS_CASES.get(label, 0) + 1
+        client.cookies.clear()  # only the case's own Cookie header (sign-in and sign-out set the jar's)
         response = client.request(method, url, params=query, headers=headers, content=content, files=files)
         assert response.status_code < 500, (
             target,
@@ -161,6 +199,11 @@ def test_hostile_values_never_get_a_server_error(
             assert set(error) >= {"code", "message", "param"}, response.text[:500]
             # The database's own refusal is only a fallback: the boundary must have stopped the value first.
             assert error["code"] != "invalid_value", (target, repr(value)[:200], response.text[:500])
+        if response.status_code == 200 and response.headers.get("content-type", "").startswith(
+            "text/event-stream"
+        ):  # not cut: the stream of a finished job ends with its `end` frame
+            last = response.text.rstrip("\n").rsplit("\n\n", 1)[-1]
+            assert last.startswith("event: end\n"), (target, repr(value)[:200], response.text[-500:])
 
     run()
 
@@ -172,9 +215,15 @@ def _text(value: Any) -> str:
 
 
 def _request(
-    world: dict[str, Any], path: str, method: str, target: str, value: Any, pick: random.Random
+    world: dict[str, Any],
+    path: str,
+    method: str,
+    target: str,
+    value: Any,
+    pick: random.Random,
+    as_page: bool,
 ) -> tuple[str, list[tuple[str, str]], dict[str, Any], bytes | None, Any]:
-    ids = world["ids"]
+    ids = {**world["ids"], "name": KNOWN_NAMES.get(path, "page.js")}
     where, _, name = target.partition(":")
     url = path
     for param, known in ids.items():
@@ -182,16 +231,20 @@ def _request(
             text = _text(value) if where == "path" and name == param else known
             url = url.replace("{" + param + "}", quote(text.encode("utf-8", "surrogatepass"), safe=""))
     query: list[tuple[str, str]] = []
-    headers: dict[str, Any] = dict(world["headers"])
+    headers: dict[str, Any] = {"X-Stare-Sign-In": "1", **world["page_headers" if as_page else "headers"]}
     if where == "query":
         query.append((name, _text(value).encode("utf-8", "surrogatepass").decode("latin-1")))
     elif where == "header":
         raw = _text(value).encode("utf-8", "surrogatepass").replace(b"\r", b"").replace(b"\n", b"")
+        if name == "Cookie" and pick.random() < 0.5:  # a hostile session cookie, not only a hostile header
+            raw = b"stare_session=" + raw
         headers[name] = raw
     content: bytes | None = None
     files = None
     if (method, path) in BASE_BODIES:
         body = copy.deepcopy(BASE_BODIES[(method, path)])
+        if body.get("api_key") == "@@key":
+            body["api_key"] = world["key"]
         if where == "body":
             leaves = list(_leaves(body))
             if pick.random() < 0.2:  # a hostile key instead of a hostile value
@@ -199,7 +252,7 @@ def _request(
             else:
                 body = _set(body, pick.choice(leaves), value)
         content = _serialise(body)
-        headers["Content-Type"] = "application/json"
+        headers.setdefault("Content-Type", "application/json")
     elif path == "/v1/files" and method == "POST":
         line = {"prompt": "1+1=", "answer": "2", "meta": {"k": value}} if where == "body" else None
         data = GOOD_JSONL + (_serialise(line) + b"\n" if line else b"")
@@ -208,5 +261,5 @@ def _request(
         content = (
             _serialise(value) if not isinstance(value, str) else _text(value).encode("utf-8", "surrogatepass")
         )
-        headers["Content-Type"] = "application/json"
+        headers.setdefault("Content-Type", "application/json")
     return url, query, headers, content, files

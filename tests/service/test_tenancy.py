@@ -1,5 +1,6 @@
 """Tenant isolation: every endpoint that takes an id answers another tenant's object with 404 (never 403,
-never data), and lists show only the caller's objects. A new
+never data), with the API key and with the job page's session cookie alike, and lists show only the
+caller's objects. A new
 endpoint with an id in its path is covered automatically (the list is read from the OpenAPI schema)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from service.sessions import COOKIE_NAME, CSRF_HEADER
 from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, FakeWorker, create_job, upload
@@ -32,12 +34,20 @@ def test_every_endpoint_hides_another_tenants_objects(
     }
     paths = client.get("/openapi.json").json()["paths"]
     routes = [(method.upper(), path) for path, item in paths.items() if "{" in path for method in item]
-    assert len(routes) == 15
+    assert len(routes) == 16
+    signed_in = client.post("/ui/session", json={"api_key": intruder.key}, headers={"X-Stare-Sign-In": "1"})
+    cookie = signed_in.cookies[COOKIE_NAME]
+    client.cookies.clear()
+    signer = client.app.state.session_signer  # type: ignore[attr-defined]
+    page_session = signer.verify(cookie)
+    assert page_session is not None
+    as_page = {"Cookie": f"{COOKIE_NAME}={cookie}", CSRF_HEADER: signer.csrf_token(page_session)}
     for method, template in routes:
         url = template.format(**ids)
         for query in ("", "?stream=true") if url.endswith("/events") else ("",):
-            response = client.request(method, url + query, headers=intruder.headers)
-            assert_error(response, 404)
+            for credentials in (intruder.headers, as_page):  # the key, and the job page's session for it
+                response = client.request(method, url + query, headers=credentials)
+                assert_error(response, 404)
 
     # Nothing changed for the owner: the job still runs, the file and key still work.
     job = client.get(f"/v1/jobs/{running_id}", headers=owner.headers).json()

@@ -1,6 +1,7 @@
-// The live job page: charts (uPlot) fed by the job's event stream (/ui/api/jobs/{id}/live), checkpoints,
-// pause/resume/cancel, and other jobs overlaid on the same charts. window.stare exposes the page's state
-// (the browser test reads the number of points drawn from it).
+// The live job page: charts (uPlot) fed by the job's live stream (GET /v1/jobs/{id}/live), checkpoints,
+// pause/resume/cancel, and other jobs overlaid on the same charts. Every call goes to the /v1 API itself,
+// authenticated by the session cookie (writes add the X-CSRF-Token header). window.stare exposes the page's
+// state (the browser test reads the number of points drawn from it).
 "use strict";
 (function () {
   const COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7f7f7f", "#8c6d1f"];
@@ -189,7 +190,7 @@
   async function act(action) {
     const shown = document.getElementById("action-error");
     shown.textContent = "";
-    const response = await fetch("/ui/api/jobs/" + jobId + "/" + action, {
+    const response = await fetch("/v1/jobs/" + jobId + "/" + action, {
       method: "POST",
       credentials: "same-origin",
       headers: { "X-CSRF-Token": window.stareCsrfToken() },
@@ -214,7 +215,7 @@
   }
 
   async function loadCheckpoints() {
-    const response = await fetch("/ui/api/jobs/" + jobId + "/checkpoints", { credentials: "same-origin" });
+    const response = await fetch("/v1/jobs/" + jobId + "/checkpoints", { credentials: "same-origin" });
     if (!response.ok) return;
     const listing = await response.json();
     state.checkpoints = listing.data;
@@ -245,7 +246,7 @@
   // --------------------------------------------------------------------------------------- overlays
 
   async function loadJobChoices() {
-    const response = await fetch("/ui/api/jobs?limit=100", { credentials: "same-origin" });
+    const response = await fetch("/v1/jobs?limit=100", { credentials: "same-origin" });
     if (!response.ok) return;
     const select = document.getElementById("overlay-job");
     for (const other of (await response.json()).data) {
@@ -263,7 +264,7 @@
     const id = select.value;
     if (!id || runs.some(function (run) { return run.id === id; })) return;
     const label = select.selectedOptions[0].dataset.label;
-    const response = await fetch("/ui/api/jobs/" + id + "/metrics", { credentials: "same-origin" });
+    const response = await fetch("/v1/jobs/" + id + "/metrics?limit=100000", { credentials: "same-origin" });
     if (!response.ok) {
       document.getElementById("action-error").textContent = await window.stareErrorMessage(response);
       return;
@@ -280,7 +281,7 @@
   // ----------------------------------------------------------------------------------------- stream
 
   function follow() {
-    const source = new EventSource("/ui/api/jobs/" + jobId + "/live");
+    const source = new EventSource("/v1/jobs/" + jobId + "/live");
     source.addEventListener("metrics", function (event) {
       const points = JSON.parse(event.data).data;
       addPoints(runs[0], points);
