@@ -46,6 +46,8 @@ class EventType(StrEnum):
     INTERRUPTED = "interrupted"
     FINISHED = "finished"
     ERROR = "error"
+    # A controller's relative target resolved on the first RL step (target, H₀, the band around it).
+    TARGETS_RESOLVED = "targets_resolved"
 
 
 class ErrorCode(StrEnum):

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos.kernels import token_stats_from_logits
 from trainer.algos.shaping import overlong_penalty
@@ -329,7 +330,7 @@ def rollout(
     model: Any,
     tokenizer: Any,
     examples: list[Example],
-    group_offset: int,
+    group_offset: int | list[int],
     spec: TrainSpec,
     *,
     sample_stats: bool = False,
@@ -337,7 +338,8 @@ def rollout(
     """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
-    an episode of the environment (`env_rollout`)."""
+    an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
+    prompt index), or the first of consecutive ones."""
     if spec.environment is not None:
         return env_rollout(model, tokenizer, examples, group_offset, spec)
     g = spec.sampling.group_size
@@ -364,7 +366,7 @@ def rollout(
         [row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True
     )
     correct, rewards = score_responses(texts, examples, response_mask, spec)
-    group_ids = torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g)
+    group_ids = group_id_rows(group_offset, len(examples), g)
     return Rollout(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -531,8 +533,17 @@ def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, 
     return input_ids, attention_mask, response_mask, p_len, torch.tensor(counts, dtype=torch.float32)
 
 
+def group_id_rows(group_offset: int | list[int], n_examples: int, group_size: int) -> Tensor:
+    """(n_examples · G,) the group id of each row, example-major."""
+    if isinstance(group_offset, int):
+        return torch.arange(group_offset, group_offset + n_examples).repeat_interleave(group_size)
+    if len(group_offset) != n_examples:
+        raise ValueError(f"{len(group_offset)} group ids for {n_examples} examples")
+    return torch.tensor(group_offset, dtype=torch.long).repeat_interleave(group_size)
+
+
 def env_rollout(
-    model: Any, tokenizer: Any, examples: list[Example], group_offset: int, spec: TrainSpec
+    model: Any, tokenizer: Any, examples: list[Example], group_offset: int | list[int], spec: TrainSpec
 ) -> Rollout:
     """spec.sampling.group_size episodes of spec.environment per example, scored on their answers."""
     g = spec.sampling.group_size
@@ -556,7 +567,7 @@ def env_rollout(
         prompt_length=p_len,
         rewards=rewards,
         correct=correct,
-        group_ids=torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g),
+        group_ids=group_id_rows(group_offset, len(examples), g),
         truncated=torch.tensor(episodes.truncated, dtype=torch.bool),
         texts=episodes.answers,
         tool_counts=counts,
@@ -590,7 +601,7 @@ def resolved_overlong(spec: TrainSpec) -> int | None:
     """DAPO's overlong buffer length: the spec's, or a quarter of the budget for dapo by default."""
     if spec.reward.overlong is not None:
         return spec.reward.overlong.cache_length
-    if spec.algorithm.name == "dapo":
+    if algorithms.get(spec.algorithm.name).overlong_shaping:
         return max(1, spec.sampling.max_new_tokens // 4)
     return None
 
