@@ -195,7 +195,7 @@ def train_spec(case: Case, algorithm: str, skip_zero_advantage: bool = True) -> 
 
 def engine_prompt_order(spec: Any, steps: int) -> list[Any]:
     """The examples the engine takes over `steps` steps, in order, via its own data cursor."""
-    from trainer.engine import load_examples
+    from trainer.data import load_examples
 
     prompts, _ = load_examples(spec)  # the engine's data cursor, without an engine
     order: list[Any] = []

@@ -137,7 +137,7 @@ def _migrate_entropy_control(data: Any) -> Any:
         return data
     gate = data.get("gate")
     if gate is None:
-        return data
+        return {**data, "entropy_control": {}}  # its section, with its defaults
     if not isinstance(gate, dict) or set(gate) - {"target_entropy"}:
         raise ValueError(
             "algorithm.gate: adaptive_entropy has no gate; set its target with "
@@ -182,8 +182,6 @@ class AlgorithmSpec(_Strict):
         info = algorithms.get(self.name).controller_info
         if self.entropy_control is not None and (info is None or info.section != "entropy_control"):
             raise ValueError(f"algorithm.entropy_control: algorithm {self.name!r} has no entropy coefficient")
-        if info is not None and info.section == "entropy_control" and self.entropy_control is None:
-            self.entropy_control = EntropyControlSpec()
         if info is not None and info.section == "gate":
             self.gate_params(params, 0.0)
         return self
