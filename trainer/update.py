@@ -1,9 +1,9 @@
 """The update: π_old on the step batch (`measure_old_policy`) and the micro-batched forward/backward of the
 policy loss (`policy_update`), with the optimisations that leave its numbers as they are.
 
-π_old has one documented path and three optimisations, each giving the same numbers (docs/ALGORITHMS.md
-§2; tests/trainer/test_update.py checks each bit for bit on fixed inputs where the arithmetic is the same,
-and up to float rounding where the matmul shapes differ):
+π_old has one documented path and optimisations giving the same numbers (docs/ALGORITHMS.md §4.14;
+tests/trainer/test_update.py checks each on fixed inputs: bit for bit where the arithmetic is the same, up
+to float rounding where the matmul shapes differ):
 - the path: a forward without autograd over the step batch, micro-batch by micro-batch, before the update
   (`no_grad_pass`); where nothing reads π_old before the update, the first training pass stands in for it
   (on-policy, π_old = π_θ until the optimiser step: `OldPolicy.fill`);
