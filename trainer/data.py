@@ -12,6 +12,7 @@ from torch import Tensor
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import informative_groups
+from trainer.generation import RolloutEngine
 from trainer.rollout import Rollout, concat_rollouts, rollout
 from trainer.tasks import Example, make_train_eval
 
@@ -70,6 +71,7 @@ def collect(
     world: int,
     sample_stats: bool,
     reduce: Callable[[Any, str, torch.dtype], Tensor],
+    engine: RolloutEngine | None = None,
 ) -> tuple[Rollout, int]:
     """This process's rollouts for one step (the model in eval mode): the next prompts_per_step prompts,
     this process's share of them; with dynamic sampling, batches are generated until enough informative
@@ -85,7 +87,15 @@ def collect(
         examples, first = prompts.take(n_prompts)
         mine = list(range(rank, n_prompts, world))
         group_ids = [first + i for i in mine]  # each group's global prompt index
-        r = rollout(model, tokenizer, [examples[i] for i in mine], group_ids, spec, sample_stats=sample_stats)
+        r = rollout(
+            model,
+            tokenizer,
+            [examples[i] for i in mine],
+            group_ids,
+            spec,
+            sample_stats=sample_stats,
+            engine=engine,
+        )
         batches += 1
         if ds.enabled:
             r = r.select(torch.nonzero(informative_groups(r.rewards, r.group_ids, binary=binary)).flatten())

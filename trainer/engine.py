@@ -61,6 +61,7 @@ from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
 from trainer.evaluation import evaluate
 from trainer.events import EventCallback, EventLog, _now
+from trainer.generation import HFGenerate
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
 from trainer.scoring import forward_is_deterministic, micro_batches
@@ -193,6 +194,7 @@ class Engine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
+        self.rollout_engine = HFGenerate(self._unwrapped_model, self.tokenizer)  # trainer.generation
         # The zero-advantage skip, in one process only (under DDP all ranks must make the same forward calls).
         self.skip_zero_advantage = (
             spec.optim.skip_zero_advantage
@@ -254,7 +256,7 @@ class Engine:
         self._unwrapped_model.eval()
         batch, batches = collect(
             self._unwrapped_model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
-            sample_stats=self.record_sample_stats, reduce=self._reduce,
+            sample_stats=self.record_sample_stats, reduce=self._reduce, engine=self.rollout_engine,
         )  # fmt: skip
         self._unwrapped_model.train()
         return batch, batches
@@ -434,17 +436,11 @@ class Engine:
             }
         )
         if batch.tool_counts is not None:
-            metrics.update(self._tool_metrics(batch.tool_counts))
+            from trainer.envs.tool_use import reduced_tool_metrics
+
+            metrics.update(reduced_tool_metrics(batch.tool_counts, self._reduce))
         metrics.update(self.controllers.metrics(StepStatistics(batch_entropy=h_bar)))
         return metrics
-
-    def _tool_metrics(self, counts: Tensor) -> dict[str, float]:
-        """The tool/* metrics of a tool-use step, from the episodes' counters summed over the processes."""
-        from trainer.envs.tool_use import COUNT_FIELDS, tool_metrics
-
-        column_sums = counts.sum(0).tolist() if counts.numel() else [0.0] * len(COUNT_FIELDS)
-        totals = self._reduce([*column_sums, float(counts.shape[0])], "sum", torch.float64).tolist()
-        return tool_metrics(dict(zip(COUNT_FIELDS, totals[:-1])), totals[-1])
 
     # ------------------------------------------------------------------ checkpoints
 

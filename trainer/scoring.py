@@ -12,7 +12,8 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from trainer.algos import token_stats_from_logits
-from trainer.rollout import Rollout, cache_argument, hf_model
+from trainer.generation import cache_argument, hf_model
+from trainer.rollout import Rollout
 
 
 def response_stats(
