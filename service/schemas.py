@@ -296,7 +296,8 @@ class EntropyStatus(BaseModel):
     state: Literal["in_band", "below", "above"] | None
     steps_out_of_band: int | None = Field(description="Consecutive steps outside the band so far.")
     target: EntropyTarget | None = Field(
-        default=None, description="The controller's resolved target entropy and where entropy stands against it."
+        default=None,
+        description="The controller's resolved target entropy and where entropy stands against it.",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.engine import Row
 
@@ -59,7 +59,9 @@ def entropy_status(job: JobLike) -> schemas.EntropyStatus:
     target_value = finite(metrics.get(TARGET_ENTROPY))
     target = None
     if target_value is not None:
-        against = None if value is None else ("below" if value < target_value else "at_or_above")
+        against: Literal["below", "at_or_above"] | None = None
+        if value is not None:
+            against = "below" if value < target_value else "at_or_above"
         target = schemas.EntropyTarget(value=target_value, state=against)
     return schemas.EntropyStatus(
         value=value,

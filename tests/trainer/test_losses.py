@@ -9,7 +9,6 @@ so each clipping branch is exercised once.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from typing import Any
 

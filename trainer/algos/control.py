@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from contract import algorithms
 from contract.hyperparams import ClipLossParams
@@ -32,9 +32,16 @@ class Controller(Protocol):
     """One per-step controller. `state_cls` is a frozen dataclass with to_dict/from_dict and a `check()`
     that raises ValueError on an out-of-bounds state."""
 
-    name: str
-    state_cls: type
-    target_entropy: float  # resolved (nats)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def state_cls(self) -> Any: ...
+
+    @property
+    def target_entropy(self) -> float:
+        """The target, resolved (nats)."""
+        ...
 
     def initial_state(self) -> Any: ...
 
@@ -94,4 +101,4 @@ def check_control(algorithm: str, control: Any) -> None:
         raise ValueError(
             f"control for loss {algorithm!r} must be {state_cls.__name__}, got {type(control).__name__}"
         )
-    control.check()
+    cast(Any, control).check()

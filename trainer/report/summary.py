@@ -59,6 +59,7 @@ SERIES_METRICS = (
     BAND_LOW,
     BAND_HIGH,
     TARGET,
+    RESOLVED_TARGET,
     *(f"quadrant/{q}_fraction" for q in QUADRANTS),
     REWARD_MEAN,
     ACCURACY,
