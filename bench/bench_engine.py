@@ -195,7 +195,7 @@ def train_spec(case: Case, algorithm: str, skip_zero_advantage: bool = True) -> 
 
 def engine_prompt_order(spec: Any, steps: int) -> list[Any]:
     """The examples the engine takes over `steps` steps, in order, via its own data cursor."""
-    from trainer.engine import load_examples
+    from trainer.data import load_examples
 
     prompts, _ = load_examples(spec)  # the engine's data cursor, without an engine
     order: list[Any] = []
@@ -615,6 +615,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only", choices=("all", "trl", "stare"), default="all", help="run only one part of the benchmark"
     )
+    parser.add_argument(
+        "--without-trl",
+        action="store_true",
+        help="leave TRL's sides out (a machine without trl): our sides and the STARE overhead only",
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per side (default: per case)")
     parser.add_argument(
         "--models",
@@ -634,11 +639,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None:
         trl_cases = [replace(c, steps=args.steps) for c in trl_cases]
         stare_cases = [replace(c, steps=args.steps) for c in stare_cases]
+    if args.without_trl:
+        trl_cases = [
+            replace(c, variants=tuple(v for v in c.variants if VARIANTS[v][1] != "trl")) for c in trl_cases
+        ]
     started = time.perf_counter()
-    info = _common.machine("transformers", "accelerate", "trl", torch_threads=args.threads)
+    packages = ("transformers", "accelerate") if args.without_trl else ("transformers", "accelerate", "trl")
+    info = _common.machine(*packages, torch_threads=args.threads)
     print(
         f"bench_engine: {info['cpu_count']} CPUs, torch {info['torch']} ({args.threads} threads), "
-        f"trl {info['trl']}, load average {os.getloadavg()}",
+        f"trl {info.get('trl', 'left out')}, load average {os.getloadavg()}",
         flush=True,
     )
     vs_trl, stare = [], []

@@ -7,7 +7,7 @@ Sections, each timed with CUDA events after warm-up calls, each written to the J
 2. `kernels` (issue 2): log-prob + entropy + C(p) for N = 32,768 tokens, V = 151,936, bf16 (and fp32)
    logits: the chunked kernel (`token_stats_from_logits`, several chunk sizes) against the naive
    full-tensor computation (`naive_token_stats` of bench_kernels.py), forward and forward+backward of the
-   log-prob; and the fused LM head (`token_stats_from_hidden`, D = 896) against `hidden @ W.T` + naive.
+   log-prob.
    Peak memory = torch.cuda.max_memory_allocated during the call minus what was allocated before it (the
    inputs), i.e. the working memory; the logits' gradient counts for both versions.
 3. `stare_overhead` (issue 2): the STARE loss (+ weights) against the grpo_ds loss on the same batch
@@ -49,7 +49,6 @@ from bench_stare_overhead import VARIANTS, Settings, make_batch
 
 from trainer.algos.kernels import (
     BACKEND_ENV,
-    token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
     triton_available,
@@ -251,33 +250,6 @@ def section_kernels(
         del logits, grad_out
         release()
     return out
-
-
-def section_fused_head(
-    device: torch.device, timer: Timer, n: int, vocab: int, dim: int, repeats: int
-) -> dict[str, Any]:
-    gen = torch.Generator(device=device).manual_seed(5)
-    hidden = torch.randn((n, dim), generator=gen, device=device).to(torch.bfloat16)
-    weight = (torch.randn((vocab, dim), generator=gen, device=device) * dim**-0.5).to(torch.bfloat16)
-    targets = torch.randint(0, vocab, (n,), device=device)
-    rows = []
-
-    def naive() -> None:
-        with torch.no_grad():
-            naive_token_stats(hidden @ weight.T, targets)
-
-    def fused() -> None:
-        with torch.no_grad():
-            token_stats_from_hidden(hidden, weight, targets)
-
-    for name, fn in (("naive", naive), ("chunked", fused)):
-        row: dict[str, Any] = {"version": name, "tokens": n, "dim": dim}
-        row["working_bytes"] = working_memory(device, fn)
-        row["seconds"], row["all_seconds"] = timer(fn, repeats=repeats, warmup=1)
-        rows.append(row)
-        log(f"fused head {name}: {row['seconds']} s")
-    release()
-    return {"rows": rows}
 
 
 def section_stare_overhead(device: torch.device, timer: Timer, quick: bool) -> dict[str, Any]:
@@ -553,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; CPU works)")
-    parser.add_argument("--sections", default="matmul,kernels,fused_head,stare_overhead,engine")
+    parser.add_argument("--sections", default="matmul,kernels,stare_overhead,engine")
     parser.add_argument("--algorithms", default="grpo_ds:torch,grpo_ds:triton,stare:triton")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -577,9 +549,6 @@ def main(argv: list[str] | None = None) -> int:
             vocab=5003 if quick else 151_936,
             chunks=[128, 512] if quick else [512, 4096],
             repeats=2 if quick else 5,
-        ),
-        "fused_head": lambda: section_fused_head(
-            device, timer, n=256 if quick else 32_768, vocab=5003 if quick else 151_936, dim=896, repeats=3
         ),
         "stare_overhead": lambda: section_stare_overhead(device, timer, quick),
         "engine": lambda: section_engine(

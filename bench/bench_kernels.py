@@ -10,8 +10,6 @@ Rows (each variant runs in a fresh subprocess, one at a time):
   writes the gradient over the logits instead of allocating it), against the same naive case. The
   logits hold the gradient after each call, so they are refilled (untimed) before every call.
 - chunk-size sweep of the chunked forward at bf16.
-- fused LM head: `token_stats_from_hidden` (hidden states and head weight in, bf16) against the naive
-  `hidden @ W.T` followed by `naive_token_stats`, forward only.
 
 The naive baseline is not `token_stats_reference`: that one builds p·p·(−log p − H) with several
 (N, V) temporaries and needs ~30 GB at fp32 for 8,192 × 151,936. `naive_token_stats` is the same
@@ -57,13 +55,11 @@ from typing import Any
 import _common
 import psutil
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.testing import assert_close
 
 from trainer.algos.kernels import (
     DEFAULT_CHUNK_ROWS,
-    token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
 )
@@ -89,14 +85,13 @@ class Case:
     """One measured variant; runs in its own subprocess."""
 
     name: str  # row label
-    source: str  # "logits" | "hidden"
+    source: str  # "logits"
     impl: str  # "chunked" | "naive"
     mode: str  # "forward" | "forward+backward"
     dtype: str  # "float32" | "bfloat16"
     tokens: int
     vocab: int
     chunk_rows: int
-    hidden_dim: int = 0
     repeats: int = 3
     warmup_rows: int = 1024
     temperature: float = 1.0
@@ -265,21 +260,7 @@ def _build(case: Case) -> tuple[Any, Any, Any]:
         refill = refill_logits if case.grad_in_logits and backward else None
         return (logits, targets, upstream), run_logits, refill
 
-    hidden = torch.randn((case.tokens, case.hidden_dim), generator=gen).to(dtype)
-    weight = (torch.randn((case.vocab, case.hidden_dim), generator=gen) * (2.0 / case.hidden_dim**0.5)).to(
-        dtype
-    )
-
-    def run_hidden(rows: int) -> None:
-        if case.impl == "chunked":
-            token_stats_from_hidden(
-                hidden[:rows], weight, targets[:rows], temperature=t, chunk_rows=case.chunk_rows
-            )
-        else:
-            head_logits = F.linear(hidden[:rows], weight)  # (N, V) in the head's dtype
-            naive_token_stats(head_logits, targets[:rows], t)
-
-    return (hidden, weight, targets), run_hidden, None
+    raise ValueError(f"unknown case source {case.source!r}")
 
 
 def run_sweep_case(case: Case) -> dict[str, Any]:
@@ -364,19 +345,17 @@ def estimate_peak_bytes(case: Case) -> int:
     """A generous estimate of the case's total RSS, used to wait for free memory before starting it."""
     itemsize = torch.empty((), dtype=getattr(torch, case.dtype)).element_size()
     nv = case.tokens * case.vocab
-    inputs = (
-        nv * itemsize if case.source == "logits" else (case.tokens + case.vocab) * case.hidden_dim * itemsize
-    )
+    inputs = nv * itemsize
     backward = case.mode == "forward+backward"
     if case.impl == "chunked":
         rows = min(case.chunk_rows, case.tokens)
-        work = 3 * rows * case.vocab * 4 + (rows * case.vocab * itemsize if case.source == "hidden" else 0)
+        work = 3 * rows * case.vocab * 4
         # The logits' gradient, unless it is written over the logits.
         work += nv * itemsize if backward and not case.grad_in_logits else 0
     else:
         # Forward: log p, p and one product (fp32). Backward: log p (saved), its incoming gradient and the
         # logits' fp32 gradient, plus the cast to bf16 for bf16 logits.
-        work = 3 * nv * 4 + (nv * itemsize if case.source == "hidden" else 0)
+        work = 3 * nv * 4
         work += nv * itemsize if backward and itemsize != 4 else 0
     return inputs + work + GIB // 2  # + interpreter and torch
 
@@ -451,8 +430,6 @@ def run_in_subprocess(
 class Settings:
     tokens: int
     vocab: int
-    hidden_tokens: int
-    hidden_dim: int
     chunk_rows: int
     sweep: tuple[int, ...]
     repeats: int
@@ -460,7 +437,6 @@ class Settings:
     sweep_repeats: int
     backward: bool = True
     sweep_on: bool = True
-    hidden_on: bool = True
     only_rows: str = ""  # a regular expression: only the rows whose name it matches (re.search)
 
 
@@ -505,21 +481,6 @@ def plan(s: Settings) -> list[tuple[str, Case, Case | None]]:
             sweep_chunks=tuple(s.sweep),
         )
         rows.append(("sweep", sweep, None))
-    head = Case(
-        name=f"forward, fused head (D={s.hidden_dim}), bfloat16",
-        source="hidden",
-        impl="chunked",
-        mode="forward",
-        dtype="bfloat16",
-        tokens=s.hidden_tokens,
-        vocab=s.vocab,
-        chunk_rows=s.chunk_rows,
-        hidden_dim=s.hidden_dim,
-        repeats=s.repeats,
-        warmup_rows=min(1024, s.hidden_tokens),
-    )
-    if s.hidden_on:
-        rows.append(("hidden", head, replace(head, impl="naive", repeats=s.naive_repeats)))
     if s.only_rows:
         rows = [row for row in rows if re.search(s.only_rows, row[1].name)]
     return rows
@@ -653,13 +614,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=None, help="scored rows N (default 8192; quick 512)")
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary V (default 151936; quick 32768)")
-    parser.add_argument(
-        "--hidden-tokens",
-        type=int,
-        default=None,
-        help="rows for the fused-head row (default 2048; quick 256)",
-    )
-    parser.add_argument("--hidden-dim", type=int, default=896, help="model dimension D of the fused-head row")
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="chunk of the main rows")
     parser.add_argument(
         "--sweep", default=None, help="comma-separated chunk rows (default 256,512,1024,2048)"
@@ -673,7 +627,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-backward", action="store_true", help="skip the forward+backward rows")
     parser.add_argument("--no-sweep", action="store_true", help="skip the chunk-size sweep")
-    parser.add_argument("--no-hidden", action="store_true", help="skip the fused-head row")
     parser.add_argument(
         "--only-rows",
         default="",
@@ -706,8 +659,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         tokens=args.tokens or (512 if quick else 8192),
         vocab=args.vocab or (32768 if quick else 151936),
-        hidden_tokens=args.hidden_tokens or (256 if quick else 4096),
-        hidden_dim=args.hidden_dim,
         chunk_rows=args.chunk_rows if not (quick and args.chunk_rows == DEFAULT_CHUNK_ROWS) else 128,
         sweep=tuple(int(v) for v in sweep.split(",") if v.strip()),
         repeats=args.repeats or 3,
@@ -717,7 +668,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
         # (killed for memory at 4,096 tokens): the warm allocator times forward rows only.
         backward=not (args.no_backward or args.warm_allocator),
         sweep_on=not args.no_sweep,
-        hidden_on=not args.no_hidden,
         only_rows=args.only_rows,
     )
 

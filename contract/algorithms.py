@@ -10,8 +10,12 @@ Properties:
   STARE's ω, RSI-S's, 80/20's and Clip-Cov's masks multiply Â). Not KL-Cov (its |ℓ − ℓ_old| penalty
   reaches Â = 0 rows once the policy moved) nor the adaptive entropy bonus (−α·H has no Â), and no loss
   with a KL penalty (β > 0): see `zero_advantage_rows_inert`;
-- measures_entropy_first: a per-step controller reads H̄ of π_old on the training batch before the update
-  (STARE's gate, the adaptive entropy coefficient).
+- differentiable_entropy: the loss has an entropy term (the adaptive entropy bonus);
+- overlong_shaping: DAPO's soft overlong penalty applies by default;
+- controller: the per-step controller the loss reads (`CONTROLLERS`: STARE's gate, the adaptive entropy
+  coefficient), or None. A controller reads H̄ of π_old on the training batch before the update
+  (`measures_entropy_first`), owns its spec section (algorithm.<section>) and its metrics; its tensor-free
+  logic lives next to its algorithm in trainer/algos (trainer/algos/control.py maps the names here to it).
 Formulas: docs/ALGORITHMS.md §3–6; its §8 table is `render_defaults()` (`python -m contract.algorithms
 --write`), and a test fails when the two differ.
 """
@@ -30,6 +34,7 @@ from contract.hyperparams import (
     ClipCovParams,
     ClipLossParams,
     DrGrpoParams,
+    EntropyControlParams,
     ForkingParams,
     GrpoParams,
     KlCovParams,
@@ -40,9 +45,30 @@ from contract.hyperparams import (
 
 # The advantage estimators (trainer/algos/advantages.py registers one function under each name).
 ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo")
-# Parameters a controller sets at every step; a spec may not set them.
-CONTROLLED_PARAMS = frozenset({"gate_on", "coef"})
-# Loss parameters that are not algorithm.params: the controlled ones and the KL weight (optim.kl_beta).
+
+
+@dataclass(frozen=True)
+class ControllerInfo:
+    """A per-step controller, torch-free: its spec section, its settings class and what it sets each step
+    (its state's fields that a spec might mistake for loss parameters: refused in algorithm.params)."""
+
+    name: str
+    section: str  # algorithm.<section> of the job spec
+    settings_cls: type
+    controls: frozenset[str]
+
+
+CONTROLLERS = MappingProxyType(
+    {
+        "stare_gate": ControllerInfo("stare_gate", "gate", StareGateParams, frozenset({"gate_on"})),
+        "entropy_coef": ControllerInfo(
+            "entropy_coef", "entropy_control", EntropyControlParams, frozenset({"coef"})
+        ),
+    }
+)
+# What a controller sets at every step; a spec may not set it in algorithm.params.
+CONTROLLED_PARAMS = frozenset().union(*(c.controls for c in CONTROLLERS.values()))
+# Names refused in algorithm.params: the controlled ones and the KL weight (optim.kl_beta).
 SPEC_FREE_PARAMS = CONTROLLED_PARAMS | {"kl_beta"}
 
 
@@ -60,10 +86,25 @@ class Algorithm:
     params_cls: type[ClipLossParams]
     advantage_estimator: str
     zero_advantage_inert: bool
-    measures_entropy_first: bool = False
+    controller: str | None = None  # a key of CONTROLLERS
+    # The loss has an entropy term, so the training pass's entropy must carry its gradient.
+    differentiable_entropy: bool = False
+    # DAPO's soft overlong penalty shapes the rewards by default (reward.overlong unset).
+    overlong_shaping: bool = False
 
     def __post_init__(self) -> None:
         check_estimator(self.advantage_estimator)
+        if self.controller is not None and self.controller not in CONTROLLERS:
+            raise ValueError(f"algorithm {self.name!r}: unknown controller {self.controller!r}")
+
+    @property
+    def measures_entropy_first(self) -> bool:
+        """A controller reads H̄ of π_old before the update."""
+        return self.controller is not None
+
+    @property
+    def controller_info(self) -> ControllerInfo | None:
+        return None if self.controller is None else CONTROLLERS[self.controller]
 
 
 _REGISTERED: dict[str, Algorithm] = {}
@@ -79,9 +120,9 @@ def register(algorithm: Algorithm) -> Algorithm:
 for _algorithm in (
     Algorithm("grpo", GrpoParams, "grpo", zero_advantage_inert=True),
     Algorithm("grpo_ds", ClipLossParams, "grpo", zero_advantage_inert=True),
-    Algorithm("dapo", ClipLossParams, "grpo", zero_advantage_inert=True),
+    Algorithm("dapo", ClipLossParams, "grpo", zero_advantage_inert=True, overlong_shaping=True),
     Algorithm("dr_grpo", DrGrpoParams, "dr_grpo", zero_advantage_inert=True),
-    Algorithm("stare", StareParams, "grpo", zero_advantage_inert=True, measures_entropy_first=True),
+    Algorithm("stare", StareParams, "grpo", zero_advantage_inert=True, controller="stare_gate"),
     Algorithm("rsi_s", RsiParams, "grpo", zero_advantage_inert=True),
     Algorithm("forking_8020", ForkingParams, "grpo", zero_advantage_inert=True),
     Algorithm("clip_cov", ClipCovParams, "grpo", zero_advantage_inert=True),
@@ -91,7 +132,8 @@ for _algorithm in (
         AdaptiveEntropyParams,
         "grpo",
         zero_advantage_inert=False,
-        measures_entropy_first=True,
+        controller="entropy_coef",
+        differentiable_entropy=True,
     ),
 ):
     register(_algorithm)
@@ -146,7 +188,7 @@ def _value(value: object) -> str:
 def render_defaults() -> str:
     """The defaults table of docs/ALGORITHMS.md §8, from the registrations and the parameter classes."""
     lines = [
-        "| algorithm | parameters | estimator | Â = 0 rows inert | measures H̄ first | defaults |",
+        "| algorithm | parameters | estimator | Â = 0 rows inert | controller | defaults |",
         "|---|---|---|---|---|---|",
     ]
     for name in names():
@@ -156,10 +198,16 @@ def render_defaults() -> str:
         lines.append(
             f"| `{name}` | `{entry.params_cls.__name__}` | `{entry.advantage_estimator}` "
             f"| {'yes' if entry.zero_advantage_inert else 'no'} "
-            f"| {'yes' if entry.measures_entropy_first else 'no'} | {defaults} |"
+            f"| {_value(entry.controller)} | {defaults} |"
         )
-    gate = ", ".join(f"{f.name} {_value(f.default)}" for f in dataclasses.fields(StareGateParams))
-    lines += ["", f"The gate (`algorithm.gate`, `StareGateParams`): {gate}."]
+    lines.append("")
+    for info in CONTROLLERS.values():
+        settings = ", ".join(f"{f.name} {_value(f.default)}" for f in dataclasses.fields(info.settings_cls))
+        users = ", ".join(f"`{n}`" for n in names() if ALGORITHMS[n].controller == info.name)
+        lines.append(
+            f"- controller `{info.name}` of {users} (`algorithm.{info.section}`, "
+            f"`{info.settings_cls.__name__}`): {settings}."
+        )
     return "\n".join([DEFAULTS_BEGIN, *lines, DEFAULTS_END])
 
 

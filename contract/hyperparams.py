@@ -91,9 +91,6 @@ class StareParams(ClipLossParams):
     reweight_m: float = 0.9  # M (C2 only)
     variant: Literal["O1", "C2"] = "O1"
     scope: Literal["micro_batch", "step_batch"] = "micro_batch"
-    gate_on: bool = (
-        True  # not a setting: the gate is the controller's (trainer.algos.stare); refused in a spec
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,8 +180,9 @@ class KlCovParams(ClipLossParams):
 @dataclass(frozen=True)
 class AdaptiveEntropyParams(ClipLossParams):
     """An entropy bonus whose coefficient adapts toward a target entropy (Skywork-OR1's adaptive entropy
-    control, arXiv 2505.22312 §3.2; TRL's GRPOTrainer `use_adaptive_entropy`). The target is the same
-    setting as STARE's gate (algorithm.gate.target_entropy), so the two are compared at one target.
+    control, arXiv 2505.22312 §3.2; TRL's GRPOTrainer `use_adaptive_entropy`). The target is the
+    controller's own setting (algorithm.entropy_control.target_entropy, `EntropyControlParams`), with the
+    same default as STARE's gate, so the two are compared at one target.
 
     Per step k, from H̄_k (token-mean entropy of π_old over the training batch, as STARE's gate measures):
         c_{k+1} = clip(c_k + Δ·sgn(H_tgt − H̄_k), 0, c_max)
@@ -195,11 +193,10 @@ class AdaptiveEntropyParams(ClipLossParams):
     coef_init: float = 0.0  # c_0
     coef_step: float = 0.005  # Δ
     coef_max: float = 0.1  # upper clip of c
-    coef: float = 0.0  # not a setting: α_k is the controller's state (entropy_control); refused in a spec
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("coef_init", "coef_step", "coef_max", "coef"):
+        for name in ("coef_init", "coef_step", "coef_max"):
             _finite(name, getattr(self, name))
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)!r}")
@@ -207,11 +204,70 @@ class AdaptiveEntropyParams(ClipLossParams):
             raise ValueError(f"coef_init must be ≤ coef_max, got {self.coef_init!r} > {self.coef_max!r}")
 
 
+def check_target_entropy(value: float, name: str = "target_entropy") -> float:
+    """A resolved target entropy in nats: finite and non-negative."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class EntropyTarget:
+    """A controller's target entropy as the user sets it: absolute (nats) or relative to H₀, the token-mean
+    entropy of π_old on the first RL step's batch (an initial-anchored target). Exactly one is set."""
+
+    nats: float | None = None
+    relative: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nats is None) == (self.relative is None):
+            raise ValueError("target_entropy: set a number of nats or {relative: r}, exactly one")
+        if self.nats is not None:
+            check_target_entropy(self.nats)
+        if self.relative is not None and not (
+            math.isfinite(self.relative) and 0.0 < self.relative <= RELATIVE_TARGET_MAX
+        ):
+            raise ValueError(
+                f"target_entropy.relative must be in (0, {RELATIVE_TARGET_MAX:g}], got {self.relative!r}"
+            )
+
+    @property
+    def is_relative(self) -> bool:
+        return self.relative is not None
+
+    def resolve(self, initial_entropy: float | None) -> float:
+        """The target in nats: the absolute value, or relative × H₀ (H₀ required then)."""
+        if self.nats is not None:
+            return self.nats
+        assert self.relative is not None
+        if initial_entropy is None or not math.isfinite(initial_entropy):
+            raise ValueError(f"a relative target needs a finite initial entropy H0, got {initial_entropy!r}")
+        return check_target_entropy(self.relative * initial_entropy)
+
+
+RELATIVE_TARGET_MAX = 10.0
+# Both controllers' default target (nats): STARE's paper value, so the two compare at one target.
+DEFAULT_TARGET_ENTROPY = 0.3
+# The entropy band's default around a relative target: [low, high] × the resolved target.
+BAND_AROUND_TARGET = (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class EntropyControlParams:
+    """The adaptive entropy coefficient's controller settings (algorithm.entropy_control)."""
+
+    target_entropy: float = DEFAULT_TARGET_ENTROPY  # H_tgt (nats), resolved
+
+    def __post_init__(self) -> None:
+        check_target_entropy(self.target_entropy)
+
+
 @dataclass(frozen=True)
 class StareGateParams:
-    """The gate's settings (algorithm.gate) with the starting W and M (the loss's own defaults)."""
+    """The gate's settings (algorithm.gate), target resolved, with the starting W and M (the loss's own
+    defaults)."""
 
-    target_entropy: float = 0.3
+    target_entropy: float = DEFAULT_TARGET_ENTROPY  # H_tgt (nats), resolved
     reweight_w: float = StareParams.reweight_w
     reweight_m: float = StareParams.reweight_m
     adaptive: bool = False
@@ -220,10 +276,7 @@ class StareGateParams:
     m_min: float = 0.5
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.target_entropy) or self.target_entropy < 0:
-            raise ValueError(
-                f"target_entropy must be a finite non-negative number, got {self.target_entropy!r}"
-            )
+        check_target_entropy(self.target_entropy)
         if not (self.reweight_w >= 1.0) or not math.isfinite(self.reweight_w):
             raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
         if not (0.0 < self.reweight_m <= 1.0):

@@ -185,7 +185,8 @@ CATALOGUE: tuple[Metric, ...] = (
     _m(
         "entropy/band_low",
         "nats",
-        "Lower edge of the job's entropy band (entropy_band.low).",
+        "Lower edge of the job's entropy band (entropy_band.low; with a relative target and no band set, "
+        "0.5 × entropy/target).",
         prometheus="stare_job_entropy_band_low_nats",
         prometheus_help="Lower edge of the job's entropy band.",
         shown=[_J, _R],
@@ -193,10 +194,22 @@ CATALOGUE: tuple[Metric, ...] = (
     _m(
         "entropy/band_high",
         "nats",
-        "Upper edge of the job's entropy band (entropy_band.high).",
+        "Upper edge of the job's entropy band (entropy_band.high; with a relative target and no band set, "
+        "2 × entropy/target).",
         prometheus="stare_job_entropy_band_high_nats",
         prometheus_help="Upper edge of the job's entropy band.",
         shown=[_J, _R],
+    ),
+    _m(
+        "entropy/target",
+        "nats",
+        "The controller's target entropy, resolved: algorithm.gate.target_entropy (stare) or "
+        "algorithm.entropy_control.target_entropy (adaptive_entropy), nats or {relative: r} × H₀ (H₀: "
+        "entropy/mean of the first RL step).",
+        prometheus="stare_job_target_entropy_resolved_nats",
+        prometheus_help="The job's resolved target entropy.",
+        shown=[_J, _R],
+        applies_to="stare, adaptive_entropy",
     ),
     _m(
         "entropy/band_state",
@@ -391,7 +404,7 @@ CATALOGUE: tuple[Metric, ...] = (
     _m(
         "stare/target_entropy",
         "nats",
-        "H_tgt, the gate's target entropy (algorithm.gate.target_entropy).",
+        "H_tgt, the gate's target entropy (algorithm.gate.target_entropy, resolved).",
         prometheus="stare_job_target_entropy_nats",
         prometheus_help="STARE target entropy.",
         shown=[_R],
@@ -490,7 +503,7 @@ CATALOGUE: tuple[Metric, ...] = (
     _m(
         "entropy_bonus/target_entropy",
         "nats",
-        "H_tgt the coefficient adapts toward (algorithm.gate.target_entropy).",
+        "H_tgt the coefficient adapts toward (algorithm.entropy_control.target_entropy, resolved).",
         applies_to="adaptive_entropy",
     ),
     # ------------------------------------------------------------------------------- multi-turn tool use
@@ -679,6 +692,7 @@ BAND_LOW = get("entropy/band_low").key
 BAND_HIGH = get("entropy/band_high").key
 BAND_STATE = get("entropy/band_state").key
 STEPS_OUT_OF_BAND = get("entropy/steps_out_of_band").key
+TARGET_ENTROPY = get("entropy/target").key
 STEP_SECONDS = get("perf/step_seconds").key
 
 

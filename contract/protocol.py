@@ -46,6 +46,8 @@ class EventType(StrEnum):
     INTERRUPTED = "interrupted"
     FINISHED = "finished"
     ERROR = "error"
+    # A controller's relative target resolved on the first RL step (target, H₀, the band around it).
+    TARGETS_RESOLVED = "targets_resolved"
 
 
 class ErrorCode(StrEnum):
@@ -104,6 +106,11 @@ EVENT_FIELDS: dict[EventType, EventFields] = {
     ),
     EventType.FINISHED: EventFields(
         ("step", "status", "final_eval"), doc="The run is done; `final_eval` holds the last eval metrics."
+    ),
+    EventType.TARGETS_RESOLVED: EventFields(
+        ("step", "target_entropy", "initial_entropy", "relative", "band_low", "band_high"),
+        doc="A relative target entropy resolved on the first RL step: `relative` × H₀ (`initial_entropy`, "
+        "nats) = `target_entropy`, and the entropy band in use from then on.",
     ),
     EventType.ERROR: EventFields(
         ("step", "code", "message"),

@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from contract import algorithms, safejson, verifiers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
-from contract.hyperparams import ClipLossParams, StareGateParams
+from contract.hyperparams import (
+    BAND_AROUND_TARGET,
+    RELATIVE_TARGET_MAX,
+    ClipLossParams,
+    EntropyControlParams,
+    EntropyTarget,
+    StareGateParams,
+)
 
 
 class _Strict(BaseModel):
@@ -88,15 +95,56 @@ class RewardSpec(_Strict):
     overlong: OverlongSpec | None = None  # DAPO soft overlong penalty; on by default for dapo
 
 
+class RelativeTargetSpec(_Strict):
+    """A target entropy relative to H₀, the token-mean entropy of π_old on the first RL step's batch."""
+
+    relative: Annotated[float, Field(gt=0.0, le=RELATIVE_TARGET_MAX)]
+
+
+# A controller's target entropy: nats, or {relative: r} (r × H₀, resolved on the first RL step).
+TargetEntropy = Annotated[float, Field(ge=0.0, le=100.0)] | RelativeTargetSpec
+
+
+def entropy_target(value: float | RelativeTargetSpec) -> EntropyTarget:
+    if isinstance(value, RelativeTargetSpec):
+        return EntropyTarget(relative=value.relative)
+    return EntropyTarget(nats=float(value))
+
+
 class GateSpec(_Strict):
     """STARE's target-entropy gate and optional adaptive W/M (docs/ALGORITHMS.md §5). Defaults:
     contract.hyperparams.StareGateParams."""
 
-    target_entropy: Annotated[float, Field(ge=0.0, le=100.0)] = StareGateParams.target_entropy
+    target_entropy: TargetEntropy = StareGateParams.target_entropy
     adaptive: bool = StareGateParams.adaptive
     alpha: Annotated[float, Field(ge=0.0, le=1.0)] = StareGateParams.alpha
     w_max: Annotated[float, Field(ge=1.0, le=100.0)] = StareGateParams.w_max
     m_min: Annotated[float, Field(gt=0.0, le=1.0)] = StareGateParams.m_min
+
+
+class EntropyControlSpec(_Strict):
+    """The adaptive entropy coefficient's target (docs/ALGORITHMS.md §6). Defaults:
+    contract.hyperparams.EntropyControlParams."""
+
+    target_entropy: TargetEntropy = EntropyControlParams.target_entropy
+
+
+def _migrate_entropy_control(data: Any) -> Any:
+    """Specs written before adaptive_entropy had its own section set its target in STARE's gate section:
+    `algorithm.gate: {target_entropy: x}` alone is read as `algorithm.entropy_control: {target_entropy: x}`;
+    any other gate setting is refused, naming the field."""
+    if not isinstance(data, dict) or data.get("name") != "adaptive_entropy" or "entropy_control" in data:
+        return data
+    gate = data.get("gate")
+    if gate is None:
+        return {**data, "entropy_control": {}}  # its section, with its defaults
+    if not isinstance(gate, dict) or set(gate) - {"target_entropy"}:
+        raise ValueError(
+            "algorithm.gate: adaptive_entropy has no gate; set its target with "
+            "algorithm.entropy_control.target_entropy"
+        )
+    rest = {k: v for k, v in data.items() if k != "gate"}
+    return {**rest, "entropy_control": dict(gate)}
 
 
 class AlgorithmSpec(_Strict):
@@ -104,6 +152,12 @@ class AlgorithmSpec(_Strict):
     advantage: str | None = None  # default: the estimator the method is defined with
     params: dict[str, Any] = Field(default_factory=dict)
     gate: GateSpec = Field(default_factory=GateSpec)
+    entropy_control: EntropyControlSpec | None = None  # adaptive_entropy's (filled in for it)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        return _migrate_entropy_control(data)
 
     @field_validator("name")
     @classmethod
@@ -125,14 +179,31 @@ class AlgorithmSpec(_Strict):
         if "kl_beta" in self.params:
             raise ValueError("algorithm.params.kl_beta: set the KL penalty's weight with optim.kl_beta")
         params = make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
-        if self.name == "stare":
-            self.gate_params(params)
+        info = algorithms.get(self.name).controller_info
+        if self.entropy_control is not None and (info is None or info.section != "entropy_control"):
+            raise ValueError(f"algorithm.entropy_control: algorithm {self.name!r} has no entropy coefficient")
+        if info is not None and info.section == "gate":
+            self.gate_params(params, 0.0)
         return self
 
-    def gate_params(self, loss_params: ClipLossParams) -> StareGateParams:
-        """The gate's settings with the loss's starting W and M (the defaults for a loss without them)."""
+    def target(self) -> EntropyTarget | None:
+        """The target of the algorithm's controller as the user set it; None without a controller."""
+        info = algorithms.get(self.name).controller_info
+        if info is None:
+            return None
+        section = self.gate if info.section == "gate" else self.entropy_control
+        assert section is not None
+        return entropy_target(section.target_entropy)
+
+    def gate_params(
+        self, loss_params: ClipLossParams, target_entropy: float | None = None
+    ) -> StareGateParams:
+        """The gate's settings with the loss's starting W and M (the defaults for a loss without them), and
+        the target resolved (None: the gate's absolute target; a relative one needs its resolved value)."""
+        if target_entropy is None:
+            target_entropy = entropy_target(self.gate.target_entropy).resolve(None)
         return StareGateParams(
-            target_entropy=self.gate.target_entropy,
+            target_entropy=target_entropy,
             reweight_w=getattr(loss_params, "reweight_w", StareGateParams.reweight_w),
             reweight_m=getattr(loss_params, "reweight_m", StareGateParams.reweight_m),
             adaptive=self.gate.adaptive,
@@ -140,6 +211,15 @@ class AlgorithmSpec(_Strict):
             w_max=self.gate.w_max,
             m_min=self.gate.m_min,
         )
+
+    def controller_settings(self, loss_params: ClipLossParams, target_entropy: float) -> Any:
+        """The settings of the algorithm's controller with its target resolved (None without one)."""
+        info = algorithms.get(self.name).controller_info
+        if info is None:
+            return None
+        if info.section == "gate":
+            return self.gate_params(loss_params, target_entropy)
+        return EntropyControlParams(target_entropy=target_entropy)
 
     @property
     def estimator(self) -> str:
@@ -320,6 +400,16 @@ class TrainSpec(_Strict):
                 "environment: tool-use rollouts run in one process (distributed.num_processes 1)"
             )
         return self
+
+    def band_follows_target(self) -> bool:
+        """The entropy band is placed around the resolved target (BAND_AROUND_TARGET × target): where the
+        spec sets no band and its controller's target is relative (its nats are known only once RL starts)."""
+        target = self.algorithm.target()
+        return "entropy_band" not in self.model_fields_set and target is not None and target.is_relative
+
+    def band_around(self, target_entropy: float) -> tuple[float, float]:
+        low, high = BAND_AROUND_TARGET
+        return low * target_entropy, high * target_entropy
 
     @property
     def responses_per_step(self) -> int:

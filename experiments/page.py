@@ -341,7 +341,13 @@ def _entropy_chart(suite: Suite, runs: list[dict[str, Any]], arms: Sequence[str]
         spec: dict[str, Any] = next((e["spec"] for e in r["events"] if e.get("type") == "started"), {})
         b = spec.get("entropy_band") or {}
         band = band or (float(b.get("low", 0.1)), float(b.get("high", 1.0)))
-        target = target or (spec.get("algorithm", {}).get("gate", {}) or {}).get("target_entropy")
+        logged = an.metric_series(r["events"], "entropy/target")  # resolved (a relative target too)
+        spec_target = (spec.get("algorithm", {}).get("gate", {}) or {}).get("target_entropy")
+        target = (
+            target
+            or (logged[-1][1] if logged else None)
+            or (spec_target if isinstance(spec_target, int | float) else None)
+        )
     xs = [x for t in traces for x, _ in t.points]
     if target is not None and xs:
         traces.append(

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from contract import algorithms
 from contract.protocol import CHECKPOINTS_DIR, checkpoint_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -144,12 +145,25 @@ def comparison_suite(
             if seed >= (headline_seeds if arm in HEADLINE else seeds):
                 continue
             spec = _merge(rl, {"name": f"{name}-{arm}-seed{seed}", "seed": seed, "model": model})
-            # The suite's algorithm section holds the shared gate (STARE's target, also the adaptive
-            # entropy bonus's); the arm adds its loss and parameters.
-            spec["algorithm"] = _merge(spec.get("algorithm", {}), ARMS[arm])
+            # The suite's algorithm section holds the shared target (in STARE's gate section); the arm
+            # adds its loss and parameters, and an arm whose controller has its own section gets the target
+            # there (`_own_target_section`).
+            spec["algorithm"] = _own_target_section(_merge(spec.get("algorithm", {}), ARMS[arm]))
             needs = (f"{sft_suite}/sft/seed{seed}",) if sft_section else ()
             runs.append(Run(name, f"{arm}/seed{seed}", spec, needs=needs, arm=arm, seed=seed))
     return Suite(name, title, description, tuple(runs), arms=arms, collapse_steps=collapse_steps)
+
+
+def _own_target_section(algorithm: dict[str, Any]) -> dict[str, Any]:
+    """The algorithm section with the shared gate's target moved to the arm's own controller section
+    (adaptive_entropy: algorithm.entropy_control), so every arm is compared at one target."""
+    info = algorithms.get(algorithm.get("name", "stare")).controller_info
+    if info is None or info.section == "gate":
+        return algorithm
+    rest = {k: v for k, v in algorithm.items() if k != "gate"}
+    target = (algorithm.get("gate") or {}).get("target_entropy")
+    own = {"target_entropy": target} if target is not None else {}
+    return {**rest, info.section: {**own, **rest.get(info.section, {})}}
 
 
 def _rl_base(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -61,10 +61,12 @@ JOB_DASHBOARD = Dashboard(
                         _q("entropy/band_low", "band low", E.NONNEGATIVE),
                         _q("entropy/band_high", "band high", E.POSITIVE),
                         _q("stare/target_entropy", "STARE target", E.POSITIVE),
+                        _q("entropy/target", "target (resolved)", E.POSITIVE),
                     ),
                     unit="nats",
                     width=12,
-                    description="Token-mean entropy of π_old against the job's band and STARE's target.",
+                    description="Token-mean entropy of π_old against the job's band and its controller's "
+                    "target, resolved (a relative target is r × H₀ of the first RL step).",
                 ),
                 Panel(
                     "Band state",

@@ -274,11 +274,22 @@ class EntropyBand(BaseModel):
     high: float | None
 
 
+class EntropyTarget(BaseModel):
+    value: float = Field(description="The resolved target entropy (nats; a relative target is r × H₀).")
+    state: Literal["below", "at_or_above"] | None = Field(
+        description="Entropy at the latest step against the target: below it (STARE's gate is on) or not."
+    )
+
+
 class EntropyStatus(BaseModel):
     value: float | None = Field(description="Token-mean policy entropy (nats) at the latest step.")
     band: EntropyBand
     state: Literal["in_band", "below", "above"] | None
     steps_out_of_band: int | None = Field(description="Consecutive steps outside the band so far.")
+    target: EntropyTarget | None = Field(
+        default=None,
+        description="The controller's resolved target entropy and where entropy stands against it.",
+    )
 
 
 class LatestMetrics(BaseModel):

@@ -5,11 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.engine import Row
 
-from contract.metrics import BAND_HIGH, BAND_LOW, BAND_STATE, ENTROPY, STEPS_OUT_OF_BAND, BandState
+from contract.metrics import (
+    BAND_HIGH,
+    BAND_LOW,
+    BAND_STATE,
+    ENTROPY,
+    STEPS_OUT_OF_BAND,
+    TARGET_ENTROPY,
+    BandState,
+)
 from contract.numbers import finite
 from service import schemas
 from service.principals import KeyRef, TenantRef
@@ -48,11 +56,19 @@ def entropy_status(job: JobLike) -> schemas.EntropyStatus:
     elif value is not None and low is not None and high is not None:
         state = BandState.of(value, low, high).label
     out_of_band = finite(metrics.get(STEPS_OUT_OF_BAND))
+    target_value = finite(metrics.get(TARGET_ENTROPY))
+    target = None
+    if target_value is not None:
+        against: Literal["below", "at_or_above"] | None = None
+        if value is not None:
+            against = "below" if value < target_value else "at_or_above"
+        target = schemas.EntropyTarget(value=target_value, state=against)
     return schemas.EntropyStatus(
         value=value,
         band=schemas.EntropyBand(low=low, high=high),
         state=state,  # type: ignore[arg-type]
         steps_out_of_band=int(out_of_band) if out_of_band is not None else None,
+        target=target,
     )
 
 

@@ -1,4 +1,5 @@
-"""Rollouts: sample G responses per prompt with HF generate, score them, and lay them out for training.
+"""Rollouts: sample G responses per prompt through a rollout engine (trainer.generation: HF generate by
+default), score them, and lay them out for training.
 
 Layout of a batch of B responses: `input_ids` (B, P + R) = left-padded prompt (P) followed by the
 response (R, right-padded after EOS). `response_mask` (B, R) is 1 on generated tokens up to and including
@@ -8,22 +9,26 @@ training forward scores exactly the tokens generate sampled.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import inspect
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
+from contract import algorithms
 from contract.spec import TrainSpec
-from trainer.algos.kernels import token_stats_from_logits
 from trainer.algos.shaping import overlong_penalty
+from trainer.generation import (
+    HFGenerate,
+    RolloutEngine,
+    SampledTokenStats,
+    generation_kwargs,
+    model_device,
+    position_ids_from_mask,
+    response_mask_from_eos,
+)
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score, shape_reward
 
@@ -83,10 +88,6 @@ class Rollout:
         )
 
 
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-
-
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
     """Joins rollouts whose prompt/response widths differ by re-padding prompts left and responses right."""
     if len(parts) == 1:
@@ -125,158 +126,6 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
 SAMPLE_STAT_FIELDS = ("sample_logprob", "sample_entropy", "sample_correction")
 
 
-def hf_model(model: Any) -> Any:
-    """The transformers model inside DDP and peft wrappers."""
-    inner = getattr(model, "module", model)
-    get_base_model = getattr(inner, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else inner
-
-
-def model_device(model: Any) -> torch.device:
-    """Where the model's weights live (the first parameter's device)."""
-    return next(iter(model.parameters())).device
-
-
-def cache_argument(model: Any) -> str:
-    """The forward/generate keyword of the KV cache: transformers 5.x renamed past_key_values to cache."""
-    model_class: Any = type(hf_model(model))
-    return _cache_argument_of(model_class)
-
-
-@functools.cache
-def _cache_argument_of(model_class: Any) -> str:
-    parameters = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-@torch.no_grad()
-def shared_prompt_cache(
-    model: Any, prompt_ids: Tensor, prompt_mask: Tensor, num_samples: int
-) -> DynamicCache:
-    """KV cache of the left-padded prompts (n, P) without their last token, repeated to n · num_samples rows.
-
-    One forward over n rows instead of n · num_samples; position ids as generate derives them. The rows
-    hold what a prefill of the repeated prompts would hold, up to float rounding of the smaller matmuls.
-    """
-    cache = DynamicCache(config=hf_model(model).config)
-    model(
-        input_ids=prompt_ids[:, :-1],
-        attention_mask=prompt_mask[:, :-1],
-        position_ids=position_ids_from_mask(prompt_mask[:, :-1]),
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_argument(model): cache},
-    )
-    cache.batch_repeat_interleave(num_samples)
-    return cache
-
-
-class SampledTokenStats:
-    """Records the log-prob, entropy and C(p) of each token generate samples, from its own forward passes.
-
-    A forward hook on the transformers model sees the raw logits of every decoding step: those of call t give
-    the distribution of response token t, whose identity arrives as the input of call t + 1 (the last one
-    with `finish`). Steps are buffered and scored together, one kernel call per `buffer_bytes` of logits
-    (for a small model, one per rollout instead of one per token). The statistics are of the policy at
-    `temperature` over the whole vocabulary, as the training pass scores it, whatever top-p or other logits
-    processors did to the sampling distribution. Use it in eval mode (no dropout), like generate itself.
-    """
-
-    def __init__(self, temperature: float, buffer_bytes: int = 64 * 2**20) -> None:
-        self.temperature = temperature
-        self.buffer_bytes = buffer_bytes
-        self._pending: Tensor | None = None  # (B, V) logits whose sampled token is not known yet
-        self._buffer: list[tuple[Tensor, Tensor]] = []  # (logits (B, V), sampled tokens (B,)) to score
-        self._buffered = 0
-        self._parts: list[tuple[Tensor, Tensor, Tensor]] = []  # scored: (B, n) log-prob, entropy, C
-        self._broken = False  # a call without input_ids (inputs_embeds): no statistics this time
-
-    @contextlib.contextmanager
-    def recording(self, model: Any) -> Iterator[None]:
-        handle = hf_model(model).register_forward_hook(self._hook, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-
-    def _hook(self, _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        logits = output["logits"] if isinstance(output, dict) else getattr(output, "logits", None)
-        if input_ids is None or logits is None:
-            self._broken = True
-            return
-        if self._pending is not None:
-            self._add(input_ids[:, -1])
-        self._pending = logits[:, -1, :]
-
-    def _add(self, tokens: Tensor) -> None:
-        assert self._pending is not None
-        self._buffer.append((self._pending, tokens.to(self._pending.device)))
-        self._buffered += self._pending.numel() * self._pending.element_size()
-        self._pending = None
-        if self._buffered >= self.buffer_bytes:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._buffer:
-            return
-        logits = torch.stack([row for row, _ in self._buffer], dim=1)  # (B, n, V)
-        tokens = torch.stack([token for _, token in self._buffer], dim=1)  # (B, n)
-        self._buffer, self._buffered = [], 0
-        stats = token_stats_from_logits(logits, tokens, temperature=self.temperature)
-        assert stats.entropy is not None and stats.correction is not None
-        self._parts.append((stats.logprob, stats.entropy, stats.correction))
-
-    def finish(self, responses: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-        """(log-prob, entropy, C), each (B, R) on the CPU and 0 past each response; None if not recorded."""
-        width = responses.shape[1]
-        if self._pending is not None and width:
-            self._add(responses[:, -1])
-        self._flush()
-        parts, self._parts = self._parts, []
-        if self._broken or not parts or sum(part[0].shape[1] for part in parts) != width:
-            return None
-        mask = response_mask.bool()
-        logprob, entropy, correction = (
-            torch.cat(column, dim=1).to("cpu", torch.float32).masked_fill(~mask, 0.0)
-            for column in zip(*parts)
-        )
-        return logprob, entropy, correction
-
-
-def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> tuple[Tensor, Tensor]:
-    """(B, R) ids → (mask up to and including the first EOS, truncated flag)."""
-    eos_ids = torch.tensor(
-        eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=responses.device
-    )
-    is_eos = torch.isin(responses, eos_ids)  # (B, R)
-    seen_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS strictly before t
-    mask = (seen_before == 0).float()
-    truncated = ~is_eos.any(-1)
-    return mask, truncated
-
-
-def generation_kwargs(
-    model: Any, tokenizer: Any, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float
-) -> tuple[Any, dict[str, object]]:
-    """The EOS id(s) and the `model.generate` arguments every rollout uses: sampling at the spec's
-    temperature and top-p with top-k off, or greedy decoding."""
-    gen_config = model.generation_config
-    eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
-    kwargs: dict[str, object] = {
-        "max_new_tokens": max_new_tokens,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": eos,
-        "use_cache": True,
-    }
-    if greedy:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-    return eos, kwargs
-
-
-@torch.no_grad()
 def generate(
     model: Any,
     tokenizer: Any,
@@ -290,81 +139,61 @@ def generate(
     add_special_tokens: bool = True,
     recorder: SampledTokenStats | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples.
-
-    Runs on the model's device; what it returns is on the CPU (texts are decoded and scored there).
-    `recorder` (optional) watches generate's forward passes; read it with `recorder.finish`.
+    """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples,
+    with HF generate on `model` (`HFGenerate.sample`). What it returns is on the CPU (texts are decoded and
+    scored there). `recorder` (optional) watches generate's forward passes; read it with `recorder.finish`.
     """
-    device = model_device(model)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
-    enc = {key: enc[key].to(device) for key in ("input_ids", "attention_mask")}
-    prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0)
-    prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0)
-    eos, kwargs = generation_kwargs(
-        model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p
-    )
-    # Inference mode, not only no-grad: no version counters or autograd bookkeeping on the ~150 small ops of
-    # every decode forward (docs/BENCHMARKS.md, engine, second round). Its tensors cannot be saved for
-    # backward, so what leaves this block is copied out of it (`to(copy=True)` outside the block gives a
-    # normal tensor).
-    with torch.inference_mode():
-        if num_samples > 1 and enc["input_ids"].shape[1] > 1:
-            # The samples of a prompt share its KV cache: prefill each distinct prompt once (all but its
-            # last token, which generate runs itself) and repeat the cache, instead of prefilling it G times.
-            kwargs[cache_argument(model)] = shared_prompt_cache(
-                model, enc["input_ids"], enc["attention_mask"], num_samples
-            )
-        with recorder.recording(model) if recorder is not None else contextlib.nullcontext():
-            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
-    out = out.to("cpu", copy=True)
-    prompt_mask = prompt_mask.cpu()
-    p_len = prompt_ids.shape[1]
-    responses = out[:, p_len:]
-    response_mask, truncated = response_mask_from_eos(responses, eos)
-    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
-    return out, attention_mask, response_mask, truncated, p_len
+    return HFGenerate(model, tokenizer).sample(
+        enc["input_ids"], enc["attention_mask"], num_samples=num_samples, temperature=temperature,
+        top_p=top_p, max_new_tokens=max_new_tokens, greedy=greedy, recorder=recorder,
+    )  # fmt: skip
 
 
 def rollout(
     model: Any,
     tokenizer: Any,
     examples: list[Example],
-    group_offset: int,
+    group_offset: int | list[int],
     spec: TrainSpec,
     *,
     sample_stats: bool = False,
+    engine: RolloutEngine | None = None,
 ) -> Rollout:
     """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
-    an episode of the environment (`env_rollout`)."""
+    an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
+    prompt index), or the first of consecutive ones. `engine`: the rollout engine (default: HF generate on
+    `model`, trainer.generation)."""
     if spec.environment is not None:
         return env_rollout(model, tokenizer, examples, group_offset, spec)
     g = spec.sampling.group_size
-    recorder = SampledTokenStats(spec.sampling.temperature) if sample_stats else None
     prompts = [
         render_prompt(ex, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
         for ex in examples
     ]
-    input_ids, attention_mask, response_mask, truncated, p_len = generate(
-        model,
-        tokenizer,
-        prompts,
-        num_samples=g,
-        temperature=spec.sampling.temperature,
-        top_p=spec.sampling.top_p,
-        max_new_tokens=spec.sampling.max_new_tokens,
-        add_special_tokens=not spec.task.use_chat_template,
-        recorder=recorder,
+    enc = tokenizer(
+        prompts, return_tensors="pt", padding=True, add_special_tokens=not spec.task.use_chat_template
     )
+    out = (engine if engine is not None else HFGenerate(model, tokenizer)).generate(
+        enc["input_ids"], enc["attention_mask"], num_samples=g, temperature=spec.sampling.temperature,
+        top_p=spec.sampling.top_p, max_new_tokens=spec.sampling.max_new_tokens, record=sample_stats,
+    )  # fmt: skip
+    input_ids, attention_mask, response_mask, p_len = (
+        out.input_ids,
+        out.attention_mask,
+        out.response_mask,
+        out.prompt_length,
+    )
+    truncated, stats = out.truncated, out.sample_record
     responses = input_ids[:, p_len:]
-    stats = recorder.finish(responses, response_mask) if recorder is not None else None
     lengths = response_mask.sum(-1).long().tolist()
     texts = tokenizer.batch_decode(
         [row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True
     )
     correct, rewards = score_responses(texts, examples, response_mask, spec)
-    group_ids = torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g)
+    group_ids = group_id_rows(group_offset, len(examples), g)
     return Rollout(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -531,8 +360,17 @@ def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, 
     return input_ids, attention_mask, response_mask, p_len, torch.tensor(counts, dtype=torch.float32)
 
 
+def group_id_rows(group_offset: int | list[int], n_examples: int, group_size: int) -> Tensor:
+    """(n_examples · G,) the group id of each row, example-major."""
+    if isinstance(group_offset, int):
+        return torch.arange(group_offset, group_offset + n_examples).repeat_interleave(group_size)
+    if len(group_offset) != n_examples:
+        raise ValueError(f"{len(group_offset)} group ids for {n_examples} examples")
+    return torch.tensor(group_offset, dtype=torch.long).repeat_interleave(group_size)
+
+
 def env_rollout(
-    model: Any, tokenizer: Any, examples: list[Example], group_offset: int, spec: TrainSpec
+    model: Any, tokenizer: Any, examples: list[Example], group_offset: int | list[int], spec: TrainSpec
 ) -> Rollout:
     """spec.sampling.group_size episodes of spec.environment per example, scored on their answers."""
     g = spec.sampling.group_size
@@ -556,7 +394,7 @@ def env_rollout(
         prompt_length=p_len,
         rewards=rewards,
         correct=correct,
-        group_ids=torch.arange(group_offset, group_offset + len(examples)).repeat_interleave(g),
+        group_ids=group_id_rows(group_offset, len(examples), g),
         truncated=torch.tensor(episodes.truncated, dtype=torch.bool),
         texts=episodes.answers,
         tool_counts=counts,
@@ -590,7 +428,7 @@ def resolved_overlong(spec: TrainSpec) -> int | None:
     """DAPO's overlong buffer length: the spec's, or a quarter of the budget for dapo by default."""
     if spec.reward.overlong is not None:
         return spec.reward.overlong.cache_length
-    if spec.algorithm.name == "dapo":
+    if algorithms.get(spec.algorithm.name).overlong_shaping:
         return max(1, spec.sampling.max_new_tokens // 4)
     return None
 

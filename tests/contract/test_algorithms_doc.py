@@ -58,3 +58,37 @@ def test_each_registered_algorithm_has_its_section() -> None:
     headings = re.findall(r"^#{2,3} .*$", DOC.read_text(encoding="utf-8"), flags=re.MULTILINE)
     for name in algorithms.names():
         assert any(re.search(rf"(?<![\w`]){name}(?![\w`])|`{name}`", h) for h in headings), name
+
+
+# `path/file.py` (`name`, `name2` and prose) as the sections name their code.
+LOCATION = re.compile(r"`((?:trainer|contract|tests)/[\w/]+\.py)`(?: \(([^)]*)\))?")
+NAME = re.compile(r"`([A-Za-z_][A-Za-z_0-9]*)`")
+
+
+def test_the_files_and_names_the_sections_cite_exist() -> None:
+    text = DOC.read_text(encoding="utf-8").replace("\n", " ")
+    cited = LOCATION.findall(text)
+    assert len(cited) > 20
+    for path, names in cited:
+        source = ROOT / path
+        assert source.is_file(), path
+        code = source.read_text(encoding="utf-8")
+        for name in NAME.findall(names):
+            defined = re.search(rf"^\s*(?:def|class) {name}\b|^\s*{name}\s*[:=]", code, flags=re.MULTILINE)
+            assert defined, f"{path} has no {name}"
+
+
+def test_the_loss_signature_the_doc_gives_is_every_losss() -> None:
+    import inspect
+
+    from trainer.algos import POLICY_LOSSES
+
+    text = DOC.read_text(encoding="utf-8").replace("\n", " ")
+    match = re.search(r"one signature `\(([^)]*)\) → \(loss,\s*metrics\)`", text)
+    assert match is not None
+    documented = [name.strip() for name in match.group(1).split(",")]
+    assert documented == ["inputs", "params", "control"]
+    for name in POLICY_LOSSES.names():
+        parameters = list(inspect.signature(POLICY_LOSSES.get(name).fn).parameters)
+        # (inputs, the params object, control): the second is named p in the code.
+        assert len(parameters) == 3 and parameters[0] == "inputs" and parameters[2] == "control", name

@@ -45,6 +45,7 @@ def test_create_returns_a_committed_queued_job_and_rings_the_doorbell(
         "band": {"low": 0.1, "high": 1.0},
         "state": None,
         "steps_out_of_band": None,
+        "target": None,  # no step metrics yet, so no resolved target
     }
     assert job["spec"]["algorithm"]["advantage"] == "grpo"  # resolved defaults
     assert (job["id"], "training") in recorded(client).sent
@@ -112,6 +113,7 @@ def test_get_reports_progress_eta_latest_metrics_and_entropy_status(
         "band": {"low": 0.1, "high": 1.0},
         "state": "below",
         "steps_out_of_band": 2,
+        "target": None,  # these step metrics carry no entropy/target
     }
     assert job["latest_metrics"]["step"] == 6
     assert job["latest_metrics"]["values"]["reward/accuracy"] == pytest.approx(0.31)

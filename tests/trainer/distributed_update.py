@@ -12,9 +12,10 @@ import torch
 from accelerate import Accelerator
 
 from trainer.algos import compute_advantages, make_loss_params, stare_weights
-from trainer.engine import StepBatch, micro_batches, policy_update
 from trainer.models import load_model_and_tokenizer
 from trainer.rollout import Rollout
+from trainer.scoring import micro_batches
+from trainer.update import LossSetup, StepBatch, policy_update
 
 
 def global_batch(vocab: int) -> tuple[Rollout, torch.Tensor]:
@@ -78,8 +79,7 @@ def main(out_path: str, loss_name: str, micro_batch_size: int) -> None:
         model,
         accelerator,
         step_batch,
-        loss_name=loss_name,
-        loss_params=params,
+        LossSetup(loss_name, params),
         temperature=0.9,
         micro_batch_size=micro_batch_size,
         max_response_length=7,

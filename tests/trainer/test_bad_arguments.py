@@ -19,7 +19,6 @@ from trainer.algos import (
     compute_policy_loss,
     make_loss_params,
     overlong_penalty,
-    token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
 )
@@ -110,16 +109,6 @@ def test_negative_or_nan_global_counts_are_named(field: str, value: float) -> No
 def test_kernel_target_shape_mismatch_is_named() -> None:
     with pytest.raises(ValueError, match=r"target_ids shape \(2, 4\) must equal logits shape"):
         token_stats_from_logits(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"target_ids shape \(5,\) must equal hidden shape"):
-        token_stats_from_hidden(torch.zeros(4, 3), torch.zeros(7, 3), torch.zeros(5, dtype=torch.long))
-
-
-def test_kernel_head_shape_mismatch_is_named() -> None:
-    targets = torch.zeros(4, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"lm_head_weight must be \(V, 3\)"):
-        token_stats_from_hidden(torch.zeros(4, 3), torch.zeros(7, 2), targets)
-    with pytest.raises(ValueError, match=r"lm_head_bias must be \(7,\)"):
-        token_stats_from_hidden(torch.zeros(4, 3), torch.zeros(7, 3), targets, lm_head_bias=torch.zeros(6))
 
 
 def test_integer_logits_are_refused() -> None:
@@ -139,9 +128,6 @@ def test_non_positive_or_non_finite_temperature_is_named(temperature: float) -> 
     for call in (
         lambda: token_stats_from_logits(logits, targets, temperature=temperature),
         lambda: token_stats_reference(logits, targets, temperature=temperature),
-        lambda: token_stats_from_hidden(
-            torch.zeros(2, 3), torch.zeros(5, 3), targets, temperature=temperature
-        ),
     ):
         with pytest.raises(ValueError, match="temperature must be a positive finite number"):
             call()
@@ -308,7 +294,7 @@ def test_an_unknown_rsi_bound_mode_is_refused_naming_the_valid_ones() -> None:
 
 
 def test_unknown_engine_choices_are_refused_naming_the_valid_ones() -> None:
-    from trainer.engine import lr_factor
+    from trainer.update import lr_factor
 
     with pytest.raises(ValueError, match=r"schedule must be one of constant, linear, cosine"):
         lr_factor("Cosine", 3, warmup_steps=0, steps=10)

@@ -36,7 +36,6 @@ def test_the_gpu_benchmark_smoke_run_reports_every_section(tmp_path: Path) -> No
         for pass_ in ("forward", "forward+backward"):
             assert ("naive", pass_, dtype) in versions and ("chunked", pass_, dtype) in versions
     assert all(row["seconds"] > 0 for row in result["kernels"]["rows"])
-    assert {row["version"] for row in result["fused_head"]["rows"]} == {"naive", "chunked"}
     assert {row["loss"] for row in result["stare_overhead"]["rows"]} >= {"grpo_ds", "stare O1 (gate on)"}
     runs = result["engine"]["runs"]
     assert [(run["algorithm"], run["kernel_backend"]) for run in runs] == [

@@ -360,10 +360,11 @@ def test_reasoning_gym_task_runs(tmp_path):
 def run_counting_forwards(monkeypatch, data: dict, out: Path, *, sample_stats: bool = True):
     """Runs the spec; returns (step metrics, final weights, [(rows, grad enabled)] per scoring forward).
     sample_stats=False: rollouts never record sampling statistics, so the update cannot read them."""
-    import trainer.engine as engine_module
+    import trainer.data as data_module
+    import trainer.scoring as scoring_module
 
     calls: list[tuple[int, bool]] = []
-    real, real_rollout = engine_module.response_logits, engine_module.rollout
+    real, real_rollout = scoring_module.response_logits, data_module.rollout
 
     def spy(model, input_ids, *args, **kwargs):
         calls.append((input_ids.shape[0], torch.is_grad_enabled()))
@@ -373,8 +374,8 @@ def run_counting_forwards(monkeypatch, data: dict, out: Path, *, sample_stats: b
         return real_rollout(*args, **{**kwargs, "sample_stats": kwargs.get("sample_stats") and sample_stats})
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine_module, "response_logits", spy)
-        patch.setattr(engine_module, "rollout", rollout)
+        patch.setattr(scoring_module, "response_logits", spy)
+        patch.setattr(data_module, "rollout", rollout)
         assert Engine(TrainSpec.model_validate(data), out).run() == ExitCode.OK
     return step_metrics(read_events(out)), final_weights(out), calls
 

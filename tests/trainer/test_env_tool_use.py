@@ -14,9 +14,10 @@ from contract.metrics import CATALOGUE
 from contract.spec import load_spec
 from trainer.algos import compute_policy_loss, make_loss_params, quadrant_analysis, token_stats_from_logits
 from trainer.algos.surrogate import PolicyLossInputs
-from trainer.engine import Engine, response_logits
+from trainer.engine import Engine
 from trainer.envs.tool_use import COUNT_FIELDS, transcript
 from trainer.rollout import Rollout
+from trainer.scoring import response_logits
 
 SPEC = Path(__file__).resolve().parents[2] / "trainer" / "specs" / "tool_use_tiny.yaml"
 TOOL_KEYS = [m.key for m in CATALOGUE if m.key.startswith("tool/")]

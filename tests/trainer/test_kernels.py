@@ -7,12 +7,10 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.testing import assert_close
 
 from trainer.algos import (
     TokenStats,
-    token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
 )
@@ -182,64 +180,3 @@ def make_head(
     weight = (torch.randn(vocab, dim, generator=gen) / dim**0.5 * 2.0).to(dtype)
     head_bias = torch.randn(vocab, generator=gen).to(dtype) if bias else None
     return hidden, weight, head_bias
-
-
-@pytest.mark.parametrize("chunk_rows", [1, 4, 7, 1024])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("bias", [False, True])
-def test_fused_head_kernel_equals_the_reference_fp32(chunk_rows: int, temperature: float, bias: bool) -> None:
-    hidden, weight, head_bias = make_head(rows=18, dim=12, vocab=23, dtype=torch.float32, bias=bias)
-    targets = make_targets((18,), 23)
-    stats = token_stats_from_hidden(
-        hidden, weight, targets, lm_head_bias=head_bias, temperature=temperature, chunk_rows=chunk_rows
-    )
-    expected = token_stats_reference(F.linear(hidden, weight, head_bias), targets, temperature=temperature)
-    assert_stats_equal(stats, expected, **FP32_TOL)
-
-
-@pytest.mark.parametrize("chunk_rows", [1, 5, 1024])
-def test_fused_head_kernel_on_bf16_equals_the_reference_on_the_same_logits(chunk_rows: int) -> None:
-    hidden, weight, _ = make_head(rows=12, dim=16, vocab=29, dtype=torch.bfloat16, bias=False)
-    targets = make_targets((12,), 29)
-    stats = token_stats_from_hidden(hidden, weight, targets, chunk_rows=chunk_rows, temperature=0.8)
-    # The kernel sees bf16 logits chunk by chunk; the reference gets the same bf16 values, row by row.
-    logits = torch.cat([F.linear(hidden[i : i + 1], weight) for i in range(12)])
-    assert logits.dtype == torch.bfloat16
-    assert_stats_equal(stats, token_stats_reference(logits, targets, temperature=0.8), **FP32_TOL)
-
-
-def test_fused_head_kernel_accepts_leading_dimensions() -> None:
-    hidden, weight, _ = make_head(rows=12, dim=8, vocab=10, dtype=torch.float32, bias=False)
-    targets = make_targets((3, 4), 10)
-    stats = token_stats_from_hidden(hidden.view(3, 4, 8), weight, targets, chunk_rows=5)
-    expected = token_stats_reference(F.linear(hidden, weight).view(3, 4, 10), targets)
-    assert_stats_equal(stats, expected, **FP32_TOL)
-
-
-@pytest.mark.parametrize("chunk_rows", [1, 4, 1024])
-@pytest.mark.parametrize("bias", [False, True])
-def test_fused_head_gradients_match_autograd_of_the_naive_version(chunk_rows: int, bias: bool) -> None:
-    hidden, weight, head_bias = make_head(rows=10, dim=6, vocab=15, dtype=torch.float32, bias=bias)
-    leaves = [hidden.requires_grad_(True), weight.requires_grad_(True)]
-    if head_bias is not None:
-        leaves.append(head_bias.requires_grad_(True))
-    targets = make_targets((10,), 15)
-    upstream = torch.randn(10, generator=torch.Generator().manual_seed(2))
-
-    stats = token_stats_from_hidden(
-        hidden, weight, targets, lm_head_bias=head_bias, temperature=0.9, chunk_rows=chunk_rows
-    )
-    grads = torch.autograd.grad((stats.logprob * upstream).sum(), leaves)
-    naive = naive_logprob(F.linear(hidden, weight, head_bias), targets, 0.9)
-    expected = torch.autograd.grad((naive * upstream).sum(), leaves)
-    for grad, want in zip(grads, expected, strict=True):
-        assert_close(grad, want, **FP32_TOL)
-
-
-def test_fused_head_gradient_only_for_inputs_that_need_it() -> None:
-    hidden, weight, _ = make_head(rows=6, dim=4, vocab=7, dtype=torch.float32, bias=False)
-    hidden.requires_grad_(True)
-    stats = token_stats_from_hidden(hidden, weight, make_targets((6,), 7), chunk_rows=4)
-    stats.logprob.sum().backward()
-    assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
-    assert weight.grad is None

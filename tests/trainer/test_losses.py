@@ -8,6 +8,7 @@ so each clipping branch is exercised once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -384,15 +385,16 @@ def test_stare_rsi_and_baseline_specific_defaults() -> None:
         stare.reweight_m,
         stare.variant,
         stare.scope,
-        stare.gate_on,
     ) == (
         0.1,
         1.1,
         0.9,
         "O1",
         "micro_batch",
-        True,
     )
+    # The gate's state is the controller's, not a parameter (the gate is on before any measurement).
+    assert "gate_on" not in {f.name for f in dataclasses.fields(stare)}
+    assert compute_policy_loss("stare", inputs())[1]["stare/gate_on"].item() == 1.0
     rsi_params = make_loss_params("rsi_s")
     assert isinstance(rsi_params, RsiParams)
     assert (rsi_params.bound_mode, rsi_params.r_lo, rsi_params.r_hi, rsi_params.denominator) == (

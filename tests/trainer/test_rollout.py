@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from contract.spec import TrainSpec
-from trainer.engine import load_examples, response_stats
+from trainer.data import load_examples
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.rollout import SampledTokenStats, concat_rollouts, generate, rollout
+from trainer.scoring import response_stats
 from trainer.tasks import Example
 from trainer.verifiers import score
 

@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 from contract.spec import SftSpec
-from trainer.engine import sft_loss, sft_lr_factor
+from trainer.sft import sft_loss, sft_lr_factor
 
 
 def test_cosine_schedule_warms_up_linearly_then_decays_to_the_floor_at_the_last_step() -> None:

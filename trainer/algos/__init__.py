@@ -5,6 +5,7 @@
 - surrogate.py: what every loss shares (inputs, registry, the PPO clipped surrogate, the KL penalty);
 - losses.py: the baseline losses and the entry points (`compute_policy_loss`, `make_loss_params`);
 - entropy_control.py: the adaptive entropy coefficient's controller;
+- control.py: the controller protocol and the registry the engine builds its controllers from;
 - selection.py: the token ranking the selections share, the 80/20 and covariance selections;
 - advantages.py, aggregation.py, shaping.py, diagnostics.py, kernels.py: estimators, loss reductions,
   reward shaping and dynamic sampling, entropy diagnostics, the log-prob/entropy/C(p) kernels.
@@ -15,7 +16,6 @@ from trainer.algos.aggregation import AggMode, aggregate
 from trainer.algos.diagnostics import entropy_sensitivity, quadrant_analysis
 from trainer.algos.kernels import (
     TokenStats,
-    token_stats_from_hidden,
     token_stats_from_logits,
     token_stats_reference,
 )
@@ -57,7 +57,6 @@ __all__ = [
     "relative_surprisal_index",
     "rsi_keep_mask",
     "stare_weights",
-    "token_stats_from_hidden",
     "token_stats_from_logits",
     "token_stats_reference",
     "update",

@@ -2,7 +2,7 @@
 
 Every loss builds a per-token loss (B, T) on the clipped surrogate of surrogate.py, then reduces it with
 `aggregation.aggregate`. `control` is the state of the algorithm's per-step controller, passed by the
-caller (None for the losses without one).
+caller (None for the losses without one, which refuse any other value: `control.check_control`).
 
 Registered losses (ALGORITHMS.md §4–6):
 - grpo: ε 0.2/0.2, seq-mean-token-mean, optional β·k3 to a reference policy.
@@ -43,6 +43,7 @@ from contract.hyperparams import (
     StareParams,
 )
 from trainer.algos import rsi, stare  # noqa: F401  (they register the stare and rsi_s losses)
+from trainer.algos.control import check_control
 from trainer.algos.entropy_control import EntropyCoefState
 from trainer.algos.selection import (
     floor_count,
@@ -169,11 +170,18 @@ def compute_policy_loss(
     **overrides: Any,
 ) -> tuple[Tensor, Metrics]:
     """The loss `name` of one micro-batch. `control`: the state of the algorithm's controller this step
-    (`stare.StareControllerState`, `entropy_control.EntropyCoefState`); None: its initial state."""
+    (`stare.StareControllerState`, `entropy_control.EntropyCoefState`), checked (type and bounds) here;
+    None: its initial state. A loss without a controller refuses a control; an override that names no
+    parameter is an error."""
     entry = POLICY_LOSSES.get(name)
+    check_control(name, control)
     if params is None:
         params = make_loss_params(name, **overrides)
     elif overrides:
+        known = {f.name for f in dataclasses.fields(params)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown parameter(s) for loss {name!r}: {', '.join(unknown)}")
         params = dataclasses.replace(params, **overrides)
     if not isinstance(params, entry.params_cls):
         raise ValueError(

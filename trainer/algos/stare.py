@@ -15,7 +15,11 @@ ALGORITHMS.md §5 has the formulas and the defaults; this module follows the off
   T± are the active tokens with Â ≷ 0; L± the max(1, ⌈P·|T±|⌉) of them with the highest surprisal
   s = −log π_old; ω = W on L⁺ (and M on L⁻ for C2) while the gate is on, 1 elsewhere.
 - Loss, `stare_loss`: ω · (grpo_ds per-token loss), token-mean. The controller's state is the loss's
-  `control` argument (None: the initial state, gate on with the params' W and M).
+  `control` argument (checked where it enters the loss, trainer.algos.control.check_control). W and M are
+  the state's: the params' reweight_w and reweight_m are the gate's starting values, which is what a
+  control of None stands for (`initial_state(params)`, gate on).
+- Controller for the engine: `StareGate` (trainer.algos.control's protocol), which owns the stare/ gate
+  metrics of the step.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from torch import Tensor
 
 from contract.hyperparams import StareGateParams, StareParams
+from trainer.algos.control import StepStatistics, register_controller
 from trainer.algos.selection import ceil_count, ceil_count_bound, signed_candidates, top_k_mask
 from trainer.algos.surrogate import (
     Metrics,
@@ -41,6 +46,7 @@ from trainer.algos.surrogate import (
 __all__ = [
     "VARIANTS",
     "StareControllerState",
+    "StareGate",
     "StareGateParams",
     "StareParams",
     "initial_state",
@@ -63,6 +69,22 @@ class StareControllerState:
     reweight_m: float
     batch_entropy: float | None = None  # last finite H̄ measured
     updates: int = 0  # finite measurements applied
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The bounds every state of the gate keeps: W ≥ 1, M in (0, 1], a finite H̄, updates ≥ 0."""
+        if not isinstance(self.gate_on, bool):
+            raise ValueError(f"gate_on must be a bool, got {self.gate_on!r}")
+        if not (math.isfinite(self.reweight_w) and self.reweight_w >= 1.0):
+            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
+        if not 0.0 < self.reweight_m <= 1.0:
+            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
+        if self.batch_entropy is not None and not math.isfinite(self.batch_entropy):
+            raise ValueError(f"batch_entropy must be finite or None, got {self.batch_entropy!r}")
+        if self.updates < 0:
+            raise ValueError(f"updates must be ≥ 0, got {self.updates!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +123,55 @@ def update(
         updates=state.updates + 1,
     )
 
+
+@register_controller("stare_gate", StareControllerState)
+@dataclass(frozen=True)
+class StareGate:
+    """STARE's gate as the engine's controller (trainer.algos.control): `update` once per step; it owns
+    the stare/ gate metrics of the step's event."""
+
+    settings: StareGateParams
+    loss_params: Any = None
+    name = "stare_gate"
+    state_cls = StareControllerState
+
+    @property
+    def target_entropy(self) -> float:
+        return self.settings.target_entropy
+
+    def initial_state(self) -> StareControllerState:
+        return initial_state(self.settings)
+
+    def update(self, state: StareControllerState, stats: StepStatistics) -> StareControllerState:
+        return update(state, stats.batch_entropy, self.settings)
+
+    def metrics(self, state: StareControllerState, stats: StepStatistics) -> dict[str, float]:
+        return {
+            "stare/gate_on": float(state.gate_on),
+            "stare/reweight_w": state.reweight_w,
+            "stare/reweight_m": state.reweight_m,
+            "stare/target_entropy": self.settings.target_entropy,
+            "stare/batch_entropy": stats.batch_entropy,
+        }
+
+    def metric_names(self) -> frozenset[str]:
+        return GATE_METRICS
+
+    def token_weights(
+        self, state: StareControllerState, old_logprob: Tensor | None, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor | None, dict[str, float]]:
+        """ω over the whole step batch (scope step_batch), ranked by π_old's surprisal; None where ω is
+        chosen per micro-batch in the loss."""
+        p = self.loss_params
+        if not isinstance(p, StareParams) or p.scope != "step_batch" or old_logprob is None:
+            return None, {}
+        weights, metrics = scope_weights(old_logprob, advantages, mask, p, state)
+        return weights, {k: float(v) for k, v in metrics.items()}
+
+
+GATE_METRICS = frozenset(
+    {"stare/gate_on", "stare/reweight_w", "stare/reweight_m", "stare/target_entropy", "stare/batch_entropy"}
+)
 
 # ------------------------------------------------------------------------------------------ token weights
 

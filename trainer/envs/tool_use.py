@@ -142,3 +142,13 @@ def tool_metrics(sums: dict[str, float], episodes: float) -> dict[str, float]:
         "tool/output_token_fraction": sums["tool_tokens"] / tokens if tokens else 0.0,
         "tool/token_mismatches": sums["token_mismatches"],
     }
+
+
+def reduced_tool_metrics(counts: Any, reduce: Any) -> dict[str, float]:
+    """The tool/* metrics of a tool-use step, from the episodes' counters (B, len(COUNT_FIELDS)) summed
+    over the processes by `reduce(values, "sum", dtype)`."""
+    import torch
+
+    column_sums = counts.sum(0).tolist() if counts.numel() else [0.0] * len(COUNT_FIELDS)
+    totals = reduce([*column_sums, float(counts.shape[0])], "sum", torch.float64).tolist()
+    return tool_metrics(dict(zip(COUNT_FIELDS, totals[:-1])), totals[-1])

@@ -31,6 +31,7 @@ from trainer.report.summary import (
     LENGTH,
     QUADRANT_LABELS,
     QUADRANTS,
+    RESOLVED_TARGET,
     REWARD_MEAN,
     REWEIGHT_M,
     REWEIGHT_W,
@@ -58,28 +59,37 @@ def _entropy_bands(report: Mapping[str, Any]) -> list[Band]:
     return [Band(edges[i], edges[i + 1], low, high) for i, (_, low, high) in enumerate(pieces)]
 
 
-def _charts(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(title, caption, svg) for each plot, in page order."""
+def _entropy_traces(report: Mapping[str, Any]) -> list[Trace]:
+    """The entropy and its controller's target, resolved (a relative target as it resolved on the first
+    step): the logged entropy/target, STARE's logged target, or the spec's absolute one."""
     entropy = _points(report, ENTROPY)
     target = report["gate"]["target_entropy"]
-    target_points = _points(report, TARGET)
+    target_points = _points(report, RESOLVED_TARGET) or _points(report, TARGET)
     if not target_points and target is not None and entropy:
         target_points = [(entropy[0][0], target), (entropy[-1][0], target)]
-    entropy_traces = [Trace("policy entropy (token mean)", entropy, BLUE)]
+    traces = [Trace("policy entropy (token mean)", entropy, BLUE)]
     if target_points or report["job"]["algorithm"] == "stare":
-        entropy_traces.append(
-            Trace("STARE target entropy", target_points if entropy else [], VERMILION, dashed=True)
-        )
-    bands = _entropy_bands(report) if entropy else []
+        label = "STARE target entropy" if report["job"]["algorithm"] == "stare" else "target entropy"
+        traces.append(Trace(label, target_points if entropy else [], VERMILION, dashed=True))
+    return traces
+
+
+def _eval_points(report: Mapping[str, Any]) -> tuple[str, Series]:
+    """The evaluations' k as text and their response lengths by step."""
+    k = report["evaluation"]["k"]
+    history = report["evaluation"]["history"]
+    lengths = [(float(r["step"]), r["response_length"]) for r in history if r["response_length"] is not None]
+    return (str(k) if k is not None else "k"), lengths
+
+
+def _charts(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(title, caption, svg) for each plot, in page order."""
+    entropy_traces = _entropy_traces(report)
+    bands = _entropy_bands(report) if entropy_traces[0].points else []
     steps = [x for points in report["series"].values() for x, _ in points]
     chart = partial(line_chart_svg, x_range=(min(steps), max(steps)) if steps else None)
     colors = (BLUE, ORANGE, GREEN, VERMILION)
-    history = report["evaluation"]["history"]
-    k = report["evaluation"]["k"]
-    k_text = str(k) if k is not None else "k"
-    eval_lengths = [
-        (float(r["step"]), r["response_length"]) for r in history if r["response_length"] is not None
-    ]
+    k_text, eval_lengths = _eval_points(report)
     return [
         (
             "Policy entropy",

@@ -40,6 +40,7 @@ BAND_LOW = metric("entropy/band_low").key
 BAND_HIGH = metric("entropy/band_high").key
 BAND_STATE = metric("entropy/band_state").key
 TARGET = metric("stare/target_entropy").key
+RESOLVED_TARGET = metric("entropy/target").key
 GATE_ON = metric("stare/gate_on").key
 REWEIGHT_W = metric("stare/reweight_w").key
 REWEIGHT_M = metric("stare/reweight_m").key
@@ -58,6 +59,7 @@ SERIES_METRICS = (
     BAND_LOW,
     BAND_HIGH,
     TARGET,
+    RESOLVED_TARGET,
     *(f"quadrant/{q}_fraction" for q in QUADRANTS),
     REWARD_MEAN,
     ACCURACY,
@@ -247,11 +249,13 @@ def _entropy_summary(s: _Stream) -> dict[str, Any]:
 
 
 def _target_entropy(s: _Stream) -> float | None:
-    logged = _last(s.steps, TARGET)
-    if logged is not None:
-        return logged
+    """The resolved target as the steps logged it; before any step, the spec's absolute target."""
+    for key in (RESOLVED_TARGET, TARGET):
+        logged = _last(s.steps, key)
+        if logged is not None:
+            return logged
     if _dig(s.spec, "algorithm", "name") == "stare":
-        return _number(_dig(s.spec, "algorithm", "gate", "target_entropy"))
+        return _number(_dig(s.spec, "algorithm", "gate", "target_entropy"))  # None when relative
     return None
 
 

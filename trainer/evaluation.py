@@ -1,0 +1,110 @@
+"""Held-out evaluation: k samples (or one greedy answer) per evaluation example, scored by the verifier;
+avg@k, pass@k and the response length, summed over the processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from contract.spec import TrainSpec
+from trainer.rollout import generate, run_episodes
+from trainer.tasks import Example, render_prompt
+from trainer.verifiers import score
+
+Reduce = Callable[[list[float], str, torch.dtype], Tensor]
+CHUNK_PROMPTS = 128
+
+
+@torch.no_grad()
+def evaluate(
+    model: Any, tokenizer: Any, spec: TrainSpec, examples: list[Example], reduce: Reduce
+) -> dict[str, float]:
+    """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
+    processes. The model is left in train mode."""
+    ev = spec.evaluation
+    model.eval()
+    k = 1 if ev.greedy else ev.k
+    correct_sum, pass_sum, length_sum, n_prompts = 0.0, 0.0, 0.0, 0
+    for s in range(0, len(examples), CHUNK_PROMPTS):
+        chunk = examples[s : s + CHUNK_PROMPTS]
+        if spec.environment is not None:
+            chunk_correct, chunk_pass, chunk_length = eval_episodes(model, tokenizer, spec, chunk, k)
+            correct_sum, pass_sum = correct_sum + chunk_correct, pass_sum + chunk_pass
+            length_sum, n_prompts = length_sum + chunk_length, n_prompts + len(chunk)
+            continue
+        for mean_score, passed, lengths in eval_responses(model, tokenizer, spec, chunk, k):
+            for n in lengths:  # summed in this order, sample by sample, as the totals always were
+                length_sum += n
+            correct_sum += mean_score
+            pass_sum += passed
+            n_prompts += 1
+    totals = reduce([correct_sum, pass_sum, length_sum, float(n_prompts)], "sum", torch.float64)
+    n_total = max(float(totals[3]), 1.0)
+    model.train()
+    return {
+        "eval/avg@k": float(totals[0]) / n_total,
+        "eval/pass@k": float(totals[1]) / n_total,
+        "eval/k": float(k),
+        "eval/response_length": float(totals[2]) / (n_total * k),
+        "eval/num_prompts": float(totals[3]),
+    }
+
+
+def eval_responses(
+    model: Any, tokenizer: Any, spec: TrainSpec, chunk: list[Example], k: int
+) -> list[tuple[float, float, list[float]]]:
+    """k single-turn responses per example: per example (mean score, 1.0 if a sample scores 1, the
+    samples' response lengths)."""
+    ev = spec.evaluation
+    prompts = [
+        render_prompt(e, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
+        for e in chunk
+    ]
+    ids, _, resp_mask, _, p_len = generate(
+        model,
+        tokenizer,
+        prompts,
+        num_samples=k,
+        temperature=ev.temperature,
+        top_p=ev.top_p,
+        max_new_tokens=spec.sampling.max_new_tokens,
+        greedy=ev.greedy,
+        add_special_tokens=not spec.task.use_chat_template,
+    )
+    out = []
+    for j, ex in enumerate(chunk):
+        scores, lengths = [], []
+        for t in range(k):
+            row = j * k + t
+            n = int(resp_mask[row].sum())
+            text = str(tokenizer.decode(ids[row, p_len : p_len + n], skip_special_tokens=True))
+            scores.append(score(spec.verifier.name, text, ex, spec.verifier.params))
+            lengths.append(float(n))
+        out.append((sum(scores) / k, float(max(scores) >= 1.0), lengths))
+    return out
+
+
+def eval_episodes(
+    model: Any, tokenizer: Any, spec: TrainSpec, chunk: list[Example], k: int
+) -> tuple[float, float, float]:
+    """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean
+    score, examples with a sample scoring 1, model tokens of every episode)."""
+    ev = spec.evaluation
+    episodes = run_episodes(
+        model, tokenizer, chunk, spec, num_samples=k, temperature=ev.temperature, top_p=ev.top_p,
+        greedy=ev.greedy,
+    )  # fmt: skip
+    model_tokens = sum(len(ids) for row in episodes.pieces for ids, is_model in row if is_model)
+    scores = [
+        score(spec.verifier.name, text, chunk[row // k], spec.verifier.params)
+        for row, text in enumerate(episodes.answers)
+    ]
+    per_example = [scores[j * k : (j + 1) * k] for j in range(len(chunk))]
+    return (
+        sum(sum(s) / k for s in per_example),
+        sum(float(max(s) >= 1.0) for s in per_example),
+        float(model_tokens),
+    )

@@ -1,0 +1,96 @@
+"""The run's event log: OUT/events.jsonl, one JSON object a line, and the callbacks (the worker's stdout).
+
+On resume the events the interrupted run wrote after its checkpoint, and those that ended it, are dropped,
+so the log reads as the uninterrupted run's. Writes go through contract.storage, so a full or read-only disk
+is a StorageError naming the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from contract.protocol import EVENTS_FILE, EventType
+from contract.storage import StorageError, storage_writes
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+# On resume, the events after the checkpoint (logged again) and those that ended the interrupted run go.
+_STEP_EVENTS = frozenset({EventType.STEP, EventType.EVAL, EventType.CHECKPOINT})
+_END_EVENTS = frozenset({EventType.FINISHED, EventType.ERROR, EventType.INTERRUPTED})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class EventLog:
+    """Appends events to OUT/events.jsonl (main process only) and hands them to the callbacks."""
+
+    def __init__(self, out: Path, callbacks: Sequence[EventCallback], *, is_main: bool) -> None:
+        self.out, self.callbacks, self.is_main = out, list(callbacks), is_main
+        self._file: Any = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._file is not None
+
+    def emit(self, event: dict[str, Any], *, best_effort: bool = False) -> None:
+        """Appends the event to OUT/events.jsonl and hands it to the callbacks (the worker's stdout). A failed
+        write raises StorageError, or with best_effort (the storage error's own event) is skipped, so the
+        callbacks still get the event."""
+        if not self.is_main:
+            return
+        event = {"time": _now(), **event}
+        if self._file is not None:
+            try:
+                with storage_writes(self.out / EVENTS_FILE):
+                    self._file.write(json.dumps(event, sort_keys=True) + "\n")
+                    self._file.flush()
+            except StorageError:
+                if not best_effort:
+                    raise
+        for callback in self.callbacks:
+            callback(event)
+
+    def open(self, resume_step: int | None) -> None:
+        if not self.is_main:
+            return
+        path = self.out / EVENTS_FILE
+        with storage_writes(path):
+            self._open_file(path, resume_step)
+
+    def _open_file(self, path: Path, resume_step: int | None) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and path.exists():
+            # Drop what the interrupted run wrote after the checkpoint it resumes from.
+            kept = []
+            for line in path.read_text().splitlines():
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if ev.get("type") in _STEP_EVENTS and ev.get("step", 0) > resume_step:
+                    continue
+                if ev.get("type") in _END_EVENTS:
+                    continue
+                kept.append(line)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in kept))
+            os.replace(tmp, path)
+        elif path.exists():
+            path.unlink()
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    # ------------------------------------------------------------------ setup
+
+    def close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):  # the disk may be why we stop
+                self._file.close()
+            self._file = None

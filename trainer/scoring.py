@@ -1,0 +1,154 @@
+"""The scoring pass: each response token's log-prob, entropy and C(p) under the policy, over chosen rows.
+
+`response_stats` is what the update, π_old and the reference policy call; `response_logits` runs a group's
+shared prompt once. Also the model checks the engine makes once (`align_tensors`,
+`forward_is_deterministic`) and the micro-batch split.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from trainer.algos import token_stats_from_logits
+from trainer.generation import cache_argument, hf_model
+from trainer.rollout import Rollout
+
+
+def response_stats(
+    model: torch.nn.Module,
+    batch: Rollout,
+    index: Tensor,
+    temperature: float,
+    *,
+    with_entropy: bool,
+    skip_rows: Tensor | None = None,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R).
+
+    skip_rows: (b,) bool, the rows of the zero-advantage skip (`zero_advantage_skip`; None: none). With grad
+    enabled they come back detached: read from the rollout's sample stats when it carries them (no forward
+    at all), else from a second forward without autograd. The values are the same up to float rounding
+    (other matmul shapes).
+    entropy_grad: the entropy carries its gradient too (a loss with an entropy term); needs every row.
+    """
+    if skip_rows is not None and torch.is_grad_enabled() and bool(skip_rows.any()):
+        keep = (~skip_rows).nonzero().squeeze(-1)
+        rest = skip_rows.nonzero().squeeze(-1)
+        detached: tuple[Tensor, Tensor | None, Tensor | None]
+        if batch.sample_logprob is not None:
+            assert batch.sample_entropy is not None and batch.sample_correction is not None
+            rows = index[rest]
+            detached = (
+                batch.sample_logprob[rows],
+                batch.sample_entropy[rows] if with_entropy else None,
+                batch.sample_correction[rows] if with_entropy else None,
+            )
+        else:
+            with torch.no_grad():
+                detached = response_stats(model, batch, index[rest], temperature, with_entropy=with_entropy)
+        if keep.numel() == 0:
+            return detached
+        attached = response_stats(model, batch, index[keep], temperature, with_entropy=with_entropy)
+        order = torch.empty_like(index)
+        order[torch.cat([keep, rest])] = torch.arange(index.numel(), device=index.device)
+        joined = [
+            None if a is None or d is None else torch.cat([a, d])[order] for a, d in zip(attached, detached)
+        ]
+        assert joined[0] is not None
+        return joined[0], joined[1], joined[2]
+    input_ids = batch.input_ids[index]
+    logits = response_logits(
+        model, input_ids, batch.attention_mask[index], batch.position_ids()[index], batch.prompt_length
+    )
+    stats = token_stats_from_logits(
+        logits,
+        input_ids[:, batch.prompt_length :],
+        temperature=temperature,
+        with_entropy=with_entropy,
+        with_correction=with_entropy,
+        entropy_grad=entropy_grad and torch.is_grad_enabled(),
+        # The logits are this function's own intermediate: backward may write their gradient over them
+        # instead of allocating another (rows, R, V) tensor (its size for a large model: docs/BENCHMARKS.md).
+        grad_in_logits=torch.is_grad_enabled(),
+    )
+    return stats.logprob, stats.entropy, stats.correction
+
+
+def response_logits(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, p_len: int
+) -> Tensor:
+    """(b, R, V) logits of rows (b, P + R): position t predicts response token t.
+
+    Rows that share a prompt (the G samples of a group) run it once: a forward over the distinct prompts
+    fills a KV cache (and gives the logits for response token 0), the cache is gathered back to the rows
+    and the responses run on top of it. Same values as one forward over the whole rows up to float rounding
+    (the matmuls have other shapes); the gradient reaches the shared prompt through the gather. The last
+    response token only ever serves as a target, so it is not run. One process only: under DDP every
+    forward call syncs buffers, so all ranks must make the same number of calls, whatever their prompts.
+    """
+    b, width = input_ids.shape
+    r_len = width - p_len
+    prompts = torch.cat([input_ids[:, :p_len], attention_mask[:, :p_len]], dim=1)  # (b, 2P)
+    distinct, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    if ddp or distinct.shape[0] == b or p_len < 1 or r_len < 2:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=r_len + 1,
+            use_cache=False,
+        )
+        return out.logits[:, :-1, :]
+    rows = torch.arange(b, device=input_ids.device)
+    first = torch.full((distinct.shape[0],), b, device=input_ids.device).scatter_reduce(
+        0, inverse, rows, "amin"
+    )  # (u,)
+    cache = DynamicCache(config=hf_model(model).config)
+    cache_kw = cache_argument(model)
+    head = model(
+        input_ids=input_ids[first, :p_len],
+        attention_mask=attention_mask[first, :p_len],
+        position_ids=position_ids[first, :p_len],
+        logits_to_keep=1,
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    cache.batch_select_indices(inverse)
+    tail = model(
+        input_ids=input_ids[:, p_len:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, p_len:-1],
+        logits_to_keep=r_len - 1,
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    return torch.cat([head.logits[inverse], tail.logits], dim=1)
+
+
+def align_tensors(model: torch.nn.Module, alignment: int = 64) -> None:
+    """Moves parameters and buffers that sit off a 64-byte boundary into fresh (aligned) memory.
+
+    Weights read from safetensors can start at any 8-byte offset, and CPU matmul kernels round differently
+    for misaligned operands in some shapes (small row counts): a run resumed from a checkpoint would then
+    drift by float rounding from the uninterrupted run, whose weights torch allocated itself.
+    """
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.data_ptr() % alignment:
+                tensor.data = tensor.data.clone()
+
+
+def forward_is_deterministic(model: torch.nn.Module) -> bool:
+    """No dropout in train mode: no dropout module with p > 0 (LoRA's included), no attention dropout."""
+    config = getattr(hf_model(model), "config", None)
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0.0:
+        return False
+    return not any(isinstance(m, torch.nn.Dropout) and m.p > 0.0 for m in model.modules())
+
+
+def micro_batches(n: int, size: int) -> list[Tensor]:
+    return [torch.arange(s, min(s + size, n)) for s in range(0, n, size)]
