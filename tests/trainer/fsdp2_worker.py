@@ -4,7 +4,6 @@ writes what each process saw as JSON (and tensors) under OUT, for the test to co
     python fsdp2_worker.py plain OUT [RESUME_FROM]      one process, plain model (strategy ddp at world 1)
     torchrun ... fsdp2_worker.py sharded OUT RESUME_FROM   fsdp2 over the launched processes
     torchrun ... fsdp2_worker.py base-only OUT          fsdp2, the base run only (the multi-node launch)
-    python|torchrun fsdp2_worker.py memory OUT STRATEGY peak RSS of training steps against the estimate
 
 Every launch uses the same data: step k's global batch is drawn from seed 1000 + k; process r of N takes
 rows r, r+N, ... The loss of a step is the token mean over the whole global batch, so one process and N
@@ -145,6 +144,7 @@ def plain(out: Path, resume_from: str | None) -> None:
     if resume_from:
         write(out, "plain-resumed.json", resumed(spec, Path(resume_from)))
         return
+    measure_memory(spec, out)  # first: a fresh process's heap
     _, _, losses = base_run(spec, out, "plain")
     generator = torch.Generator().manual_seed(7)
     permuted = []
@@ -161,6 +161,7 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
     spec = DistributedSpec(strategy="fsdp2", nodes=nodes, processes_per_node=world // nodes)
     rank, _ = init_process_group(spec, DEVICE)
     if base_only:
+        measure_memory(spec, out)
         model, optimizer = fresh(spec)
         write(out, f"base-only-rank{rank}.json", {"losses": train(model, optimizer, range(STEPS))})
         return
@@ -266,11 +267,10 @@ def generation_check(model: Any) -> dict[str, Any]:
     return {"expected": expected.tolist(), "got": got.tolist(), "full_inside": inside_full, "sharded_after": after_sharded}
 
 
-def memory(out: Path, strategy: str) -> None:
-    """Peak RSS of training steps at a large micro-batch, against contract.distributed.estimate_memory."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    spec = DistributedSpec(strategy=strategy, processes_per_node=world)  # type: ignore[arg-type]
-    rank, _ = init_process_group(spec, DEVICE)
+def measure_memory(spec: DistributedSpec, out: Path) -> None:
+    """Peak RSS of two training steps at a large micro-batch, against contract.distributed.estimate_memory.
+    Run first in a process: memory freed earlier and kept by the allocator would hide the step's peak."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     warm, _ = build_tiny_arith(seed=3)  # first forward/backward loads kernels and thread pools: not the model's
     warm(input_ids=torch.randint(4, VOCAB, (2, 8)), labels=torch.randint(4, VOCAB, (2, 8))).loss.backward()
     del warm
@@ -290,12 +290,10 @@ def memory(out: Path, strategy: str) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    peak = peak_rss_bytes() - baseline
     estimate = estimate_memory(shape, strategy=spec.strategy, processes=world, micro_batch_tokens=rows * length)
-    write(
-        out,
-        f"memory-{strategy}-rank{rank}.json",
-        {"peak_minus_baseline_bytes": peak_rss_bytes() - baseline, "estimate_bytes": estimate.total_bytes, "estimate": estimate.__dict__},
-    )
+    record = {"peak_minus_baseline_bytes": peak, "estimate_bytes": estimate.total_bytes, "estimate": estimate.__dict__}
+    write(out, f"memory-{spec.strategy}-rank{rank}.json", record)
 
 
 if __name__ == "__main__":
@@ -306,8 +304,6 @@ if __name__ == "__main__":
         plain(out_dir, sys.argv[3] if len(sys.argv) > 3 else None)
     elif mode in ("sharded", "base-only"):
         sharded(out_dir, sys.argv[3] if len(sys.argv) > 3 else "", base_only=mode == "base-only")
-    elif mode == "memory":
-        memory(out_dir, sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     torch.distributed.destroy_process_group()

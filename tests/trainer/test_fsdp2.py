@@ -1,8 +1,8 @@
 """FSDP2 sharding and sharded checkpoints across real processes (trainer.distributed), on the tiny model.
 
-Launches tests/trainer/fsdp2_worker.py: one plain process, two fsdp2 processes under torchrun (one node),
-one process resuming the two-process checkpoint, and a two-node launch (two torchrun agents on this
-machine). Each launch batches many checks, since every torchrun start costs seconds on two cores.
+Launches tests/trainer/fsdp2_worker.py four times: one plain process, two fsdp2 processes under torchrun
+(one node), one process resuming the two-process checkpoint, and a two-node launch (two torchrun agents on
+this machine). Each launch batches many checks, since every torchrun start costs seconds on two cores.
 
 Loss tolerance. One process and two processes run the same arithmetic in another order (each process sums
 its rows, the gradients are reduce-scattered), so their losses differ by float rounding only. The bound
@@ -35,6 +35,7 @@ from trainer.checkpoints import list_checkpoints
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("fsdp2_worker.py")
 TIMEOUT_S = 300
+MMAP_THRESHOLD = "65536"  # bytes: see test_memory_estimate_within_25_percent_of_peak_rss
 
 sys.path.insert(0, str(WORKER.parent))
 import fsdp2_worker as worker  # noqa: E402  (the worker's data and sizes, to rebuild batches here)
@@ -76,7 +77,7 @@ def _two_nodes(*args: str) -> None:
     endpoint = f"127.0.0.1:{_free_port()}"
     cmd = [_torchrun(), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
     cmd += ["--rdzv-endpoint", endpoint, "--rdzv-id", f"fsdp2-test-{os.getpid()}", str(WORKER), *args]
-    env = _env(STARE_TEST_NODES="2")
+    env = _env(STARE_TEST_NODES="2", MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
     agents = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for agent in agents:
         try:
@@ -95,7 +96,7 @@ def _read(path: Path) -> Any:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("fsdp2")
-    _python("plain", str(out))
+    _python("plain", str(out), MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
     _two_processes("sharded", str(out), str(out / "ckpt-plain" / "step-000003"))
     _python("plain", str(out), str(out / "ckpt-fsdp2" / "step-000003"))
     return {
@@ -173,12 +174,17 @@ def test_two_processes_match_one_process_step_by_step(runs):
         _assert_same_curve(rank["losses"], runs["plain"]["losses"], bounds)
 
 
-@pytest.mark.slow
-def test_two_nodes_match_one_process(runs):
+@pytest.fixture(scope="module")
+def two_nodes(runs: dict[str, Any]) -> Path:
     _two_nodes("base-only", str(runs["out"]))
+    return Path(runs["out"])
+
+
+@pytest.mark.slow
+def test_two_nodes_match_one_process(runs, two_nodes):
     bounds = _tolerances(runs["plain"])
     for rank in range(2):
-        got = _read(runs["out"] / f"base-only-rank{rank}.json")["losses"]
+        got = _read(two_nodes / f"base-only-rank{rank}.json")["losses"]
         _assert_same_curve(got, runs["plain"]["losses"], bounds)
 
 
@@ -275,13 +281,12 @@ def test_bf16_offload_checkpointing_and_lora_paths(runs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,processes", [("ddp", 1), ("fsdp2", 2)])
-def test_memory_estimate_within_25_percent_of_peak_rss(tmp_path, strategy, processes):
-    """The estimate counts live bytes; glibc's default adaptive mmap threshold keeps freed activation blocks
-    in the heap, so RSS would also count fragmentation (docs/DISTRIBUTED.md). A fixed threshold returns
-    every freed large block, making peak RSS the live peak."""
-    launch = _python if processes == 1 else _two_processes
-    launch("memory", str(tmp_path), strategy, MALLOC_MMAP_THRESHOLD_="65536")
+def test_memory_estimate_within_25_percent_of_peak_rss(runs, two_nodes, strategy, processes):
+    """Measured first thing in the plain launch (ddp at 1 process) and in the two-node launch (fsdp2 at 2),
+    under MALLOC_MMAP_THRESHOLD_=65536. The estimate counts live bytes; glibc's default adaptive mmap
+    threshold keeps freed activation blocks in the heap, so peak RSS would also count that fragmentation
+    (docs/DISTRIBUTED.md); a fixed threshold returns every freed large block, making peak RSS the live peak."""
     for rank in range(processes):
-        measured = _read(tmp_path / f"memory-{strategy}-rank{rank}.json")
+        measured = _read(two_nodes / f"memory-{strategy}-rank{rank}.json")
         ratio = measured["estimate_bytes"] / measured["peak_minus_baseline_bytes"]
         assert 0.75 <= ratio <= 1.25, measured
