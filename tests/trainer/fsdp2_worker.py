@@ -57,7 +57,9 @@ def global_batch(step: int, vocab: int, rows: int = ROWS, length: int = LENGTH) 
     return {"input_ids": ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def step_loss(model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor, world: int) -> tuple[torch.Tensor, float]:
+def step_loss(
+    model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor, world: int
+) -> tuple[torch.Tensor, float]:
     """(what this process back-propagates, the global batch's mean token loss). FSDP2 and DDP average
     gradients over processes, so the local sum is scaled by the world size."""
     global_tokens = (batch["labels"][:, 1:] != -100).sum()
@@ -69,7 +71,9 @@ def step_loss(model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor, wo
     return local_mean * world, reported
 
 
-def train(model: Any, optimizer: Any, steps: range, *, permutation: torch.Tensor | None = None) -> list[float]:
+def train(
+    model: Any, optimizer: Any, steps: range, *, permutation: torch.Tensor | None = None
+) -> list[float]:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     losses = []
     for step in steps:
@@ -101,7 +105,9 @@ def base_run(spec: DistributedSpec, out: Path, tag: str) -> tuple[Any, torch.opt
     model, optimizer = fresh(spec)
     losses = train(model, optimizer, range(SAVE_AFTER))
     folder = out / f"ckpt-{tag}" / "step-000003"
-    torch.manual_seed(100 + torch.distributed.get_rank())  # a distinct RNG stream per rank, to see it restored
+    torch.manual_seed(
+        100 + torch.distributed.get_rank()
+    )  # a distinct RNG stream per rank, to see it restored
     save_sharded(folder, model, optimizer, {"step": SAVE_AFTER, "note": tag})
     write(out, f"rng-{tag}-rank{torch.distributed.get_rank()}.json", rng_draws())
     save_logits(model, out / f"logits-{tag}-at-checkpoint.pt")
@@ -148,11 +154,17 @@ def plain(out: Path, resume_from: str | None) -> None:
     _, _, losses = base_run(spec, out, "plain")
     generator = torch.Generator().manual_seed(7)
     permuted = []
-    for _ in range(3):  # the same batches with their rows in another order: only float reduction order changes
+    for _ in range(
+        3
+    ):  # the same batches with their rows in another order: only float reduction order changes
         model, optimizer = fresh(spec)
-        permuted.append(train(model, optimizer, range(STEPS), permutation=torch.randperm(ROWS, generator=generator)))
+        permuted.append(
+            train(model, optimizer, range(STEPS), permutation=torch.randperm(ROWS, generator=generator))
+        )
     model, optimizer = fresh(spec, lora=True)
-    write(out, "plain.json", {"losses": losses, "permuted": permuted, "lora": train(model, optimizer, range(3))})
+    write(
+        out, "plain.json", {"losses": losses, "permuted": permuted, "lora": train(model, optimizer, range(3))}
+    )
 
 
 def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
@@ -166,7 +178,11 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
         write(out, f"base-only-rank{rank}.json", {"losses": train(model, optimizer, range(STEPS))})
         return
     model, optimizer, losses = base_run(spec, out, "fsdp2")
-    report: dict[str, Any] = {"losses": losses, "layout": layout(model), "memory": memory_after_backward(model, optimizer)}
+    report: dict[str, Any] = {
+        "losses": losses,
+        "layout": layout(model),
+        "memory": memory_after_backward(model, optimizer),
+    }
     report["generation"] = generation_check(model)
     report["failed_save"] = failed_save(model, optimizer, out)
     save_logits(model, out / "logits-fsdp2-final.pt")
@@ -188,7 +204,7 @@ def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
         model, optimizer = fresh(variant)
         seen: list[str] = []
         layer = model.model.layers[0].self_attn.q_proj
-        hook = layer.register_forward_hook(lambda m, args, output: seen.append(str(output.dtype)))
+        hook = layer.register_forward_hook(lambda m, args, output, seen=seen: seen.append(str(output.dtype)))
         report[name] = {"losses": train(model, optimizer, range(3)), "compute_dtypes": sorted(set(seen))}
         report[name]["placements"] = sorted({",".join(map(str, p.placements)) for p in model.parameters()})
         report[name]["local_devices"] = sorted({str(p.to_local().device) for p in model.parameters()})
@@ -198,7 +214,11 @@ def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
     report["lora"] = {
         "losses": train(model, optimizer, range(3)),
         "trainable": layout(model, trainable_only=True),
-        "frozen_changed": [n for n, p in model.named_parameters() if not p.requires_grad and not torch.equal(p.to_local(), frozen_before[n])],
+        "frozen_changed": [
+            n
+            for n, p in model.named_parameters()
+            if not p.requires_grad and not torch.equal(p.to_local(), frozen_before[n])
+        ],
     }
     save_logits(model, out / "logits-lora.pt")
     export_hf_folder(model, out / "export-lora")
@@ -240,7 +260,12 @@ def layout(model: Any, trainable_only: bool = False) -> dict[str, Any]:
 
 
 def memory_after_backward(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    loss, _ = step_loss(model, global_batch(0, VOCAB), torch.arange(ROWS)[torch.distributed.get_rank() :: torch.distributed.get_world_size()], torch.distributed.get_world_size())
+    loss, _ = step_loss(
+        model,
+        global_batch(0, VOCAB),
+        torch.arange(ROWS)[torch.distributed.get_rank() :: torch.distributed.get_world_size()],
+        torch.distributed.get_world_size(),
+    )
     loss.backward()
     held = model_state_bytes(model, optimizer)
     optimizer.zero_grad(set_to_none=True)
@@ -264,14 +289,21 @@ def generation_check(model: Any) -> dict[str, Any]:
         got = generator.generate(**prompt, **kwargs)
     model.train()
     after_sharded = all(isinstance(p, DTensor) for p in model.parameters())
-    return {"expected": expected.tolist(), "got": got.tolist(), "full_inside": inside_full, "sharded_after": after_sharded}
+    return {
+        "expected": expected.tolist(),
+        "got": got.tolist(),
+        "full_inside": inside_full,
+        "sharded_after": after_sharded,
+    }
 
 
 def measure_memory(spec: DistributedSpec, out: Path) -> None:
     """Peak RSS of two training steps at a large micro-batch, against contract.distributed.estimate_memory.
     Run first in a process: memory freed earlier and kept by the allocator would hide the step's peak."""
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    warm, _ = build_tiny_arith(seed=3)  # first forward/backward loads kernels and thread pools: not the model's
+    warm, _ = build_tiny_arith(
+        seed=3
+    )  # first forward/backward loads kernels and thread pools: not the model's
     warm(input_ids=torch.randint(4, VOCAB, (2, 8)), labels=torch.randint(4, VOCAB, (2, 8))).loss.backward()
     del warm
     rows, length = 32, 256
@@ -284,15 +316,23 @@ def measure_memory(spec: DistributedSpec, out: Path) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     for step in range(2):
         batch = global_batch(step, VOCAB, rows * world, length)
-        batch["attention_mask"][:] = 1  # no padding: SDPA's fused causal kernel, as long generations mostly run
+        batch["attention_mask"][:] = (
+            1  # no padding: SDPA's fused causal kernel, as long generations mostly run
+        )
         batch["labels"] = batch["input_ids"]
         loss, _ = step_loss(model, batch, torch.arange(rows * world)[rank::world], world)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     peak = peak_rss_bytes() - baseline
-    estimate = estimate_memory(shape, strategy=spec.strategy, processes=world, micro_batch_tokens=rows * length)
-    record = {"peak_minus_baseline_bytes": peak, "estimate_bytes": estimate.total_bytes, "estimate": estimate.__dict__}
+    estimate = estimate_memory(
+        shape, strategy=spec.strategy, processes=world, micro_batch_tokens=rows * length
+    )
+    record = {
+        "peak_minus_baseline_bytes": peak,
+        "estimate_bytes": estimate.total_bytes,
+        "estimate": estimate.__dict__,
+    }
     write(out, f"memory-{spec.strategy}-rank{rank}.json", record)
 
 

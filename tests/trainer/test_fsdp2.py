@@ -16,6 +16,7 @@ It comes to a few 1e-6; the checks also require the losses to move between steps
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -61,14 +62,26 @@ def _check(done: subprocess.CompletedProcess[str]) -> None:
 
 def _python(*args: str, **env: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(WORKER), *args], cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S
+        [sys.executable, str(WORKER), *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     _check(done)
 
 
 def _two_processes(*args: str, **env: str) -> None:
     cmd = [_torchrun(), "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(_free_port())]
-    done = subprocess.run([*cmd, str(WORKER), *args], cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(
+        [*cmd, str(WORKER), *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     _check(done)
 
 
@@ -78,7 +91,10 @@ def _two_nodes(*args: str) -> None:
     cmd = [_torchrun(), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
     cmd += ["--rdzv-endpoint", endpoint, "--rdzv-id", f"fsdp2-test-{os.getpid()}", str(WORKER), *args]
     env = _env(STARE_TEST_NODES="2", MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
-    agents = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    agents = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     for agent in agents:
         try:
             _, stderr = agent.communicate(timeout=TIMEOUT_S)
@@ -129,7 +145,7 @@ def test_tolerance_is_tight_against_the_losses_it_compares(runs):
     losses = runs["plain"]["losses"]
     assert max(bounds) < 1e-4
     # Training moves the loss by orders of magnitude more than the bound: a wrong update cannot hide in it.
-    assert min(abs(a - b) for a, b in zip(losses, losses[1:], strict=False)) > 100 * max(bounds)
+    assert min(abs(a - b) for a, b in itertools.pairwise(losses)) > 100 * max(bounds)
 
 
 @pytest.mark.slow
@@ -241,7 +257,9 @@ def test_exported_folders_load_with_from_pretrained_and_give_the_trainers_logits
     exported = export_hf_folder(out / "ckpt-fsdp2" / "step-000003", tmp_path / "from-checkpoint")
     assert exported is not None
     at_checkpoint = _logits_of_folder(exported)
-    torch.testing.assert_close(at_checkpoint, torch.load(out / "logits-fsdp2-at-checkpoint.pt"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        at_checkpoint, torch.load(out / "logits-fsdp2-at-checkpoint.pt"), rtol=1e-5, atol=1e-5
+    )
     assert (live - at_checkpoint).abs().max() > 1e-3  # three more steps apart: the two exports differ
     # LoRA: exported with the adapters merged into a plain model.
     lora = _logits_of_folder(out / "export-lora")
@@ -290,3 +308,36 @@ def test_memory_estimate_within_25_percent_of_peak_rss(runs, two_nodes, strategy
         measured = _read(two_nodes / f"memory-{strategy}-rank{rank}.json")
         ratio = measured["estimate_bytes"] / measured["peak_minus_baseline_bytes"]
         assert 0.75 <= ratio <= 1.25, measured
+
+
+# --- in this process (no process group) -------------------------------------------------------------------
+
+
+def test_decoder_layers_are_found_through_wrappers():
+    from trainer.distributed import decoder_layers
+    from trainer.models import apply_lora, build_tiny_arith
+
+    model, _ = build_tiny_arith(seed=0)
+    layers = decoder_layers(model)
+    assert layers == list(model.model.layers)
+    lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=None)
+    assert decoder_layers(lora) == layers
+    with pytest.raises(ValueError, match="decoder layers of Linear"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_wrap_model_refuses_a_world_size_the_launch_did_not_give():
+    from contract.distributed import DistributedSpec
+    from trainer.distributed import wrap_model
+    from trainer.models import build_tiny_arith
+
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(ValueError, match="process group has 1 processes, the spec 2"):
+        wrap_model(build_tiny_arith(seed=0)[0], DistributedSpec(processes_per_node=2), torch.device("cpu"))
+
+
+def test_reductions_without_a_group_return_their_input():
+    from trainer.distributed import all_reduce_mean, all_reduce_sum
+
+    assert all_reduce_sum({"tokens": 3.0, "loss": 1.5}) == {"loss": 1.5, "tokens": 3.0}
+    assert all_reduce_mean({"x": 2}) == {"x": 2.0}

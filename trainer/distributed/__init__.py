@@ -33,5 +33,6 @@ __all__ = [
     "model_state_bytes",
     "rank",
     "save_sharded",
+    "world_size",
     "wrap_model",
 ]

@@ -113,7 +113,9 @@ def _write_rank0_files(tmp: Path, model: nn.Module, extra_state: dict[str, Any])
     strategy = "fsdp2" if fsdp_units(model) else "ddp"
     layout = {"world_size": world_size(), "strategy": strategy}
     (tmp / LAYOUT_FILE).write_text(json.dumps(layout, indent=2, sort_keys=True))
-    (tmp / STATE_FILE).write_text(json.dumps(extra_state, indent=2, sort_keys=True))  # last: marks it complete
+    (tmp / STATE_FILE).write_text(
+        json.dumps(extra_state, indent=2, sort_keys=True)
+    )  # last: marks it complete
 
 
 def _save_model_config(model: nn.Module, out_dir: Path) -> None:
@@ -186,7 +188,11 @@ def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any 
             barrier()
             return None
         hf_model = base_model(source)
-        config, generation_config, peft_config = hf_model.config, hf_model.generation_config, _peft_config(source)
+        config, generation_config, peft_config = (
+            hf_model.config,
+            hf_model.generation_config,
+            _peft_config(source),
+        )
         _write_hf_folder(out_dir, full, config, generation_config, peft_config, tokenizer)
         barrier()
         return out_dir
@@ -199,15 +205,17 @@ def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
     config_dir = folder / CONFIG_DIR
     config = AutoConfig.from_pretrained(config_dir)
     generation_config = (
-        GenerationConfig.from_pretrained(config_dir) if (config_dir / "generation_config.json").is_file() else None
+        GenerationConfig.from_pretrained(config_dir)
+        if (config_dir / "generation_config.json").is_file()
+        else None
     )
     peft_config = None
     if (config_dir / ADAPTER_CONFIG).is_file():
         from peft import PeftConfig
 
-        peft_config = PeftConfig.from_pretrained(config_dir)
+        peft_config = PeftConfig.from_pretrained(str(config_dir))
     template = _build(config, peft_config).state_dict()
-    state = {"model": template}
+    state: dict[str, Any] = {"model": template}
     dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR), no_dist=True)
     _write_hf_folder(out_dir, state["model"], config, generation_config, peft_config, tokenizer)
     return out_dir
@@ -226,7 +234,7 @@ def _build(config: Any, peft_config: Any) -> nn.Module:
 
 def _write_hf_folder(
     out_dir: Path,
-    full_state: dict[str, torch.Tensor],
+    full_state: dict[str, Any],
     config: Any,
     generation_config: Any,
     peft_config: Any,

@@ -25,11 +25,17 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -40,8 +46,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _RESHARD_AFTER_FORWARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
-def base_model(model: nn.Module) -> nn.Module:
-    """The HF model under any wrapper (DDP's `module`, peft's `base_model.model`)."""
+def base_model(model: nn.Module) -> Any:
+    """The HF model under any wrapper (DDP's `module`, peft's `base_model.model`): a PreTrainedModel, typed
+    Any because nn.Module's attribute lookup hides its config."""
     if isinstance(model, DistributedDataParallel):
         model = model.module
     get_base = getattr(model, "get_base_model", None)  # peft
@@ -65,7 +72,9 @@ def wrap_model(model: nn.Module, spec: DistributedSpec, device: torch.device) ->
     """The model ready for training under `spec` (see the module docstring). Call it once per model, in
     every process, after the process group is up (trainer.distributed.process_group.init_process_group)."""
     if world_size() != spec.world_size:
-        raise ValueError(f"wrap_model: the process group has {world_size()} processes, the spec {spec.world_size}")
+        raise ValueError(
+            f"wrap_model: the process group has {world_size()} processes, the spec {spec.world_size}"
+        )
     if spec.activation_checkpointing:
         _enable_activation_checkpointing(model)
     if spec.strategy == "ddp":
@@ -80,12 +89,12 @@ def _enable_activation_checkpointing(model: nn.Module) -> None:
     hf_model = base_model(model)
     enable = getattr(hf_model, "gradient_checkpointing_enable", None)
     if not callable(enable):
-        raise ValueError(f"activation checkpointing: {type(hf_model).__name__} has no gradient_checkpointing_enable")
-    # Non-reentrant: the reentrant form needs an input that requires grad, which a frozen (LoRA) embedding
-    # does not give, and it does not run FSDP2's per-layer hooks again on recomputation.
+        raise ValueError(
+            f"activation checkpointing: {type(hf_model).__name__} has no gradient_checkpointing_enable"
+        )
+    # Non-reentrant: the reentrant form needs an input that requires grad, which frozen (LoRA) embeddings
+    # do not give.
     enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if hasattr(model, "enable_input_require_grads") and base_model(model) is not model:
-        model.enable_input_require_grads()  # peft: frozen embeddings still pass gradients to the adapters
 
 
 def _shard(model: nn.Module, spec: DistributedSpec, device: torch.device) -> nn.Module:
@@ -96,8 +105,12 @@ def _shard(model: nn.Module, spec: DistributedSpec, device: torch.device) -> nn.
     options: dict[str, Any] = {
         "mesh": mesh,
         "reshard_after_forward": spec.reshard_after_forward,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=_DTYPES[mp.param_dtype], reduce_dtype=_DTYPES[mp.reduce_dtype]),
-        "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda") if spec.offload_optimizer else OffloadPolicy(),
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=_DTYPES[mp.param_dtype], reduce_dtype=_DTYPES[mp.reduce_dtype]
+        ),
+        "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        if spec.offload_optimizer
+        else OffloadPolicy(),
     }
     if not spec.offload_optimizer:
         model.to(device)  # (with offloading, fully_shard moves each shard to host memory itself)
@@ -133,7 +146,7 @@ def generation_context(model: nn.Module) -> Iterator[nn.Module]:
 
 def _reshard_policy(unit: FSDPModule) -> bool:
     # torch has no public getter for the policy a unit was given, so wrap_model records it.
-    return _RESHARD_AFTER_FORWARD.get(unit, True)
+    return _RESHARD_AFTER_FORWARD.get(cast(nn.Module, unit), True)
 
 
 # --- what a process holds ---------------------------------------------------------------------------------
@@ -158,5 +171,7 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None 
     }
     if optimizer is not None:
         for state in optimizer.state.values():
-            out["optimizer_bytes"] += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+            out["optimizer_bytes"] += sum(
+                local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+            )
     return out
