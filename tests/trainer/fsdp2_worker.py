@@ -72,7 +72,7 @@ def step_loss(
 
 
 def train(
-    model: Any, optimizer: Any, steps: range, *, permutation: torch.Tensor | None = None
+    model: Any, optimizer: Any, scheduler: Any, steps: range, *, permutation: torch.Tensor | None = None
 ) -> list[float]:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     losses = []
@@ -82,19 +82,27 @@ def train(
         loss, reported = step_loss(model, batch, order[rank::world], world)
         loss.backward()
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(reported)
     return losses
 
 
-def fresh(spec: DistributedSpec, *, lora: bool = False) -> tuple[Any, torch.optim.Optimizer]:
+def fresh(spec: DistributedSpec, *, lora: bool = False) -> tuple[Any, torch.optim.Optimizer, Any]:
+    """The tiny model wrapped under `spec`, AdamW on its trainable parameters and a decaying learning rate
+    (steep, so that a scheduler restored at the wrong step shows in the losses)."""
     model, _ = build_tiny_arith(seed=0)
     model.train()
     if lora:
         model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=None)
     model = wrap_model(model, spec, DEVICE)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return model, torch.optim.AdamW(trainable, lr=LR)
+    optimizer = torch.optim.AdamW(trainable, lr=LR)
+    return (
+        model,
+        optimizer,
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.5 * step)),
+    )
 
 
 def write(out: Path, name: str, value: Any) -> None:
@@ -102,24 +110,25 @@ def write(out: Path, name: str, value: Any) -> None:
 
 
 def base_run(spec: DistributedSpec, out: Path, tag: str) -> tuple[Any, torch.optim.Optimizer, list[float]]:
-    model, optimizer = fresh(spec)
-    losses = train(model, optimizer, range(SAVE_AFTER))
+    model, optimizer, scheduler = fresh(spec)
+    losses = train(model, optimizer, scheduler, range(SAVE_AFTER))
     folder = out / f"ckpt-{tag}" / "step-000003"
     torch.manual_seed(
         100 + torch.distributed.get_rank()
     )  # a distinct RNG stream per rank, to see it restored
-    save_sharded(folder, model, optimizer, {"step": SAVE_AFTER, "note": tag})
+    save_sharded(folder, model, optimizer, {"step": SAVE_AFTER, "note": tag}, scheduler=scheduler)
     write(out, f"rng-{tag}-rank{torch.distributed.get_rank()}.json", rng_draws())
     save_logits(model, out / f"logits-{tag}-at-checkpoint.pt")
-    losses += train(model, optimizer, range(SAVE_AFTER, STEPS))
+    losses += train(model, optimizer, scheduler, range(SAVE_AFTER, STEPS))
     return model, optimizer, losses
 
 
 def resumed(spec: DistributedSpec, folder: Path) -> dict[str, Any]:
-    model, optimizer = fresh(spec)
-    extra = load_sharded(folder, model, optimizer)
-    rng = rng_draws()
-    return {"extra": extra, "rng": rng, "losses": train(model, optimizer, range(int(extra["step"]), STEPS))}
+    model, optimizer, scheduler = fresh(spec)
+    extra = load_sharded(folder, model, optimizer, scheduler=scheduler)
+    report = {"extra": extra, "rng": rng_draws(), "lr": scheduler.get_last_lr()}
+    report["losses"] = train(model, optimizer, scheduler, range(int(extra["step"]), STEPS))
+    return report
 
 
 def rng_draws() -> list[float]:
@@ -157,13 +166,21 @@ def plain(out: Path, resume_from: str | None) -> None:
     for _ in range(
         3
     ):  # the same batches with their rows in another order: only float reduction order changes
-        model, optimizer = fresh(spec)
+        model, optimizer, scheduler = fresh(spec)
         permuted.append(
-            train(model, optimizer, range(STEPS), permutation=torch.randperm(ROWS, generator=generator))
+            train(
+                model,
+                optimizer,
+                scheduler,
+                range(STEPS),
+                permutation=torch.randperm(ROWS, generator=generator),
+            )
         )
-    model, optimizer = fresh(spec, lora=True)
+    model, optimizer, scheduler = fresh(spec, lora=True)
     write(
-        out, "plain.json", {"losses": losses, "permuted": permuted, "lora": train(model, optimizer, range(3))}
+        out,
+        "plain.json",
+        {"losses": losses, "permuted": permuted, "lora": train(model, optimizer, scheduler, range(3))},
     )
 
 
@@ -174,8 +191,8 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
     rank, _ = init_process_group(spec, DEVICE)
     if base_only:
         measure_memory(spec, out)
-        model, optimizer = fresh(spec)
-        write(out, f"base-only-rank{rank}.json", {"losses": train(model, optimizer, range(STEPS))})
+        model, optimizer, scheduler = fresh(spec)
+        write(out, f"base-only-rank{rank}.json", {"losses": train(model, optimizer, scheduler, range(STEPS))})
         return
     model, optimizer, losses = base_run(spec, out, "fsdp2")
     report: dict[str, Any] = {
@@ -201,18 +218,21 @@ def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
         "checkpointing": {"activation_checkpointing": True},
     }.items():
         variant = DistributedSpec.model_validate({**spec.model_dump(), **change})
-        model, optimizer = fresh(variant)
+        model, optimizer, scheduler = fresh(variant)
         seen: list[str] = []
         layer = model.model.layers[0].self_attn.q_proj
         hook = layer.register_forward_hook(lambda m, args, output, seen=seen: seen.append(str(output.dtype)))
-        report[name] = {"losses": train(model, optimizer, range(3)), "compute_dtypes": sorted(set(seen))}
+        report[name] = {
+            "losses": train(model, optimizer, scheduler, range(3)),
+            "compute_dtypes": sorted(set(seen)),
+        }
         report[name]["placements"] = sorted({",".join(map(str, p.placements)) for p in model.parameters()})
         report[name]["local_devices"] = sorted({str(p.to_local().device) for p in model.parameters()})
         hook.remove()
-    model, optimizer = fresh(spec, lora=True)
+    model, optimizer, scheduler = fresh(spec, lora=True)
     frozen_before = {n: p.to_local().clone() for n, p in model.named_parameters() if not p.requires_grad}
     report["lora"] = {
-        "losses": train(model, optimizer, range(3)),
+        "losses": train(model, optimizer, scheduler, range(3)),
         "trainable": layout(model, trainable_only=True),
         "frozen_changed": [
             n

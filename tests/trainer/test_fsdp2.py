@@ -212,9 +212,12 @@ def test_checkpoint_saved_at_two_resumes_at_one_and_back(runs):
     assert resumed["extra"] == {"step": 3, "note": "fsdp2"}
     _assert_same_curve(resumed["losses"], runs["ranks"][0]["losses"][worker.SAVE_AFTER :], bounds)
     assert resumed["rng"] == _read(out / "rng-fsdp2-rank0.json")
+    # The scheduler resumes after its third step: lr = LR / (1 + 0.5 * 3).
+    assert resumed["lr"] == [pytest.approx(worker.LR / 2.5, rel=1e-12)]
     for rank, report in enumerate(runs["ranks"]):  # 2 processes from the 1-process checkpoint
         back = report["resumed_from_plain"]
         assert back["extra"] == {"step": 3, "note": "plain"}
+        assert back["lr"] == resumed["lr"]
         _assert_same_curve(back["losses"], runs["plain"]["losses"][worker.SAVE_AFTER :], bounds)
         # Rank 1 did not exist when the 1-process checkpoint was written: it takes rank 0's stream.
         assert back["rng"] == _read(out / "rng-plain-rank0.json"), rank
