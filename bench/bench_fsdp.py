@@ -15,7 +15,8 @@ wall time is the slower process's. Per process it records:
 The children run with MALLOC_MMAP_THRESHOLD_=65536 (bytes), so glibc returns every freed block above 64 KiB
 and RSS follows live memory (docs/DISTRIBUTED.md, "Memory"); the engine's own heap setting
 (trainer/heap.py) would instead keep freed blocks for reuse. Reported ratios are fsdp2 / ddp (< 1: fsdp2
-uses less / is faster).
+uses less / is faster), per round and their median over `--rounds` rounds; a round launches both strategies,
+in an order that alternates between rounds, since on a shared machine the load drifts between launches.
 
 Run:
   PYTHONPATH=. .venv/bin/python bench/bench_fsdp.py --model tiny-arith --json bench/results/fsdp_tiny.json
@@ -154,6 +155,17 @@ def summarise(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return summary
 
 
+def cpu_model() -> dict[str, Any]:
+    """The CPU's model name and whether it has AVX-512 (torch's kernels, hence timings, differ with it)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return {"model_name": fields.get("model name"), "avx512f": "avx512f" in fields.get("flags", "").split()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny-arith")
@@ -161,6 +173,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128, help="tokens per row")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="launches per strategy, alternating")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--child", choices=STRATEGIES, default=None, help=argparse.SUPPRESS)
@@ -169,8 +182,16 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    rounds: list[dict[str, list[dict[str, Any]]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        results = {s: launch(args, s, Path(tmp)) for s in STRATEGIES}
+        for i in range(args.rounds):
+            order = STRATEGIES if i % 2 == 0 else STRATEGIES[::-1]  # alternate, so drifting load hits both
+            rounds.append({s: launch(args, s, Path(tmp)) for s in order})
+    summaries = [summarise(r) for r in rounds]
+    ratios = {
+        k: statistics.median(s["fsdp2_over_ddp"][k] for s in summaries)
+        for k in summaries[0]["fsdp2_over_ddp"]
+    }
     report = {
         "model": args.model,
         "processes": PROCESSES,
@@ -179,10 +200,11 @@ def main() -> None:
         "steps": args.steps,
         "load_average_1m": os.getloadavg()[0],
         "machine": _common.machine("transformers", torch_threads=args.threads),
-        "per_rank": results,
-        "summary": summarise(results),
+        "cpu": cpu_model(),
+        "rounds": [{"per_rank": r, "summary": s} for r, s in zip(rounds, summaries, strict=True)],
+        "fsdp2_over_ddp_median": ratios,
     }
-    print(json.dumps(report["summary"], indent=2))
+    print(json.dumps({"rounds": [s["fsdp2_over_ddp"] for s in summaries], "median": ratios}, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

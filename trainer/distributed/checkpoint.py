@@ -70,16 +70,20 @@ def save_sharded(
     folder = Path(folder)
     tmp = Path(str(broadcast_object(str(folder.parent / f".tmp-{folder.name}-{os.getpid()}"))))
     error: BaseException | None = None
-    try:
-        with storage_writes(tmp):
-            if rank() == 0:
+    if rank() == 0:
+        try:
+            with storage_writes(tmp):
                 folder.parent.mkdir(parents=True, exist_ok=True)
                 if tmp.exists():
                     shutil.rmtree(tmp)
                 (tmp / RNG_DIR).mkdir(parents=True)
-            barrier()
+        except Exception as err:
+            error = err
+    _raise_if_any_failed(error, tmp)  # also the barrier: the folder exists before anyone writes into it
+    try:
+        with storage_writes(tmp):
             _write_shards(tmp, model, optimizer, scheduler)
-    except Exception as err:  # reported to the other processes below, then raised
+    except Exception as err:  # reported to the other processes, then raised
         error = err
     _raise_if_any_failed(error, tmp)
     if rank() == 0:
@@ -140,6 +144,7 @@ def _peft_config(model: nn.Module) -> Any:
 
 
 def _raise_if_any_failed(error: BaseException | None, tmp: Path) -> None:
+    """Collective: every process learns whether any failed; then all raise (after rank 0 removed `tmp`)."""
     failed = all_reduce_sum({"failed": 1.0 if error is not None else 0.0})["failed"]
     if failed == 0:
         return
@@ -148,7 +153,7 @@ def _raise_if_any_failed(error: BaseException | None, tmp: Path) -> None:
     barrier()
     if error is not None:
         raise error
-    raise RuntimeError(f"checkpoint {tmp.name}: {int(failed)} other process(es) failed to write their part")
+    raise RuntimeError(f"{tmp.name}: {int(failed)} other process(es) failed to write their part")
 
 
 def load_sharded(
@@ -184,18 +189,22 @@ def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any 
     if isinstance(source, nn.Module):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full = get_model_state_dict(source, options=options)  # gathers every shard onto rank 0's host memory
-        if rank() != 0:
-            barrier()
-            return None
-        hf_model = base_model(source)
-        config, generation_config, peft_config = (
-            hf_model.config,
-            hf_model.generation_config,
-            _peft_config(source),
-        )
-        _write_hf_folder(out_dir, full, config, generation_config, peft_config, tokenizer)
-        barrier()
-        return out_dir
+        error: BaseException | None = None
+        if rank() == 0:
+            hf_model = base_model(source)
+            try:
+                _write_hf_folder(
+                    out_dir,
+                    full,
+                    hf_model.config,
+                    hf_model.generation_config,
+                    _peft_config(source),
+                    tokenizer,
+                )
+            except Exception as err:
+                error = err
+        _raise_if_any_failed(error, out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}")
+        return out_dir if rank() == 0 else None
     return _export_checkpoint(Path(source), out_dir, tokenizer)
 
 
