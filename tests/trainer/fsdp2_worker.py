@@ -35,6 +35,7 @@ from trainer.distributed import (
     save_sharded,
     wrap_model,
 )
+from trainer.distributed.fsdp import base_model
 from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
 from trainer.models import apply_lora, build_tiny_arith, build_tiny_arith_tokenizer
 
@@ -94,6 +95,9 @@ def fresh(spec: DistributedSpec, *, lora: bool = False) -> tuple[Any, torch.opti
     model, _ = build_tiny_arith(seed=0)
     model.train()
     if lora:
+        # peft draws LoRA's initial A from the global RNG: seeded per rank on purpose, so that the adapters
+        # start alike only if wrap_model hands every process rank 0's weights (as the plain run has them).
+        torch.manual_seed(200 + torch.distributed.get_rank())
         model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=None)
     model = wrap_model(model, spec, DEVICE)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -210,38 +214,44 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
 
 
 def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
-    """bf16 compute, CPU offload, activation checkpointing and LoRA: three steps each from the same start."""
+    """bf16 compute, CPU offload, activation checkpointing and LoRA (alone and with checkpointing): three
+    steps each from the same start. Records what shows each option really acted: the dtype and the number
+    of forward calls seen by a projection of the first layer (checkpointing runs it again in backward)
+    and the offload policy fully_shard keeps."""
     report: dict[str, Any] = {}
-    for name, change in {
-        "bf16": {"mixed_precision": {"param_dtype": "bfloat16"}},
-        "offload": {"offload_optimizer": True},
-        "checkpointing": {"activation_checkpointing": True},
-    }.items():
+    for name, change, lora in [
+        ("bf16", {"mixed_precision": {"param_dtype": "bfloat16"}}, False),
+        ("offload", {"offload_optimizer": True}, False),
+        ("checkpointing", {"activation_checkpointing": True}, False),
+        ("lora", {}, True),
+        ("lora_checkpointing", {"activation_checkpointing": True}, True),
+    ]:
         variant = DistributedSpec.model_validate({**spec.model_dump(), **change})
-        model, optimizer, scheduler = fresh(variant)
+        model, optimizer, scheduler = fresh(variant, lora=lora)
+        hf_model = base_model(model)
         seen: list[str] = []
-        layer = model.model.layers[0].self_attn.q_proj
+        layer = hf_model.model.layers[0].self_attn.q_proj
         hook = layer.register_forward_hook(lambda m, args, output, seen=seen: seen.append(str(output.dtype)))
-        report[name] = {
-            "losses": train(model, optimizer, scheduler, range(3)),
-            "compute_dtypes": sorted(set(seen)),
-        }
-        report[name]["placements"] = sorted({",".join(map(str, p.placements)) for p in model.parameters()})
-        report[name]["local_devices"] = sorted({str(p.to_local().device) for p in model.parameters()})
+        frozen_before = {n: p.to_local().clone() for n, p in model.named_parameters() if not p.requires_grad}
+        report[name] = {"losses": train(model, optimizer, scheduler, range(3))}
         hook.remove()
-    model, optimizer, scheduler = fresh(spec, lora=True)
-    frozen_before = {n: p.to_local().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    report["lora"] = {
-        "losses": train(model, optimizer, scheduler, range(3)),
-        "trainable": layout(model, trainable_only=True),
-        "frozen_changed": [
-            n
-            for n, p in model.named_parameters()
-            if not p.requires_grad and not torch.equal(p.to_local(), frozen_before[n])
-        ],
-    }
-    save_logits(model, out / "logits-lora.pt")
-    export_hf_folder(model, out / "export-lora")
+        report[name].update(
+            compute_dtypes=sorted(set(seen)),
+            forward_calls=len(seen),
+            placements=sorted({",".join(map(str, p.placements)) for p in model.parameters()}),
+            local_devices=sorted({str(p.to_local().device) for p in model.parameters()}),
+            # torch has no public getter for it; the test only reads it.
+            offload_policy=type(hf_model._get_fsdp_state()._fsdp_param_group.offload_policy).__name__,
+            trainable=layout(model, trainable_only=True) if lora else None,
+            frozen_changed=[
+                n
+                for n, p in model.named_parameters()
+                if n in frozen_before and not torch.equal(p.to_local(), frozen_before[n])
+            ],
+        )
+        if name == "lora":
+            save_logits(model, out / "logits-lora.pt")
+            export_hf_folder(model, out / "export-lora")
     return report
 
 

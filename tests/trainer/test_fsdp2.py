@@ -283,21 +283,30 @@ def test_bf16_offload_checkpointing_and_lora_paths(runs):
     bounds = _tolerances(runs["plain"])[:3]
     fp32 = runs["plain"]["losses"][:3]
     for rank in runs["ranks"]:
+        for name in ("bf16", "offload", "checkpointing", "lora", "lora_checkpointing"):
+            assert rank[name]["placements"] == ["S(0)"], name
+            assert rank[name]["local_devices"] == ["cpu"], name
+            assert rank[name]["offload_policy"] == (
+                "CPUOffloadPolicy" if name == "offload" else "OffloadPolicy"
+            )
+            # One forward per step, and one more in backward where the layer is recomputed.
+            assert rank[name]["forward_calls"] == (6 if "checkpointing" in name else 3), name
         bf16 = rank["bf16"]
-        assert bf16["compute_dtypes"] == ["torch.bfloat16"] and bf16["placements"] == ["S(0)"]
+        assert bf16["compute_dtypes"] == ["torch.bfloat16"]
         # bf16 compute really ran (the losses move off fp32's) and still trains the same model.
         assert max(abs(a - b) for a, b in zip(bf16["losses"], fp32, strict=True)) > max(bounds)
         assert all(abs(a - b) < 0.02 * b for a, b in zip(bf16["losses"], fp32, strict=True))
         for name in ("offload", "checkpointing"):
-            assert rank[name]["compute_dtypes"] == ["torch.float32"] and rank[name]["placements"] == ["S(0)"]
-            assert rank[name]["local_devices"] == ["cpu"]
+            assert rank[name]["compute_dtypes"] == ["torch.float32"]
             _assert_same_curve(rank[name]["losses"], fp32, bounds)
-        lora = rank["lora"]
-        _assert_same_curve(lora["losses"], runs["plain"]["lora"], bounds)
-        assert lora["trainable"] and all(
-            "lora_" in name and info["placements"] == ["S(0)"] for name, info in lora["trainable"].items()
-        )
-        assert lora["frozen_changed"] == []
+        for name in ("lora", "lora_checkpointing"):
+            lora = rank[name]
+            _assert_same_curve(lora["losses"], runs["plain"]["lora"], bounds)
+            assert lora["trainable"] and all(
+                "lora_" in param and info["placements"] == ["S(0)"]
+                for param, info in lora["trainable"].items()
+            )
+            assert lora["frozen_changed"] == []
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@ building the optimizer (the optimizer must see the sharded parameters):
 - fsdp2: `fully_shard` on every decoder layer, then on the root module (which keeps the embeddings, the
   final norm and the LM head: tied embeddings are one parameter in one group, so they stay tied). Each
   parameter becomes a DTensor sharded on dim 0 over the processes (`Shard(0)`); a layer's full weights
-  exist only while it runs. A peft (LoRA) model is sharded through its wrapped base model, so adapters and
-  frozen base weights are sharded alike and peft's wrapper stays on top.
+  exist only while it runs. Every process first takes rank 0's weights (as DDP does). A peft (LoRA) model
+  is sharded through its wrapped base model, so adapters and frozen base weights are sharded alike and
+  peft's wrapper stays on top.
 
 Activation checkpointing (HF's gradient checkpointing, non-reentrant) is switched on before sharding.
 Decoder layers are found generically from the HF model's `_no_split_modules` (the classes HF itself never
@@ -114,10 +115,30 @@ def _shard(model: nn.Module, spec: DistributedSpec, device: torch.device) -> nn.
     }
     if not spec.offload_optimizer:
         model.to(device)  # (with offloading, fully_shard moves each shard to host memory itself)
+    _copy_rank0_weights(model, device)
     for unit in [*decoder_layers(model), base_model(model)]:
         fully_shard(unit, **options)
         _RESHARD_AFTER_FORWARD[unit] = spec.reshard_after_forward
     return model
+
+
+def _copy_rank0_weights(model: nn.Module, device: torch.device) -> None:
+    """Every process takes rank 0's parameters and buffers, as DDP does when it wraps a model. fully_shard
+    keeps each process's own slice of whatever that process holds, so weights initialised differently per
+    process (peft draws LoRA's initial A from the global RNG, which a per-rank seed makes differ) would
+    otherwise be stitched together from several initialisations."""
+    if world_size() == 1:
+        return
+    seen: set[int] = set()
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if id(tensor) in seen:  # tied weights once
+                continue
+            seen.add(id(tensor))
+            staged = tensor.detach().to(device)  # NCCL needs device tensors; a no-op copy elsewhere
+            torch.distributed.broadcast(staged, src=0)
+            if staged.data_ptr() != tensor.data_ptr():
+                tensor.copy_(staged)
 
 
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:
