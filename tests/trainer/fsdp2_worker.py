@@ -209,6 +209,12 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
     save_logits(model, out / "logits-fsdp2-final.pt")
     export_hf_folder(model, out / "export-fsdp2")
     report["resumed_from_plain"] = resumed(spec, Path(resume_from))
+    # DDP at the same world size, and its checkpoint resumed by fsdp2 (a change of strategy).
+    _, _, ddp_losses = base_run(DistributedSpec(processes_per_node=world), out, "ddp")
+    report["ddp"] = {
+        "losses": ddp_losses,
+        "resumed_as_fsdp2": resumed(spec, out / "ckpt-ddp" / "step-000003"),
+    }
     report.update(variants(spec, out))
     write(out, f"sharded-rank{rank}.json", report)
 

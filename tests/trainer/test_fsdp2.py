@@ -230,6 +230,20 @@ def test_checkpoint_saved_at_two_resumes_at_one_and_back(runs):
 
 
 @pytest.mark.slow
+def test_ddp_at_two_processes_and_its_checkpoint_resumed_by_fsdp2(runs):
+    bounds = _tolerances(runs["plain"])
+    plain = runs["plain"]["losses"]
+    for report in runs["ranks"]:
+        _assert_same_curve(report["ddp"]["losses"], plain, bounds)
+        resumed = report["ddp"]["resumed_as_fsdp2"]
+        assert resumed["extra"] == {"step": 3, "note": "ddp"}
+        _assert_same_curve(resumed["losses"], plain[worker.SAVE_AFTER :], bounds[worker.SAVE_AFTER :])
+    folder = runs["out"] / "ckpt-ddp" / "step-000003"
+    assert _read(folder / "distributed.json") == {"strategy": "ddp", "world_size": 2}
+    assert sorted(p.name for p in (folder / "rng").iterdir()) == ["rank-00000.pt", "rank-00001.pt"]
+
+
+@pytest.mark.slow
 def test_a_failed_save_raises_everywhere_and_leaves_nothing(runs):
     for rank, report in enumerate(runs["ranks"]):
         failed = report["failed_save"]
