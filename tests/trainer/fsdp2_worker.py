@@ -1,9 +1,11 @@
 """Run by test_fsdp2.py, alone (one process) or under torchrun: trains the tiny model on fixed batches and
 writes what each process saw as JSON (and tensors) under OUT, for the test to compare across launches.
 
-    python fsdp2_worker.py plain OUT [RESUME_FROM]      one process, plain model (strategy ddp at world 1)
-    torchrun ... fsdp2_worker.py sharded OUT RESUME_FROM   fsdp2 over the launched processes
-    torchrun ... fsdp2_worker.py base-only OUT          fsdp2, the base run only (the multi-node launch)
+    python fsdp2_worker.py plain OUT                  one plain process (strategy ddp at world 1): memory
+                                                      first, then the base run, permuted runs, LoRA
+    python fsdp2_worker.py plain OUT RESUME_FROM      one process resuming a checkpoint folder
+    torchrun ... fsdp2_worker.py sharded OUT RESUME_FROM  fsdp2 (and ddp) over the launched processes
+    torchrun ... fsdp2_worker.py base-only OUT        memory, then the fsdp2 base run (the two-node launch)
 
 Every launch uses the same data: step k's global batch is drawn from seed 1000 + k; process r of N takes
 rows r, r+N, ... The loss of a step is the token mean over the whole global batch, so one process and N
