@@ -1,0 +1,270 @@
+"""Sharded checkpoints (torch.distributed.checkpoint) that resume at any number of processes.
+
+Layout of OUT/checkpoints/step-000050/ (the name is contract.protocol's, as for trainer/checkpoints.py, so
+its list_checkpoints, latest_checkpoint and prune work on these folders too):
+  sharded/            DCP files: every process writes its own shards (`__R_0.distcp`), rank 0 `.metadata`;
+                      model, optimizer (keyed by parameter name, not by position) and scheduler
+  rng/rank-00000.pt   each process's RNG states (python, numpy, torch, cuda)
+  model_config/       the HF config (and peft's adapter_config.json for LoRA), for export without the job
+  distributed.json    world size and strategy it was written at (information: loading reshards freely)
+  state.json          the caller's extra state (step, data cursor, controller state); written last
+Every process writes (and fsyncs) its part into one temp folder `.tmp-step-000050-PID` (rank 0's pid); after
+all report success rank 0 writes state.json and renames the folder into place, so a step-* folder exists
+only once complete. A failure on any process removes the temp folder on rank 0 and raises on every
+process; storage faults leave as contract.storage.StorageError, as for the single-process checkpoints.
+The folder must be on storage every process sees (a shared file system across nodes).
+
+Loading reads the shards whatever world size wrote them: DCP maps each saved shard onto the shards (or the
+whole tensors) the loading processes hold, by parameter name and offset. A process whose rank did not
+exist at save time takes rank 0's RNG states, as a fresh run seeds every rank alike.
+
+`export_hf_folder` consolidates a live (sharded) model or a checkpoint folder into a Hugging Face folder
+(safetensors + config) that from_pretrained loads; a LoRA model is exported with its adapters merged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from contract.storage import storage_writes
+from trainer.checkpoints import _fsync_dir, _fsync_tree, _replace, rng_state, set_rng_state
+from trainer.distributed.fsdp import base_model, fsdp_units
+from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
+
+SHARDS_DIR = "sharded"
+RNG_DIR = "rng"
+CONFIG_DIR = "model_config"
+LAYOUT_FILE = "distributed.json"
+STATE_FILE = "state.json"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def rng_file(rank_index: int) -> str:
+    return f"rank-{rank_index:05d}.pt"
+
+
+def save_sharded(
+    folder: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra_state: dict[str, Any],
+    *,
+    scheduler: Any = None,
+) -> Path:
+    """Writes the checkpoint `folder` (e.g. trainer.checkpoints.checkpoint_dir(root, step)) from every
+    process; returns it once committed. Collective: every process calls it with its own model."""
+    folder = Path(folder)
+    tmp = Path(str(broadcast_object(str(folder.parent / f".tmp-{folder.name}-{os.getpid()}"))))
+    error: BaseException | None = None
+    if rank() == 0:
+        try:
+            with storage_writes(tmp):
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                (tmp / RNG_DIR).mkdir(parents=True)
+        except Exception as err:
+            error = err
+    _raise_if_any_failed(error, tmp)  # also the barrier: the folder exists before anyone writes into it
+    try:
+        with storage_writes(tmp):
+            _write_shards(tmp, model, optimizer, scheduler)
+    except Exception as err:  # reported to the other processes, then raised
+        error = err
+    _raise_if_any_failed(error, tmp)
+    if rank() == 0:
+        try:
+            with storage_writes(tmp):
+                _write_rank0_files(tmp, model, extra_state)
+                _fsync_tree(tmp)
+                _replace(tmp, folder)
+                _fsync_dir(folder.parent)  # the rename itself survives a power cut
+        except Exception as err:
+            error = err
+    _raise_if_any_failed(error, tmp)
+    return folder
+
+
+def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp / SHARDS_DIR, sync_files=True))
+    path = tmp / RNG_DIR / rng_file(rank())
+    with open(path, "wb") as fh:
+        torch.save(rng_state(), fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _write_rank0_files(tmp: Path, model: nn.Module, extra_state: dict[str, Any]) -> None:
+    _save_model_config(model, tmp / CONFIG_DIR)
+    strategy = "fsdp2" if fsdp_units(model) else "ddp"
+    layout = {"world_size": world_size(), "strategy": strategy}
+    (tmp / LAYOUT_FILE).write_text(json.dumps(layout, indent=2, sort_keys=True))
+    (tmp / STATE_FILE).write_text(
+        json.dumps(extra_state, indent=2, sort_keys=True)
+    )  # last: marks it complete
+
+
+def _save_model_config(model: nn.Module, out_dir: Path) -> None:
+    hf_model = base_model(model)
+    hf_model.config.save_pretrained(out_dir)
+    generation_config = getattr(hf_model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(out_dir)
+    peft_config = _peft_config(model)
+    if peft_config is not None:
+        peft_config.save_pretrained(out_dir)
+
+
+def _peft_config(model: nn.Module) -> Any:
+    unwrapped = getattr(model, "module", model)
+    configs = getattr(unwrapped, "peft_config", None)
+    if not configs:
+        return None
+    if len(configs) != 1:
+        raise ValueError(f"sharded checkpoints hold one LoRA adapter; the model has {sorted(configs)}")
+    return next(iter(configs.values()))
+
+
+def _raise_if_any_failed(error: BaseException | None, tmp: Path) -> None:
+    """Collective: every process learns whether any failed; then all raise (after rank 0 removed `tmp`)."""
+    failed = all_reduce_sum({"failed": 1.0 if error is not None else 0.0})["failed"]
+    if failed == 0:
+        return
+    if rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder never lingers (nor fills the disk)
+    barrier()
+    if error is not None:
+        raise error
+    raise RuntimeError(f"{tmp.name}: {int(failed)} other process(es) failed to write their part")
+
+
+def load_sharded(
+    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None
+) -> dict[str, Any]:
+    """Restores model, optimizer, scheduler and this process's RNG from `folder`, written at any world
+    size; returns the extra state saved with it. Collective. `model` is wrapped already (wrap_model) and
+    `optimizer` built on its parameters."""
+    folder = Path(folder)
+    if not (folder / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{folder} is not a complete sharded checkpoint (no {STATE_FILE})")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    own = folder / RNG_DIR / rng_file(rank())
+    set_rng_state(torch.load(own if own.is_file() else folder / RNG_DIR / rng_file(0), weights_only=False))
+    return dict(json.loads((folder / STATE_FILE).read_text()))
+
+
+# --- export -----------------------------------------------------------------------------------------------
+
+
+def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any = None) -> Path | None:
+    """A Hugging Face folder at `out_dir` from a live model (collective: every process calls it, rank 0
+    writes) or from a sharded checkpoint folder (one process, no process group needed). Returns out_dir
+    on the process that wrote it, None on the others."""
+    out_dir = Path(out_dir)
+    if isinstance(source, nn.Module):
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(source, options=options)  # gathers every shard onto rank 0's host memory
+        error: BaseException | None = None
+        if rank() == 0:
+            hf_model = base_model(source)
+            try:
+                _write_hf_folder(
+                    out_dir,
+                    full,
+                    hf_model.config,
+                    hf_model.generation_config,
+                    _peft_config(source),
+                    tokenizer,
+                )
+            except Exception as err:
+                error = err
+        _raise_if_any_failed(error, out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}")
+        return out_dir if rank() == 0 else None
+    return _export_checkpoint(Path(source), out_dir, tokenizer)
+
+
+def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
+    from transformers import AutoConfig, GenerationConfig
+
+    config_dir = folder / CONFIG_DIR
+    config = AutoConfig.from_pretrained(config_dir)
+    generation_config = (
+        GenerationConfig.from_pretrained(config_dir)
+        if (config_dir / "generation_config.json").is_file()
+        else None
+    )
+    peft_config = None
+    if (config_dir / ADAPTER_CONFIG).is_file():
+        from peft import PeftConfig
+
+        peft_config = PeftConfig.from_pretrained(str(config_dir))
+    template = _build(config, peft_config).state_dict()
+    state: dict[str, Any] = {"model": template}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR), no_dist=True)
+    _write_hf_folder(out_dir, state["model"], config, generation_config, peft_config, tokenizer)
+    return out_dir
+
+
+def _build(config: Any, peft_config: Any) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config)
+    if peft_config is None:
+        return model
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config)
+
+
+def _write_hf_folder(
+    out_dir: Path,
+    full_state: dict[str, Any],
+    config: Any,
+    generation_config: Any,
+    peft_config: Any,
+    tokenizer: Any,
+) -> None:
+    model = _build(config, peft_config)
+    model.load_state_dict(full_state, strict=True)
+    if peft_config is not None:
+        model = model.merge_and_unload()  # type: ignore[operator]
+    if generation_config is not None:
+        model.generation_config = generation_config
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    with storage_writes(tmp):
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            _fsync_tree(tmp)
+            _replace(tmp, out_dir)
+            _fsync_dir(out_dir.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
