@@ -88,7 +88,7 @@ def save_checkpoint(
             tmp.mkdir()
             _write(tmp, model, tokenizer, optimizer, scheduler, {**state, "step": step}, is_lora, merge_lora)
             fsync_tree(tmp)
-            _replace(tmp, final)
+            replace_folder(tmp, final)
             fsync_dir(root)  # the rename itself survives a power cut
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder never lingers (nor fills the disk)
@@ -157,7 +157,7 @@ class _ErrnoKeepingFile:
             raise
 
 
-def _replace(tmp: Path, final: Path) -> None:
+def replace_folder(tmp: Path, final: Path) -> None:
     """Renames tmp to final. A folder already at final (the same step redone after a resume) is moved aside
     first and removed after, so a failure on the way never leaves final half-deleted."""
     aside = None

@@ -40,8 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from contract.storage import storage_writes
-from trainer.checkpoints import _fsync_dir, _fsync_tree, _replace, rng_state, set_rng_state
+from contract.storage import fsync_dir, fsync_tree, storage_writes
+from trainer.checkpoints import replace_folder, rng_state, set_rng_state
 from trainer.distributed.fsdp import base_model, fsdp_units
 from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
 
@@ -90,9 +90,9 @@ def save_sharded(
         try:
             with storage_writes(tmp):
                 _write_rank0_files(tmp, model, extra_state)
-                _fsync_tree(tmp)
-                _replace(tmp, folder)
-                _fsync_dir(folder.parent)  # the rename itself survives a power cut
+                fsync_tree(tmp)
+                replace_folder(tmp, folder)
+                fsync_dir(folder.parent)  # the rename itself survives a power cut
         except Exception as err:
             error = err
     _raise_if_any_failed(error, tmp)
@@ -262,9 +262,9 @@ def _write_hf_folder(
             model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            _fsync_tree(tmp)
-            _replace(tmp, out_dir)
-            _fsync_dir(out_dir.parent)
+            fsync_tree(tmp)
+            replace_folder(tmp, out_dir)
+            fsync_dir(out_dir.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
