@@ -93,7 +93,7 @@ def test_engine_says_its_record_is_not_pi_old(engine: Engine) -> None:
 
 
 def test_greedy_rollouts_equal_hf_token_for_token(engine: Engine) -> None:
-    ids, mask = _encode(engine, PROMPTS + ["3*4=", "(1)"])
+    ids, mask = _encode(engine, [*PROMPTS, "3*4=", "(1)"])
     kwargs = dict(num_samples=1, temperature=1.0, top_p=1.0, max_new_tokens=16, greedy=True)
     fast = engine.rollout_engine.generate(ids, mask, **kwargs)  # type: ignore[arg-type]
     engine._unwrapped_model.eval()
