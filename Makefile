@@ -48,7 +48,7 @@ demo-engine: install
 # fails instead (tests/conftest.py), so a green run cannot hide a real part that never ran.
 test: install
 	STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m "not vllm"
-	STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/trainer
+	STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/trainer/test_vllm_engine.py
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
