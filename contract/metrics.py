@@ -551,6 +551,45 @@ CATALOGUE: tuple[Metric, ...] = (
         applies_to="tool-use environments",
         prometheus="stare_job_tool_token_mismatches",
     ),
+    # ------------------------------------------------------------------------------ rollout engine
+    _m(
+        "rollout/mismatch_abs_mean",
+        "nats",
+        "Mean over the step's sampled tokens of |log π_sampler − log π_trainer|: the rollout engine's "
+        "log-prob of each token against the trainer's (π_old, before the update).",
+        applies_to="rollout.engine vllm",
+        prometheus="stare_job_rollout_mismatch_abs_mean",
+        shown=[_R],
+    ),
+    _m(
+        "rollout/mismatch_abs_max",
+        "nats",
+        "Largest |log π_sampler − log π_trainer| over the step's sampled tokens.",
+        applies_to="rollout.engine vllm",
+        prometheus="stare_job_rollout_mismatch_abs_max",
+    ),
+    _m(
+        "rollout/mismatch_kl",
+        "nats",
+        "KL(π_sampler ‖ π_trainer) per token, the k3 estimator on the sampled tokens: mean of r − 1 − log r, "
+        "r = π_trainer/π_sampler (unbiased, never negative).",
+        applies_to="rollout.engine vllm",
+        prometheus="stare_job_rollout_mismatch_kl",
+        shown=[_R],
+    ),
+    _m(
+        "rollout/tis_weight_mean",
+        "ratio",
+        "Mean truncated importance weight min(π_trainer/π_sampler, rollout.tis_cap) over the sampled tokens.",
+        applies_to="rollout.tis_cap set",
+        prometheus="stare_job_rollout_tis_weight_mean",
+    ),
+    _m(
+        "rollout/tis_capped_fraction",
+        "fraction",
+        "Share of the sampled tokens whose ratio π_trainer/π_sampler exceeded rollout.tis_cap.",
+        applies_to="rollout.tis_cap set",
+    ),
     # --------------------------------------------------------------------------------------- evaluation
     _m(
         "eval/avg@k",

@@ -280,6 +280,18 @@ class SftSpec(_Strict):
     label_smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
 
 
+class RolloutSpec(_Strict):
+    """Which engine samples the rollouts (docs/ROLLOUTS.md). hf: transformers' generate on the policy
+    itself, the reference. vllm: a vLLM engine colocated with the trainer, its weights pushed after every
+    optimiser step; its log-probs differ from the trainer's by kernels and rounding, which the step's
+    rollout/mismatch_* metrics measure."""
+
+    engine: Literal["hf", "vllm"] = "hf"
+    # Truncated importance sampling: each token's advantage is weighted by min(π_trainer/π_sampler, tis_cap)
+    # (docs/ALGORITHMS.md). None: off.
+    tis_cap: Annotated[float, Field(ge=1.0, le=1000.0)] | None = None
+
+
 class EntropyBandSpec(_Strict):
     low: Annotated[float, Field(ge=0.0)] = 0.1
     high: Annotated[float, Field(ge=0.0)] = 1.0
@@ -371,6 +383,7 @@ class TrainSpec(_Strict):
     reward: RewardSpec = Field(default_factory=RewardSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     optim: OptimSpec = Field(default_factory=OptimSpec)
     sft: SftSpec | None = None
     entropy_band: EntropyBandSpec = Field(default_factory=EntropyBandSpec)
@@ -395,6 +408,10 @@ class TrainSpec(_Strict):
         ):
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
         _check_verifier(self.verifier)
+        if self.rollout.tis_cap is not None and self.rollout.engine != "vllm":
+            raise ValueError(
+                "rollout.tis_cap needs rollout.engine vllm (HF generate samples from the trainer)"
+            )
         if self.environment is not None and self.distributed.num_processes > 1:
             raise ValueError(
                 "environment: tool-use rollouts run in one process (distributed.num_processes 1)"

@@ -208,6 +208,27 @@ JOB_DASHBOARD = Dashboard(
             ),
         ),
         Row(
+            "Rollout engine",
+            (
+                Panel(
+                    "Sampler-trainer log-prob mismatch",
+                    (
+                        _q("rollout/mismatch_abs_mean", "mean |Δ log p|", E.NONNEGATIVE),
+                        _q("rollout/mismatch_abs_max", "max |Δ log p|", E.NONNEGATIVE),
+                        _q("rollout/mismatch_kl", "KL (k3)", E.NONNEGATIVE),
+                    ),
+                    width=12,
+                    description="vLLM's log-probs of the sampled tokens against the trainer's, each step.",
+                ),
+                Panel(
+                    "Truncated IS weight",
+                    (_q("rollout/tis_weight_mean", "mean weight", E.NONNEGATIVE),),
+                    width=12,
+                ),
+            ),
+            requires="rollout.engine vllm",
+        ),
+        Row(
             "Tool use",
             (
                 Panel(

@@ -1,9 +1,10 @@
 """Suite-wide rules.
 
 Real components: a test that needs a real Prometheus, promtool, chromium or bubblewrap marks itself with
-`requires_binary(...)`; a test that finds at run time that its real part cannot run here (a mount without
-root, a private PostgreSQL or Redis server that cannot be started) calls `skip_missing_component(...)`.
-Either way it is skipped with a reason starting `real component missing:`; under
+`requires_binary(...)`; one that runs a trainer under vLLM's interpreter with `requires_vllm_python()`
+(tests needing vLLM in-process are marked `vllm`); a test that finds at run time that its real part cannot
+run here (a mount without root, a private PostgreSQL or Redis server that cannot be started) calls
+`skip_missing_component(...)`. Either way it is skipped with a reason starting `real component missing:`; under
 STARE_REQUIRE_REAL_COMPONENTS=1 (set by `make test`, the README's test command) such a skip is a failure,
 so a green run cannot hide a real part that never ran. tests/worker/test_fault_skips.py holds the fault
 tests (outages, mounts, storage faults, database restarts) to it.
@@ -11,9 +12,12 @@ tests (outages, mounts, storage faults, database restarts) to it.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -34,6 +38,28 @@ def skip_missing_component(reason: str) -> NoReturn:
     """Skip (or, under STARE_REQUIRE_REAL_COMPONENTS=1, fail): a real component this test needs cannot run
     here, for `reason`."""
     pytest.skip(f"{REAL_COMPONENT_MISSING} {reason}")
+
+
+def vllm_python() -> str:
+    """The interpreter with vLLM: $STARE_VLLM_PYTHON, or the repository's .venv-vllm (`make install`)."""
+    default = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return os.environ.get("STARE_VLLM_PYTHON") or str(default)
+
+
+@functools.cache
+def _has_vllm(python: str) -> bool:
+    if not Path(python).is_file():
+        return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+
+
+def requires_vllm_python() -> pytest.MarkDecorator:
+    """Skip (or, under STARE_REQUIRE_REAL_COMPONENTS=1, fail) when vllm_python() has no vLLM."""
+    python = vllm_python()
+    return pytest.mark.skipif(
+        not _has_vllm(python), reason=f"{REAL_COMPONENT_MISSING} vllm in {python} (make install builds it)"
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

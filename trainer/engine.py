@@ -61,7 +61,7 @@ from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
 from trainer.evaluation import evaluate
 from trainer.events import EventCallback, EventLog, _now
-from trainer.generation import HFGenerate
+from trainer.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
 from trainer.scoring import forward_is_deterministic, micro_batches
@@ -75,10 +75,12 @@ from trainer.update import (
     check_finite_entropy,
     lr_factor,
     measure_old_policy,
+    no_grad_pass,
     policy_update,
     reads_sample_stats,
     zero_advantage_skip,
 )
+from trainer.vllm_engine import after_optimizer_step, after_rollout, build_rollout_engine
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
@@ -194,14 +196,15 @@ class Engine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
-        self.rollout_engine = HFGenerate(self._unwrapped_model, self.tokenizer)  # trainer.generation
+        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine)
+        self.rollout_engine = build_rollout_engine(spec, self._unwrapped_model, self.tokenizer)
         # The zero-advantage skip, in one process only (under DDP all ranks must make the same forward calls).
         self.skip_zero_advantage = (
             spec.optim.skip_zero_advantage
             and self.world == 1
             and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
         )
-        self.record_sample_stats = reads_sample_stats(
+        self.record_sample_stats = self.rollout_engine.gives_pi_old and reads_sample_stats(
             spec,
             skip_zero_advantage=self.skip_zero_advantage,
             deterministic=self._forward_is_deterministic,
@@ -240,7 +243,14 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         examples = self.eval_examples[self.rank :: self.world]
-        return evaluate(self._unwrapped_model, self.tokenizer, self.spec, examples, self._reduce)
+        return evaluate(
+            self._unwrapped_model,
+            self.tokenizer,
+            self.spec,
+            examples,
+            self._reduce,
+            engine=self.rollout_engine,
+        )
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -277,6 +287,7 @@ class Engine:
         seed_everything(step_seed(spec.seed, step))
         t0 = time.perf_counter()
         batch, gen_batches = self.collect()  # 1
+        after_rollout(self.rollout_engine)
         batch = batch.to(self.device)
         t_gen = time.perf_counter() - t0
 
@@ -293,6 +304,8 @@ class Engine:
             self.model, batch, skip_rows, spec=spec, n_micro=n_micro,
             deterministic=self._forward_is_deterministic, entropy_grad=self.algorithm.differentiable_entropy,
         )  # 3  # fmt: skip
+        if spec.rollout.tis_cap is not None and old.logprob is None and batch.size:
+            old = no_grad_pass(self.model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
         h_bar = None
         if self.algorithm.measures_entropy_first:  # 4
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
@@ -300,18 +313,29 @@ class Engine:
         token_weights, metrics = self.controllers.token_weights(old.logprob, advantages, batch.response_mask)
         reference = self.reference.logprob(batch) if self.reference is not None and batch.size else None
         step_batch = StepBatch(
-            batch, advantages, old.ratio_logprob, reference, token_weights, global_tokens, global_sequences,
+            batch, self._corrected(advantages, batch, old), old.ratio_logprob, reference, token_weights, global_tokens, global_sequences,
             skip_rows,
         )  # fmt: skip
         t1 = t_old if old.first_pass is not None else time.perf_counter()
         _inject_crash(step)
         update_metrics, grad_norm = self.update_policy(step, step_batch, old, n_micro)  # 5
+        after_optimizer_step(self.rollout_engine, self._unwrapped_model)
         t_update = time.perf_counter() - t1
 
         if h_bar is None:  # π_old is the training pass's (OldPolicy.fill)
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
         metrics.update(update_metrics)
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
+        if batch.sampler_logprob is not None and old.logprob is not None:
+            metrics.update(
+                mismatch_metrics(
+                    batch.sampler_logprob,
+                    old.logprob,
+                    batch.response_mask,
+                    self._reduce,
+                    spec.rollout.tis_cap,
+                )
+            )
         metrics.update(
             self.step_metrics(
                 batch, advantages, old, h_bar, global_tokens, global_sequences,
@@ -320,6 +344,14 @@ class Engine:
         )  # 6  # fmt: skip
         self.step = step
         return metrics
+
+    def _corrected(self, advantages: Tensor, batch: Rollout, old: OldPolicy) -> Tensor:
+        """The update's advantages: with rollout.tis_cap, each token's scaled by its truncated importance
+        weight min(π_trainer/π_sampler, C) (trainer.mismatch); otherwise unchanged."""
+        cap = self.spec.rollout.tis_cap
+        if cap is None or batch.sampler_logprob is None or old.logprob is None:
+            return advantages
+        return weighted_advantages(advantages, truncated_is_weights(old.logprob, batch.sampler_logprob, cap))
 
     def _mean_entropy(self, step: int, entropy: Tensor | None, mask: Tensor, global_tokens: float) -> float:
         """H̄: the token-mean entropy over the step batch of every process; non-finite is an error."""

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
-from trainer.rollout import generate, run_episodes
+from trainer.generation import HFGenerate, RolloutEngine
+from trainer.rollout import run_episodes
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score
 
@@ -20,10 +21,17 @@ CHUNK_PROMPTS = 128
 
 @torch.no_grad()
 def evaluate(
-    model: Any, tokenizer: Any, spec: TrainSpec, examples: list[Example], reduce: Reduce
+    model: Any,
+    tokenizer: Any,
+    spec: TrainSpec,
+    examples: list[Example],
+    reduce: Reduce,
+    *,
+    engine: RolloutEngine | None = None,
 ) -> dict[str, float]:
     """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
-    processes. The model is left in train mode."""
+    processes; `engine`: the rollout engine (default: HF generate on `model`). The model is left in train
+    mode."""
     ev = spec.evaluation
     model.eval()
     k = 1 if ev.greedy else ev.k
@@ -31,11 +39,11 @@ def evaluate(
     for s in range(0, len(examples), CHUNK_PROMPTS):
         chunk = examples[s : s + CHUNK_PROMPTS]
         if spec.environment is not None:
-            chunk_correct, chunk_pass, chunk_length = eval_episodes(model, tokenizer, spec, chunk, k)
+            chunk_correct, chunk_pass, chunk_length = eval_episodes(model, tokenizer, spec, chunk, k, engine)
             correct_sum, pass_sum = correct_sum + chunk_correct, pass_sum + chunk_pass
             length_sum, n_prompts = length_sum + chunk_length, n_prompts + len(chunk)
             continue
-        for mean_score, passed, lengths in eval_responses(model, tokenizer, spec, chunk, k):
+        for mean_score, passed, lengths in eval_responses(model, tokenizer, spec, chunk, k, engine):
             for n in lengths:  # summed in this order, sample by sample, as the totals always were
                 length_sum += n
             correct_sum += mean_score
@@ -54,7 +62,12 @@ def evaluate(
 
 
 def eval_responses(
-    model: Any, tokenizer: Any, spec: TrainSpec, chunk: list[Example], k: int
+    model: Any,
+    tokenizer: Any,
+    spec: TrainSpec,
+    chunk: list[Example],
+    k: int,
+    engine: RolloutEngine | None = None,
 ) -> list[tuple[float, float, list[float]]]:
     """k single-turn responses per example: per example (mean score, 1.0 if a sample scores 1, the
     samples' response lengths)."""
@@ -63,17 +76,14 @@ def eval_responses(
         render_prompt(e, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
         for e in chunk
     ]
-    ids, _, resp_mask, _, p_len = generate(
-        model,
-        tokenizer,
-        prompts,
-        num_samples=k,
-        temperature=ev.temperature,
-        top_p=ev.top_p,
-        max_new_tokens=spec.sampling.max_new_tokens,
-        greedy=ev.greedy,
-        add_special_tokens=not spec.task.use_chat_template,
+    enc = tokenizer(
+        prompts, return_tensors="pt", padding=True, add_special_tokens=not spec.task.use_chat_template
     )
+    generated = (engine if engine is not None else HFGenerate(model, tokenizer)).generate(
+        enc["input_ids"], enc["attention_mask"], num_samples=k, temperature=ev.temperature, top_p=ev.top_p,
+        max_new_tokens=spec.sampling.max_new_tokens, greedy=ev.greedy,
+    )  # fmt: skip
+    ids, resp_mask, p_len = generated.input_ids, generated.response_mask, generated.prompt_length
     out = []
     for j, ex in enumerate(chunk):
         scores, lengths = [], []
@@ -88,14 +98,19 @@ def eval_responses(
 
 
 def eval_episodes(
-    model: Any, tokenizer: Any, spec: TrainSpec, chunk: list[Example], k: int
+    model: Any,
+    tokenizer: Any,
+    spec: TrainSpec,
+    chunk: list[Example],
+    k: int,
+    engine: RolloutEngine | None = None,
 ) -> tuple[float, float, float]:
     """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean
     score, examples with a sample scoring 1, model tokens of every episode)."""
     ev = spec.evaluation
     episodes = run_episodes(
         model, tokenizer, chunk, spec, num_samples=k, temperature=ev.temperature, top_p=ev.top_p,
-        greedy=ev.greedy,
+        greedy=ev.greedy, engine=engine,
     )  # fmt: skip
     model_tokens = sum(len(ids) for row in episodes.pieces for ids, is_model in row if is_model)
     scores = [

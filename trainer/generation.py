@@ -35,9 +35,16 @@ class Generation:
     truncated: Tensor  # (B,) bool: no EOS within the budget
     prompt_length: int  # P
     sample_record: SampleRecord | None = None
+    # (B, R) each response token's log-prob under the engine's own sampling distribution, where the engine
+    # is not the trainer (vLLM): the mismatch metrics and the truncated IS correction read it
+    sampler_logprob: Tensor | None = None
 
 
 class RolloutEngine(Protocol):
+    # Whether `sample_record` (when recorded) is the trainer's own π_old, so the update may read it in place
+    # of a forward. False for an engine with its own kernels and weights copy (vLLM).
+    gives_pi_old: bool
+
     def generate(
         self,
         prompt_ids: Tensor,
@@ -211,6 +218,8 @@ def generation_kwargs(
 
 class HFGenerate:
     """The rollout engine on the policy itself: transformers' generate (KV cache), in eval mode."""
+
+    gives_pi_old = True
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer

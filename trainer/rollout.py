@@ -55,6 +55,9 @@ class Rollout:
     # Tool-use environments: per-episode counters (B, len(trainer.envs.tool_use.COUNT_FIELDS)); None for
     # single-turn rollouts. Tool-result tokens sit inside the response with response_mask 0.
     tool_counts: Tensor | None = None
+    # Per response token (B, R): its log-prob under a rollout engine that is not the trainer (vLLM's
+    # sampler), for the mismatch metrics and the truncated IS correction (trainer.mismatch); else None.
+    sampler_logprob: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -119,6 +122,17 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
             if all(r.tool_counts is not None for r in parts)
             else None
         ),
+        sampler_logprob=(
+            torch.cat(
+                [
+                    torch.nn.functional.pad(r.sampler_logprob, (0, r_max - r.sampler_logprob.shape[1]))
+                    for r in parts
+                    if r.sampler_logprob is not None
+                ]
+            )
+            if all(r.sampler_logprob is not None for r in parts)
+            else None
+        ),
         **{name: torch.cat(values) for name, values in stats.items() if with_stats},
     )
 
@@ -167,7 +181,7 @@ def rollout(
     prompt index), or the first of consecutive ones. `engine`: the rollout engine (default: HF generate on
     `model`, trainer.generation)."""
     if spec.environment is not None:
-        return env_rollout(model, tokenizer, examples, group_offset, spec)
+        return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine)
     g = spec.sampling.group_size
     prompts = [
         render_prompt(ex, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
@@ -204,6 +218,7 @@ def rollout(
         group_ids=group_ids,
         truncated=truncated,
         texts=texts,
+        sampler_logprob=out.sampler_logprob,
         **(dict(zip(SAMPLE_STAT_FIELDS, stats)) if stats is not None else {}),
     )
 
@@ -221,11 +236,12 @@ def generate_turn(
     top_p: float,
     max_new_tokens: int,
     greedy: bool = False,
+    engine: RolloutEngine | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """One model turn for each context (token ids, unpadded): the sampled ids up to and including the first
     EOS, and whether the turn hit max_new_tokens without EOS. The contexts go in as ids, left-padded, never
-    as text: the model sees exactly these tokens (token-in, token-out)."""
-    device = model_device(model)
+    as text: the model sees exactly these tokens (token-in, token-out). `engine`: a rollout engine to
+    sample with (default: HF generate on `model`)."""
     width = max(len(c) for c in contexts)
     pad = tokenizer.pad_token_id
     ids = torch.full((len(contexts), width), pad, dtype=torch.long)
@@ -233,6 +249,15 @@ def generate_turn(
     for row, context in enumerate(contexts):
         ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
         mask[row, width - len(context) :] = 1
+    if engine is not None:
+        out = engine.generate(
+            ids, mask, num_samples=1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+            greedy=greedy,
+        )  # fmt: skip
+        lengths = out.response_mask.sum(-1).long().tolist()
+        turns = out.input_ids[:, out.prompt_length :].tolist()
+        return [row[:n] for row, n in zip(turns, lengths)], out.truncated.tolist()
+    device = model_device(model)
     eos, kwargs = generation_kwargs(
         model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p
     )
@@ -266,6 +291,7 @@ def run_episodes(
     temperature: float,
     top_p: float,
     greedy: bool = False,
+    engine: RolloutEngine | None = None,
 ) -> Episodes:
     """num_samples episodes of spec.environment per example (rows example-major, like `generate`). Each turn
     runs generate over the rows still going; tool results are tokenised on their own and appended to the
@@ -302,6 +328,7 @@ def run_episodes(
             top_p=top_p,
             max_new_tokens=spec.sampling.max_new_tokens,
             greedy=greedy,
+            engine=engine,
         )
         still = []
         for i, context, turn, hit_budget in zip(active, contexts, turns, cut):
@@ -370,7 +397,13 @@ def group_id_rows(group_offset: int | list[int], n_examples: int, group_size: in
 
 
 def env_rollout(
-    model: Any, tokenizer: Any, examples: list[Example], group_offset: int | list[int], spec: TrainSpec
+    model: Any,
+    tokenizer: Any,
+    examples: list[Example],
+    group_offset: int | list[int],
+    spec: TrainSpec,
+    *,
+    engine: RolloutEngine | None = None,
 ) -> Rollout:
     """spec.sampling.group_size episodes of spec.environment per example, scored on their answers."""
     g = spec.sampling.group_size
@@ -382,6 +415,7 @@ def env_rollout(
         num_samples=g,
         temperature=spec.sampling.temperature,
         top_p=spec.sampling.top_p,
+        engine=engine,
     )
     input_ids, attention_mask, response_mask, p_len, counts = episodes_to_rollout(
         episodes, tokenizer.pad_token_id

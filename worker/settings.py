@@ -23,3 +23,6 @@ class WorkerSettings(Settings):
     db_retry_max_s: Annotated[float, Field(gt=0)] = 300.0  # ride out a database outage this long
     cancel_grace_s: Annotated[float, Field(gt=0)] = 120.0  # SIGTERM → SIGKILL for a trainer that won't stop
     python: str = ""  # interpreter for the trainer child; empty: this one
+    # interpreter for a job with rollout.engine vllm (vLLM pins its own transformers: `make install` builds
+    # .venv-vllm for it); empty: `python`
+    vllm_python: str = ""

@@ -272,6 +272,15 @@ def discard_unrecorded_checkpoints(folder: Path, recorded_step: int | None) -> N
             shutil.rmtree(child, ignore_errors=True)
 
 
+def trainer_python(resolved_spec: dict[str, Any], settings: WorkerSettings) -> str:
+    """The interpreter of the job's trainer: vllm_python for rollout.engine vllm when set, else python,
+    else this one."""
+    engine = (resolved_spec.get("rollout") or {}).get("engine", "hf")
+    if engine == "vllm" and settings.vllm_python:
+        return settings.vllm_python
+    return settings.python or sys.executable
+
+
 def run_claimed(
     db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
 ) -> str:
@@ -282,8 +291,9 @@ def run_claimed(
         spec_path, out_dir, resume = prepare_run(claim, storage)
         num_processes = int(claim.resolved_spec.get("distributed", {}).get("num_processes", 1))
         command = trainer_command(
-            settings.python or sys.executable, spec_path, out_dir, resume=resume, num_processes=num_processes
-        )
+            trainer_python(claim.resolved_spec, settings), spec_path, out_dir, resume=resume,
+            num_processes=num_processes,
+        )  # fmt: skip
         log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
         child = TrainerProcess(command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"})
     except StorageError as err:  # our own write failed: the trainer would meet the same disk

@@ -1,0 +1,202 @@
+"""vLLM as the rollout engine (trainer.vllm_engine), on the tiny model after the tool-use spec's SFT
+warm-start: greedy rollouts equal HF generate's token for token; groups, temperature and top-p, the
+token budget and EOS; after an optimiser step and its weight push the engine's log-probs equal the
+trainer's (and differ without the push); tool-use episodes are token-in, token-out; dynamic sampling and
+evaluation run on it. One engine (one vLLM start) serves the whole module.
+
+These tests need vLLM in the interpreter (`make install` builds .venv-vllm; `make test` runs them there).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from contract.spec import load_spec
+from tests.conftest import REAL_COMPONENT_MISSING
+from trainer.data import collect
+from trainer.engine import Engine
+from trainer.evaluation import evaluate
+from trainer.generation import HFGenerate
+from trainer.rollout import Rollout
+from trainer.scoring import response_stats
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason=f"{REAL_COMPONENT_MISSING} vllm (make install builds .venv-vllm; make test runs this there)",
+    ),
+]
+
+SPEC = Path(__file__).resolve().parents[2] / "trainer" / "specs" / "tool_use_tiny.yaml"
+PROMPTS = ["47*86=", "12*34=", "5*6=", "99*10="]
+# |log π_vLLM − log π_trainer| per token, float32 on the CPU. Both compute the same function of the same
+# weights with different kernels (vLLM's CPU attention and fused ops against torch's eager ops), so they
+# differ by float32 rounding: relative error ~1e-7 per operation, amplified along a 2-layer network of width
+# 128 to ~1e-5 in the logits; a log-prob moves by at most twice its logits' largest change. 1e-3 nats leaves
+# two orders of magnitude for a CPU's kernel choices; one optimiser step at lr 1e-2 moves log-probs by
+# ~0.1 nats, far above it, so a skipped push cannot pass.
+LOGPROB_TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    spec = load_spec(SPEC).model_copy(update={"rollout": {"engine": "vllm"}})
+    spec = type(spec).model_validate(spec.model_dump())
+    engine = Engine(spec, tmp_path_factory.mktemp("vllm"), progress=False)
+    engine.setup()
+    engine._sft()
+    return engine
+
+
+def _encode(engine: Engine, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    enc = engine.tokenizer(prompts, return_tensors="pt", padding=True)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _trainer_logprob(engine: Engine, out: object) -> torch.Tensor:
+    """The trainer's log-probs (temperature 1) of a Generation's response tokens, 0 past each response."""
+    g = out  # trainer.generation.Generation
+    batch = Rollout(
+        input_ids=g.input_ids, attention_mask=g.attention_mask, response_mask=g.response_mask,  # type: ignore[attr-defined]
+        prompt_length=g.prompt_length, rewards=torch.zeros(len(g.input_ids)),  # type: ignore[attr-defined]
+        correct=torch.zeros(len(g.input_ids)), group_ids=torch.zeros(len(g.input_ids), dtype=torch.long),  # type: ignore[attr-defined]
+        truncated=g.truncated,  # type: ignore[attr-defined]
+    )  # fmt: skip
+    model = engine._unwrapped_model
+    model.eval()
+    with torch.no_grad():
+        logprob, _, _ = response_stats(model, batch, torch.arange(batch.size), 1.0, with_entropy=False)
+    model.train()
+    return logprob * batch.response_mask
+
+
+def _max_mismatch(engine: Engine) -> float:
+    ids, mask = _encode(engine, PROMPTS)
+    torch.manual_seed(11)
+    out = engine.rollout_engine.generate(
+        ids, mask, num_samples=4, temperature=1.0, top_p=1.0, max_new_tokens=12
+    )
+    assert out.sampler_logprob is not None
+    delta = (out.sampler_logprob - _trainer_logprob(engine, out)) * out.response_mask
+    return float(delta.abs().max())
+
+
+def test_engine_says_its_record_is_not_pi_old(engine: Engine) -> None:
+    assert engine.rollout_engine.gives_pi_old is False
+    assert engine.record_sample_stats is False
+    assert HFGenerate.gives_pi_old is True
+
+
+def test_greedy_rollouts_equal_hf_token_for_token(engine: Engine) -> None:
+    ids, mask = _encode(engine, [*PROMPTS, "3*4=", "(1)"])
+    kwargs = dict(num_samples=1, temperature=1.0, top_p=1.0, max_new_tokens=16, greedy=True)
+    fast = engine.rollout_engine.generate(ids, mask, **kwargs)  # type: ignore[arg-type]
+    engine._unwrapped_model.eval()
+    reference = HFGenerate(engine._unwrapped_model, engine.tokenizer).generate(ids, mask, **kwargs)  # type: ignore[arg-type]
+    engine._unwrapped_model.train()
+    width = min(fast.input_ids.shape[1], reference.input_ids.shape[1])
+    assert fast.prompt_length == reference.prompt_length
+    assert torch.equal(fast.response_mask.sum(-1), reference.response_mask.sum(-1))
+    assert torch.equal(fast.truncated, reference.truncated)
+    masked = torch.cat([mask, fast.response_mask.long()], dim=1)[:, :width].bool()
+    assert torch.equal(fast.input_ids[:, :width][masked], reference.input_ids[:, :width][masked])
+    assert fast.response_mask.sum() > len(PROMPTS)  # the warm-started model answers, it does not stop at once
+
+
+def test_groups_budget_eos_and_top_p(engine: Engine) -> None:
+    ids, mask = _encode(engine, PROMPTS)
+    torch.manual_seed(0)
+    out = engine.rollout_engine.generate(
+        ids, mask, num_samples=8, temperature=1.5, top_p=1.0, max_new_tokens=5
+    )
+    assert out.input_ids.shape[0] == len(PROMPTS) * 8 and out.response_mask.shape[1] <= 5
+    eos = engine.tokenizer.eos_token_id
+    responses = out.input_ids[:, out.prompt_length :]
+    for row, n, cut in zip(responses, out.response_mask.sum(-1).long(), out.truncated):
+        assert (row[: n - 1] != eos).all()  # stops at the first EOS, and only there
+        assert bool(cut) == (row[n - 1] != eos)
+    # Rows are example-major: each group's prompt is repeated G times.
+    assert torch.equal(out.input_ids[:8, : out.prompt_length], ids[:1].repeat(8, 1))
+    # At temperature 1.5 a group's samples differ; with top-p tiny only the top token survives: greedy.
+    assert len({tuple(r.tolist()) for r in responses[:8]}) > 1
+    nucleus = engine.rollout_engine.generate(
+        ids, mask, num_samples=2, temperature=1.5, top_p=1e-6, max_new_tokens=8
+    )
+    greedy = engine.rollout_engine.generate(
+        ids, mask, num_samples=1, temperature=1.0, top_p=1.0, max_new_tokens=8, greedy=True
+    )
+    assert torch.equal(nucleus.input_ids[::2], greedy.input_ids)
+    # The sampler's log-probs are of its processed distribution: with top-p 1e-6 that is one token, log 1 = 0.
+    assert float(nucleus.sampler_logprob.abs().max()) < 1e-5  # type: ignore[union-attr]
+
+
+def test_logprobs_match_the_trainer_after_each_step_and_a_skipped_push_shows(engine: Engine) -> None:
+    assert _max_mismatch(engine) < LOGPROB_TOLERANCE
+    params = [p for p in engine._unwrapped_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=1e-3)
+    ids, mask = _encode(engine, PROMPTS)
+    for step in range(2):
+        # An optimiser step on the policy: raise the log-prob of a fixed sampled batch.
+        torch.manual_seed(step)
+        out = engine.rollout_engine.generate(
+            ids, mask, num_samples=2, temperature=1.0, top_p=1.0, max_new_tokens=8
+        )
+        batch = Rollout(
+            input_ids=out.input_ids, attention_mask=out.attention_mask, response_mask=out.response_mask,
+            prompt_length=out.prompt_length, rewards=torch.zeros(len(out.input_ids)),
+            correct=torch.zeros(len(out.input_ids)), group_ids=torch.zeros(len(out.input_ids), dtype=torch.long),
+            truncated=out.truncated,
+        )  # fmt: skip
+        logprob, _, _ = response_stats(engine.model, batch, torch.arange(batch.size), 1.0, with_entropy=False)
+        (-(logprob * batch.response_mask).sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stale = _max_mismatch(engine)
+        assert stale > 20 * LOGPROB_TOLERANCE, f"step {step}: the update did not move the policy ({stale})"
+        from trainer.vllm_engine import after_optimizer_step
+
+        after_optimizer_step(engine.rollout_engine, engine._unwrapped_model)
+        fresh = _max_mismatch(engine)
+        assert fresh < LOGPROB_TOLERANCE, f"step {step}: {fresh} nats after the push (stale: {stale})"
+
+
+def test_train_steps_keep_tool_tokens_exact(engine: Engine) -> None:
+    for _ in range(2):
+        metrics = engine.train_step()
+        assert metrics["tool/token_mismatches"] == 0.0
+        # Multi-turn episodes carry no sampler log-probs yet (docs/ROLLOUTS.md): no mismatch metrics.
+        assert "rollout/mismatch_kl" not in metrics
+
+
+def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> None:
+    spec = engine.spec
+    optim = spec.optim.model_copy(update={"dynamic_sampling": {"enabled": True, "max_gen_batches": 2}})
+    dynamic = spec.model_copy(update={"optim": optim})
+    dynamic = type(spec).model_validate(dynamic.model_dump())
+    engine._unwrapped_model.eval()
+    batch, batches = collect(
+        engine._unwrapped_model, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
+        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine,
+    )  # fmt: skip
+    engine._unwrapped_model.train()
+    assert 1 <= batches <= 2
+    assert batch.tool_counts is None or float(batch.tool_counts[:, -1].sum()) == 0.0
+    examples = engine.eval_examples[:8]
+    on_vllm = evaluate(
+        engine._unwrapped_model,
+        engine.tokenizer,
+        spec,
+        examples,
+        engine._reduce,
+        engine=engine.rollout_engine,
+    )
+    on_hf = evaluate(engine._unwrapped_model, engine.tokenizer, spec, examples, engine._reduce)
+    assert on_vllm["eval/num_prompts"] == 8.0
+    # Greedy tool-use episodes: the same tokens on both engines, so the same scores.
+    assert on_vllm["eval/avg@k"] == on_hf["eval/avg@k"]
+    assert on_vllm["eval/response_length"] == on_hf["eval/response_length"]

@@ -1,0 +1,101 @@
+"""The rollout mismatch metrics and the truncated importance-sampling correction (trainer.mismatch), on
+hand-computed values; no vLLM needed. The weight push's iterator (trainer.vllm_engine.policy_weights):
+LoRA layers come out merged, under the base model's names."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from contract.hyperparams import ClipLossParams
+from contract.spec import TrainSpec
+from trainer.algos import compute_policy_loss, make_loss_params
+from trainer.algos.aggregation import aggregate
+from trainer.algos.surrogate import PolicyLossInputs, clipped_surrogate
+from trainer.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
+from trainer.models import apply_lora, build_tiny_arith
+from trainer.vllm_engine import policy_weights
+
+
+def _identity_reduce(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+def test_weights_are_the_trainer_over_sampler_ratio_capped() -> None:
+    trainer = torch.tensor([[math.log(0.5), math.log(0.9), math.log(0.2)]])
+    sampler = torch.tensor([[math.log(0.25), math.log(0.9), math.log(0.8)]])
+    weights = truncated_is_weights(trainer, sampler, cap=1.5)
+    # 0.5/0.25 = 2 → capped at 1.5; 0.9/0.9 = 1; 0.2/0.8 = 0.25 (below 1: never raised)
+    assert torch.allclose(weights, torch.tensor([[1.5, 1.0, 0.25]]), atol=1e-6)
+    huge = truncated_is_weights(torch.tensor([[0.0]]), torch.tensor([[-500.0]]), cap=3.0)
+    assert huge.item() == pytest.approx(3.0)  # e^500 would overflow: computed in log space
+
+
+def test_weighted_advantages_weight_each_tokens_clipped_loss() -> None:
+    torch.manual_seed(0)
+    logprob = torch.randn(3, 5) * 0.3 - 1.0
+    old = logprob + torch.randn(3, 5) * 0.3  # ratios on both sides of the clip range
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    weights = torch.rand(3, 5) * 2
+    mask = torch.ones(3, 5)
+    p = ClipLossParams()
+    plain, _, _ = clipped_surrogate(logprob, old, advantages[:, None], mask, p)
+    weighted, _, _ = clipped_surrogate(logprob, old, weighted_advantages(advantages, weights), mask, p)
+    assert torch.allclose(weighted, weights * plain, atol=1e-6)
+    # Through a registered loss: its aggregation of w_t ℓ_t.
+    inputs = PolicyLossInputs(
+        logprob=logprob, old_logprob=old, advantages=weighted_advantages(advantages, weights),
+        response_mask=mask, global_token_count=15.0,
+    )  # fmt: skip
+    grpo = make_loss_params("grpo")
+    loss, _ = compute_policy_loss("grpo", inputs, grpo)
+    grpo_plain, _, _ = clipped_surrogate(logprob, old, advantages[:, None], mask, grpo)
+    expected = aggregate(weights * grpo_plain, mask, grpo.agg_mode, global_token_count=15.0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_mismatch_metrics_by_hand() -> None:
+    sampler = torch.tensor([[math.log(0.5), math.log(0.4), 0.0]])
+    trainer = torch.tensor([[math.log(0.25), math.log(0.4), -7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is past the response: not counted
+    metrics = mismatch_metrics(sampler, trainer, mask, _identity_reduce, cap=1.5)
+    assert metrics["rollout/mismatch_abs_mean"] == pytest.approx(math.log(2) / 2)
+    assert metrics["rollout/mismatch_abs_max"] == pytest.approx(math.log(2))
+    # k3 with r = π_t/π_s: token 1 r = 0.5: 0.5 − 1 − log 0.5; token 2 r = 1: 0
+    assert metrics["rollout/mismatch_kl"] == pytest.approx((0.5 - 1 + math.log(2)) / 2)
+    assert metrics["rollout/tis_weight_mean"] == pytest.approx((0.5 + 1.0) / 2)
+    assert metrics["rollout/tis_capped_fraction"] == 0.0
+    equal = mismatch_metrics(sampler, sampler, mask, _identity_reduce, cap=None)
+    assert equal == {
+        "rollout/mismatch_abs_mean": 0.0,
+        "rollout/mismatch_abs_max": 0.0,
+        "rollout/mismatch_kl": 0.0,
+    }
+
+
+def test_the_spec_offers_the_engine_and_the_cap_with_vllm_only() -> None:
+    assert TrainSpec().rollout.engine == "hf" and TrainSpec().rollout.tis_cap is None
+    assert TrainSpec.model_validate({"rollout": {"engine": "vllm", "tis_cap": 2.0}}).rollout.tis_cap == 2.0
+    with pytest.raises(ValidationError, match="tis_cap"):
+        TrainSpec.model_validate({"rollout": {"tis_cap": 2.0}})
+    with pytest.raises(ValidationError, match="engine"):
+        TrainSpec.model_validate({"rollout": {"engine": "sglang"}})
+
+
+def test_lora_weights_are_pushed_merged_under_the_base_names() -> None:
+    model, _ = build_tiny_arith(0)
+    names = {name for name, _ in model.named_parameters()}
+    lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)  # a trained adapter: ΔW ≠ 0
+    base_q = lora.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight.detach().clone()
+    pushed = dict(policy_weights(lora))
+    assert set(pushed) == names
+    assert not torch.allclose(pushed["model.layers.0.self_attn.q_proj.weight"], base_q)  # ΔW is in
+    merged = lora.merge_and_unload()
+    for name, tensor in merged.named_parameters():
+        assert torch.allclose(pushed[name], tensor, atol=1e-6), name

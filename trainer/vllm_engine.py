@@ -1,0 +1,255 @@
+"""vLLM as the rollout engine (spec `rollout.engine: vllm`), colocated with the trainer: one in-process
+`vllm.LLM` per trainer process, holding its own copy of the policy's weights, refreshed after every
+optimiser step (`push_weights`, fed by `policy_weights`). docs/ROLLOUTS.md describes it.
+
+- Token ids in, token ids out: prompts go to vLLM as token ids (`TokensPrompt`) and the sampled ids come
+  back as ids; nothing is re-tokenised, so multi-turn episodes keep the exact tokens of every turn.
+- The sampling record: vLLM's log-probs are of its own processed distribution (temperature, top-p) and its
+  own kernels, so they are not π_old. `gives_pi_old` is False: the update scores π_old with the trainer
+  (`trainer.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
+  for the mismatch metrics and the truncated importance-sampling correction (`trainer.mismatch`).
+- Sleep and wake: on a GPU the engine is built with `enable_sleep_mode` and sleeps (weights offloaded, KV
+  cache freed) while the trainer updates, so both fit one device. On the CPU there is nothing to free
+  (vLLM's CPU backend has no sleep mode): `sleep` and `wake` do nothing there.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from contract.spec import TrainSpec
+from trainer.generation import Generation, HFGenerate, RolloutEngine, hf_model
+
+# vLLM reads these when it is imported. In-process engine: the weight push hands tensors to the model
+# runner directly (no copy through a file or a socket). CPU: a 1 GiB KV cache, and no thread pinning, as
+# the trainer shares the cores.
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+MAX_MODEL_LEN_CAP = 4096  # tokens: prompt + response (multi-turn: the whole episode)
+
+
+def _import_vllm() -> Any:
+    for key, value in ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+    import vllm
+    from vllm import _custom_ops
+
+    if not torch.cuda.is_available():
+        # vLLM's CPU linear layers pack their weight into a oneDNN handle and drop the tensor; an in-place
+        # weight reload then leaves the handle on memory it no longer owns (measured: log-probs off by up
+        # to 1 nat after the second push). Without oneDNN they keep the weight and run torch's linear, so
+        # the push copies into the very tensor the layer reads.
+        _custom_ops._supports_onednn = False
+    return vllm
+
+
+def policy_weights(model: Any) -> Iterator[tuple[str, Tensor]]:
+    """The policy's weights as (name, tensor) in transformers' names, one tensor at a time, detached.
+
+    LoRA (peft): each adapted layer's merged weight W + ΔW, the adapters themselves left out. A sharded
+    parameter (FSDP2's DTensor) is gathered on its own as it is reached, so the push never holds more
+    than one full tensor beyond the shards. Tied weights appear once (named_parameters deduplicates).
+    """
+    inner = getattr(model, "module", model)
+    if callable(getattr(inner, "get_base_model", None)):
+        yield from _merged_lora_weights(inner.get_base_model())
+        return
+    for name, param in inner.named_parameters():
+        yield name, _full_tensor(param)
+
+
+def _full_tensor(param: Tensor) -> Tensor:
+    full_tensor = getattr(param, "full_tensor", None)  # torch.distributed.tensor.DTensor
+    value = full_tensor() if callable(full_tensor) else param
+    return value.detach()
+
+
+def _merged_lora_weights(base: Any) -> Iterator[tuple[str, Tensor]]:
+    modules = dict(base.named_modules())
+    for name, param in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        value = _full_tensor(param)
+        if ".base_layer." in name:
+            owner_name, leaf = name.rsplit(".base_layer.", 1)
+            owner = modules[owner_name]
+            if leaf == "weight":
+                adapters = [a for a in owner.active_adapters if a in owner.lora_A]
+                value = value + sum((owner.get_delta_weight(a).to(value.dtype) for a in adapters), 0)
+            name = f"{owner_name}.{leaf}"
+        yield name, value
+
+
+class VLLMGenerate:
+    """The rollout engine on an in-process vLLM copy of the policy (trainer.generation.RolloutEngine)."""
+
+    gives_pi_old = False  # its log-probs are the sampler's, not the trainer's π_old (module docstring)
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int | None = None) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        inner = hf_model(model)
+        self.on_gpu = next(iter(inner.parameters())).device.type == "cuda"
+        limit = int(getattr(inner.config, "max_position_embeddings", MAX_MODEL_LEN_CAP))
+        self.max_model_len = max_model_len or min(limit, MAX_MODEL_LEN_CAP)
+        eos = inner.generation_config.eos_token_id
+        eos = tokenizer.eos_token_id if eos is None else eos
+        self.eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
+        self._llm: Any = None
+        self.asleep = False
+
+    @property
+    def llm(self) -> Any:
+        """The vLLM engine, built on first use from the policy's weights at that moment (after an SFT
+        warm-start or a checkpoint restore), through a transient folder deleted once it is loaded."""
+        if self._llm is None:
+            vllm = _import_vllm()
+            inner = hf_model(self.model)
+            dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+            with tempfile.TemporaryDirectory(prefix="stare-vllm-") as folder:
+                _save_policy(self.model, self.tokenizer, Path(folder))
+                self._llm = vllm.LLM(
+                    model=folder,
+                    dtype=dtype.get(next(iter(inner.parameters())).dtype, "float32"),
+                    max_model_len=self.max_model_len,
+                    max_num_seqs=256,
+                    enforce_eager=True,  # CUDA graphs / torch.compile start slower than short jobs gain
+                    enable_sleep_mode=self.on_gpu,
+                    gpu_memory_utilization=0.3,
+                    # The log-probs of the distribution the tokens were drawn from: after temperature, top-p.
+                    logprobs_mode="processed_logprobs",
+                    seed=0,
+                )
+            self._vllm = vllm
+        return self._llm
+
+    # ------------------------------------------------------------------ sampling
+
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        num_samples: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        greedy: bool = False,
+        record: bool = False,
+    ) -> Generation:
+        """num_samples responses per left-padded prompt row, laid out as HFGenerate lays them out; `record`
+        is ignored (no sampling record usable as π_old; the sampler's log-probs always come back)."""
+        del record
+        llm = self.llm
+        self.wake()
+        prompts = [
+            {"prompt_token_ids": [int(t) for t in row[mask.bool()].tolist()]}
+            for row, mask in zip(prompt_ids, prompt_mask)
+        ]
+        params = self._vllm.SamplingParams(
+            n=num_samples, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens, stop_token_ids=self.eos_ids, logprobs=0, detokenize=False,
+            seed=int(torch.randint(0, 2**31 - 1, (1,))),  # from the step's seeded RNG: reruns repeat
+        )  # fmt: skip
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        return self._layout(prompt_ids, prompt_mask, num_samples, completions)
+
+    def _layout(self, prompt_ids: Tensor, prompt_mask: Tensor, g: int, completions: list[Any]) -> Generation:
+        rows = len(completions)
+        width = max(1, max(len(c.token_ids) for c in completions))
+        responses = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        response_mask = torch.zeros((rows, width), dtype=torch.float32)
+        sampler_logprob = torch.zeros((rows, width), dtype=torch.float32)
+        truncated = torch.zeros(rows, dtype=torch.bool)
+        for i, c in enumerate(completions):
+            ids = list(c.token_ids)
+            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[i, : len(ids)] = 1.0
+            truncated[i] = not (ids and ids[-1] in self.eos_ids)
+            if c.logprobs is not None:
+                values = [step[token].logprob for step, token in zip(c.logprobs, ids)]
+                sampler_logprob[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        rows_ids = prompt_ids.cpu().repeat_interleave(g, dim=0)
+        rows_mask = prompt_mask.cpu().long().repeat_interleave(g, dim=0)
+        return Generation(
+            input_ids=torch.cat([rows_ids, responses], dim=1),
+            attention_mask=torch.cat([rows_mask, response_mask.long()], dim=1),
+            response_mask=response_mask,
+            truncated=truncated,
+            prompt_length=int(prompt_ids.shape[1]),
+            sampler_logprob=sampler_logprob,
+        )
+
+    # ------------------------------------------------------------------ weights and memory
+
+    def push_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Loads (name, tensor) pairs into the engine's model, one at a time as the iterator yields them,
+        and drops the prefix cache (its KV entries were computed by the old weights). Before the engine is
+        built there is nothing to update: it will read the weights then."""
+        if self._llm is None:
+            return
+        self.wake(weights_only=True)
+        runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        runner.reload_weights(weights_iterator=iter(weights))
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Before the update, on a GPU: weights to host memory, KV cache freed. The CPU: nothing to free."""
+        if self.on_gpu and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self, *, weights_only: bool = False) -> None:
+        if self.on_gpu and self.asleep:
+            if weights_only:
+                self.llm.wake_up(tags=["weights"])
+                return
+            self.llm.wake_up()
+            self.asleep = False
+
+
+def _save_policy(model: Any, tokenizer: Any, folder: Path) -> None:
+    """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer)."""
+    inner = hf_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.contiguous() for name, tensor in policy_weights(model)}
+    inner.config.save_pretrained(folder)
+    inner.generation_config.save_pretrained(folder)
+    from safetensors.torch import save_file
+
+    if getattr(inner.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
+
+
+def build_rollout_engine(spec: TrainSpec, model: Any, tokenizer: Any) -> RolloutEngine:
+    """The spec's rollout engine (rollout.engine) on the policy `model` (unwrapped)."""
+    if spec.rollout.engine == "vllm":
+        return VLLMGenerate(model, tokenizer)
+    return HFGenerate(model, tokenizer)
+
+
+def after_rollout(engine: RolloutEngine) -> None:
+    """The step's rollouts are done: a colocated engine frees its device memory for the update."""
+    sleep = getattr(engine, "sleep", None)
+    if callable(sleep):
+        sleep()
+
+
+def after_optimizer_step(engine: RolloutEngine, model: Any) -> None:
+    """The policy's weights changed: an engine with its own copy of them receives the new ones."""
+    push = getattr(engine, "push_weights", None)
+    if callable(push):
+        push(policy_weights(model))
