@@ -163,11 +163,17 @@ class EntropyBand(APIObject):
     high: float | None
 
 
+class EntropyTarget(APIObject):
+    value: float  # the resolved target (nats); a relative target is r × H0, H0 measured as RL starts
+    state: Literal["below", "at_or_above"] | None
+
+
 class EntropyStatus(APIObject):
     value: float | None
     band: EntropyBand
     state: Literal["in_band", "below", "above"] | None
     steps_out_of_band: int | None
+    target: EntropyTarget | None = None
 
 
 class LatestMetrics(APIObject):

@@ -30,6 +30,7 @@ PAIRS: dict[type[BaseModel], str] = {
     models.Progress: "Progress",
     models.EntropyBand: "EntropyBand",
     models.EntropyStatus: "EntropyStatus",
+    models.EntropyTarget: "EntropyTarget",
     models.LatestMetrics: "LatestMetrics",
     models.JobError: "JobError",
     models.Job: "JobObject",
