@@ -50,18 +50,13 @@ from contract.protocol import CHECKPOINTS_DIR, EVENTS_FILE, ErrorCode, EventType
 from contract.spec import TrainSpec
 from contract.storage import UNAMBIGUOUS, StorageError
 from trainer import checkpoints, heap, placement
-from trainer.algos import (
-    compute_advantages,
-    make_loss_params,
-    quadrant_analysis,
-    zero_advantage_rows_inert,
-)
+from trainer.algos import compute_advantages, make_loss_params, quadrant_analysis, zero_advantage_rows_inert
 from trainer.algos.control import StepStatistics
 from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
 from trainer.evaluation import evaluate
 from trainer.events import EventCallback, EventLog, _now
-from trainer.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
+from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
 from trainer.scoring import forward_is_deterministic, micro_batches
@@ -243,14 +238,8 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         examples = self.eval_examples[self.rank :: self.world]
-        return evaluate(
-            self._unwrapped_model,
-            self.tokenizer,
-            self.spec,
-            examples,
-            self._reduce,
-            engine=self.rollout_engine,
-        )
+        model, engine = self._unwrapped_model, self.rollout_engine
+        return evaluate(model, self.tokenizer, self.spec, examples, self._reduce, engine=engine)
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -313,8 +302,8 @@ class Engine:
         token_weights, metrics = self.controllers.token_weights(old.logprob, advantages, batch.response_mask)
         reference = self.reference.logprob(batch) if self.reference is not None and batch.size else None
         step_batch = StepBatch(
-            batch, self._corrected(advantages, batch, old), old.ratio_logprob, reference, token_weights, global_tokens, global_sequences,
-            skip_rows,
+            batch, corrected_advantages(advantages, batch.sampler_logprob, old.logprob, spec.rollout.tis_cap),
+            old.ratio_logprob, reference, token_weights, global_tokens, global_sequences, skip_rows,
         )  # fmt: skip
         t1 = t_old if old.first_pass is not None else time.perf_counter()
         _inject_crash(step)
@@ -326,16 +315,7 @@ class Engine:
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
         metrics.update(update_metrics)
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
-        if batch.sampler_logprob is not None and old.logprob is not None:
-            metrics.update(
-                mismatch_metrics(
-                    batch.sampler_logprob,
-                    old.logprob,
-                    batch.response_mask,
-                    self._reduce,
-                    spec.rollout.tis_cap,
-                )
-            )
+        metrics.update(step_mismatch_metrics(batch, old.logprob, self._reduce, spec.rollout.tis_cap))
         metrics.update(
             self.step_metrics(
                 batch, advantages, old, h_bar, global_tokens, global_sequences,
@@ -344,14 +324,6 @@ class Engine:
         )  # 6  # fmt: skip
         self.step = step
         return metrics
-
-    def _corrected(self, advantages: Tensor, batch: Rollout, old: OldPolicy) -> Tensor:
-        """The update's advantages: with rollout.tis_cap, each token's scaled by its truncated importance
-        weight min(π_trainer/π_sampler, C) (trainer.mismatch); otherwise unchanged."""
-        cap = self.spec.rollout.tis_cap
-        if cap is None or batch.sampler_logprob is None or old.logprob is None:
-            return advantages
-        return weighted_advantages(advantages, truncated_is_weights(old.logprob, batch.sampler_logprob, cap))
 
     def _mean_entropy(self, step: int, entropy: Tensor | None, mask: Tensor, global_tokens: float) -> float:
         """H̄: the token-mean entropy over the step batch of every process; non-finite is an error."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -60,3 +61,23 @@ def mismatch_metrics(
         metrics["rollout/tis_weight_mean"] = float(totals[3]) / n
         metrics["rollout/tis_capped_fraction"] = float(totals[4]) / n
     return metrics
+
+
+def corrected_advantages(
+    advantages: Tensor, sampler_logprob: Tensor | None, trainer_logprob: Tensor | None, cap: float | None
+) -> Tensor:
+    """The update's advantages: with rollout.tis_cap, each token's scaled by its truncated importance weight
+    min(π_trainer/π_sampler, C); without a cap, or without both log-probs, unchanged."""
+    if cap is None or sampler_logprob is None or trainer_logprob is None:
+        return advantages
+    return weighted_advantages(advantages, truncated_is_weights(trainer_logprob, sampler_logprob, cap))
+
+
+def step_mismatch_metrics(
+    batch: Any, trainer_logprob: Tensor | None, reduce: Reduce, cap: float | None
+) -> dict[str, float]:
+    """`mismatch_metrics` of a rollout batch whose engine recorded its own log-probs (`sampler_logprob`, vLLM)
+    over its response tokens; none where it did not (HF generate) or π_trainer is not known yet."""
+    if batch.sampler_logprob is None or trainer_logprob is None:
+        return {}
+    return mismatch_metrics(batch.sampler_logprob, trainer_logprob, batch.response_mask, reduce, cap)

@@ -313,29 +313,7 @@ def run_claimed(
     try:
         finished_output = False
         while not finished_output:
-            try:
-                event = child.events.get(timeout=min(1.0, settings.heartbeat_s))
-            except queue.Empty:
-                event = {}
-            batch = [] if not event else [event]
-            if event is None:
-                finished_output = True
-            # Gather what else arrives within flush_s: one transaction for several steps.
-            flush_at = time.monotonic() + FLUSH_S
-            while (
-                batch
-                and not finished_output
-                and len(batch) < MAX_BATCH
-                and batch[-1].get("type") not in FLUSH_NOW
-            ):
-                try:
-                    more = child.events.get(timeout=max(0.0, flush_at - time.monotonic()))
-                except queue.Empty:
-                    break
-                if more is None:
-                    finished_output = True
-                else:
-                    batch.append(more)
+            batch, finished_output = _next_events(child, wait_s=min(1.0, settings.heartbeat_s))
             if batch:
                 recorder.record_batch(batch)
             if time.monotonic() - last_beat >= settings.heartbeat_s:
@@ -365,6 +343,28 @@ def run_claimed(
     return _conclude(
         recorder, claim, code, stop_reason, child.stderr_tail.text() or log_tail(log_path), resend
     )
+
+
+def _next_events(child: TrainerProcess, wait_s: float) -> tuple[list[dict[str, Any]], bool]:
+    """(events, the trainer's output ended): the next event within wait_s, then what else arrives within
+    FLUSH_S (one transaction for several steps), up to MAX_BATCH or an event that must be flushed at once."""
+    try:
+        event = child.events.get(timeout=wait_s)
+    except queue.Empty:
+        return [], False
+    if event is None:
+        return [], True
+    batch = [event]
+    flush_at = time.monotonic() + FLUSH_S
+    while len(batch) < MAX_BATCH and batch[-1].get("type") not in FLUSH_NOW:
+        try:
+            more = child.events.get(timeout=max(0.0, flush_at - time.monotonic()))
+        except queue.Empty:
+            break
+        if more is None:
+            return batch, True
+        batch.append(more)
+    return batch, False
 
 
 def _finish(recorder: Recorder, status: str, error: JobError | None = None) -> str:
