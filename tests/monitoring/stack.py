@@ -41,6 +41,7 @@ from monitoring.model import RATE_INTERVAL, QueryRef
 from monitoring.promql import metric_names, substitute
 from service.app import create_app
 from store.models import JobEval
+from tests.conftest import vllm_python
 from tests.worker.harness import Harness, WorkerProcess
 from tests.worker.servers import free_port
 
@@ -160,7 +161,9 @@ class Stack:
             folder / "exporter.log",
         )
         harness.workers.append(exporter)
-        self.worker = harness.start_worker(sweep=False, wait_ready=False)
+        # The worker runs a vllm job's trainer in vLLM's interpreter (the rollout row's live test).
+        vllm_env = {"STARE_VLLM_PYTHON": vllm_python()}
+        self.worker = harness.start_worker(sweep=False, env=vllm_env, wait_ready=False)
         self.api = ApiServer(harness)
         self.prometheus = PrometheusServer(folder / "prometheus", self.api.port, self.exporter_port)
         self.worker.wait_ready()

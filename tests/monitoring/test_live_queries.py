@@ -21,7 +21,7 @@ from contract import metrics as catalogue
 from monitoring.alerts import alert_rules
 from monitoring.model import Expect
 from monitoring.promql import metric_names
-from tests.conftest import requires_binary
+from tests.conftest import requires_binary, requires_vllm_python
 from tests.monitoring.stack import (
     RECORD,
     Stack,
@@ -108,5 +108,23 @@ def test_the_tool_use_row_returns_series_for_a_tool_use_job(stack: Stack) -> Non
         assert mismatches == 0 and Expect.ZERO.admits(mismatches)
         if RECORD:
             record(results, {"tool-use job": "trainer/specs/tool_use_tiny.yaml"})
+    finally:
+        stack.end(frozen)
+
+
+@requires_vllm_python()
+def test_the_rollout_engine_row_returns_series_for_a_vllm_job(stack: Stack) -> None:
+    """The vLLM row (rollout.engine vllm): the sampler-trainer mismatch and the truncated IS weight."""
+    spec = tiny_spec(40, 50, algorithm={"name": "stare"}, rollout={"engine": "vllm", "tis_cap": 2.0})
+    job_id = stack.submit(spec)
+    frozen = stack.freeze_after(job_id, 2)
+    try:
+        refs = dashboard_refs("rollout.engine vllm")
+        assert len(refs) == 4 and all(r.dashboard.uid == "stare-job" for r in refs)
+        results = check_dashboard_queries(stack, frozen, refs)
+        weight = results["stare-job/Truncated IS weight/A"]["series"][0]["value"]
+        assert 0 < weight <= 2.0
+        if RECORD:
+            record(results, {"vllm job": "tiny-arith, rollout.engine vllm, tis_cap 2"})
     finally:
         stack.end(frozen)
