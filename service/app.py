@@ -240,22 +240,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     secret = settings.session_secret.get_secret_value().encode() if settings.session_secret else None
     app.state.session_signer = SessionSigner(secret, settings.session_ttl_s)  # the job page's sign-ins
 
-    app.add_exception_handler(ServiceError, _service_error)
-    app.add_exception_handler(StoreError, _service_error)  # the repository's errors (store.errors)
-    app.add_exception_handler(RequestValidationError, _request_validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(IntegrityError, _integrity_error)
-    app.add_exception_handler(psycopg.IntegrityError, _integrity_error)  # the async write path
-    app.add_exception_handler(OperationalError, _database_unavailable)
-    app.add_exception_handler(InterfaceError, _database_unavailable)
-    app.add_exception_handler(psycopg.OperationalError, _database_unavailable)  # the async read path
-    app.add_exception_handler(psycopg.InterfaceError, _database_unavailable)
-    app.add_exception_handler(DisconnectionError, _database_unavailable)
-    app.add_exception_handler(PoolTimeout, _database_unavailable)  # every pooled connection busy
-    app.add_exception_handler(DataError, _data_error)
-    app.add_exception_handler(psycopg.DataError, _data_error)
-    app.add_exception_handler(OSError, _storage_error)
-    app.add_exception_handler(Exception, _internal_error)
+    _add_exception_handlers(app)
 
     # Most frequent first: a request is matched against the routers in this order.
     for module in (
@@ -291,6 +276,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _add_exception_handlers(app: FastAPI) -> None:
+    """Domain, validation, database and storage errors mapped to the one error shape, once."""
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(StoreError, _service_error)  # the repository's errors (store.errors)
+    app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(psycopg.IntegrityError, _integrity_error)  # the async write path
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(InterfaceError, _database_unavailable)
+    app.add_exception_handler(psycopg.OperationalError, _database_unavailable)  # the async read path
+    app.add_exception_handler(psycopg.InterfaceError, _database_unavailable)
+    app.add_exception_handler(DisconnectionError, _database_unavailable)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)  # every pooled connection busy
+    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(psycopg.DataError, _data_error)
+    app.add_exception_handler(OSError, _storage_error)
+    app.add_exception_handler(Exception, _internal_error)
 
 
 def _openapi_with_spec(app: FastAPI) -> dict[str, Any]:

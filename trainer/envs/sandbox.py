@@ -224,21 +224,8 @@ def bwrap_command(runtime: Runtime, limits: ToolLimitsSpec, seccomp_fd: int | No
     return [*cmd, "--", runtime.interpreter, "-I", "-S", "-"]
 
 
-def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = None) -> SandboxResult:
-    """Runs `code` (read from stdin) in a fresh sandbox under `limits`. SandboxUnavailable when bwrap or
-    the interpreter is missing; any failure of the code itself is a result, never an exception."""
-    runtime = python_runtime(interpreter)
-    problem = _missing_binary()
-    if problem is not None:
-        raise SandboxUnavailable(problem)
-    prlimit = shutil.which("prlimit") or "prlimit"
-    program = _filter()
-    read_fd, write_fd = os.pipe()
-    os.write(write_fd, program)  # under 2 KiB: well within the pipe's buffer
-    os.close(write_fd)
-    uid = _sandbox_uid()
-    # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
-    # exiting), plus bwrap's monitor (outside the namespace; inside, the program itself is pid 1).
+def _prlimit_prefix(prlimit: str, limits: ToolLimitsSpec, uid: int | None) -> tuple[list[str], int]:
+    """(the prlimit argv that prefixes bwrap, the CPU seconds it sets) for one call under `limits`."""
     nproc = limits.processes + 1 + _user_tasks(os.getuid() if uid is None else uid)
     memory = limits.memory_mb * 2**20
     cpu = max(1, math.ceil(limits.cpu_seconds))
@@ -257,6 +244,25 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
         f"--nproc={nproc}",
         "--",
     ]
+    return limited, cpu
+
+
+def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = None) -> SandboxResult:
+    """Runs `code` (read from stdin) in a fresh sandbox under `limits`. SandboxUnavailable when bwrap or
+    the interpreter is missing; any failure of the code itself is a result, never an exception."""
+    runtime = python_runtime(interpreter)
+    problem = _missing_binary()
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+    prlimit = shutil.which("prlimit") or "prlimit"
+    program = _filter()
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, program)  # under 2 KiB: well within the pipe's buffer
+    os.close(write_fd)
+    uid = _sandbox_uid()
+    # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
+    # exiting), plus bwrap's monitor (outside the namespace; inside, the program itself is pid 1).
+    limited, cpu = _prlimit_prefix(prlimit, limits, uid)
     cmd = limited + bwrap_command(runtime, limits, read_fd)
     start = time.monotonic()
     try:
