@@ -168,99 +168,114 @@ def suite_markdown(entry: dict[str, Any]) -> str:
     if not runs:
         return "\n".join([*parts, "_No run of this suite has been made yet._", ""])
     if suite.name == "demo" or suite.robustness:
-        rows = []
-        for r in runs:
-            s: an.RunSummary = r["summary"]
-            up, gate = demo_verdict(s)
-            rows.append(
-                [
-                    str(s.seed),
-                    str(s.threads),
-                    _f(s.sft_avg),
-                    _f(s.final_avg),
-                    _f(None if s.final_avg is None or s.sft_avg is None else s.final_avg - s.sft_avg),
-                    _pct(s.gate_on_fraction),
-                    _f(s.entropy_first),
-                    _f(s.entropy_min),
-                    _f(s.entropy_last),
-                    _pct(s.near_target_fraction),
-                    _f(s.wall_seconds, 0),
-                    "yes"
-                    if up and gate
-                    else ("no: " + ", ".join(x for x, ok in (("accuracy", up), ("gate", gate)) if not ok)),
-                ]
-            )
-        parts.append(
-            _md_table(
-                [
-                    "seed",
-                    "threads",
-                    "avg@k after SFT",
-                    "after RL",
-                    "gain",
-                    "gate on",
-                    "H first",
-                    "H min",
-                    "H last",
-                    "H near target after gate on",
-                    "wall s",
-                    "acceptance",
-                ],
-                rows,
-            )
+        return "\n".join(parts + _acceptance_section(runs))
+    parts.append(_arm_table(suite, runs))
+    parts += _stare_weight_lines(suite, runs)
+    parts += _paired_section(runs)
+    parts += _drift_section(suite, runs)
+    parts.append("")
+    return "\n".join(parts)
+
+
+def _acceptance_section(runs: list[dict[str, Any]]) -> list[str]:
+    """A demo or robustness suite: one row per run, judged by the demo's acceptance."""
+    rows = []
+    for r in runs:
+        s: an.RunSummary = r["summary"]
+        up, gate = demo_verdict(s)
+        rows.append(
+            [
+                str(s.seed),
+                str(s.threads),
+                _f(s.sft_avg),
+                _f(s.final_avg),
+                _f(None if s.final_avg is None or s.sft_avg is None else s.final_avg - s.sft_avg),
+                _pct(s.gate_on_fraction),
+                _f(s.entropy_first),
+                _f(s.entropy_min),
+                _f(s.entropy_last),
+                _pct(s.near_target_fraction),
+                _f(s.wall_seconds, 0),
+                "yes"
+                if up and gate
+                else ("no: " + ", ".join(x for x, ok in (("accuracy", up), ("gate", gate)) if not ok)),
+            ]
         )
-        ok = sum(all(demo_verdict(r["summary"])) for r in runs)
-        gains = [
-            r["summary"].final_avg - r["summary"].sft_avg
-            for r in runs
-            if r["summary"].final_avg is not None and r["summary"].sft_avg is not None
-        ]
-        parts += [
-            "",
-            f"Acceptance (avg@k up by ≥ {DEMO_MIN_GAIN:.2f} and gate on for ≥ {DEMO_MIN_GATE:.0%} of steps): "
-            f"**{ok} of {len(runs)} runs**. Smallest gain {_f(min(gains) if gains else None)}, mean "
-            f"{_f(sum(gains) / len(gains) if gains else None)}.",
-            "",
-        ]
-        return "\n".join(parts)
+    table = _md_table(
+        [
+            "seed",
+            "threads",
+            "avg@k after SFT",
+            "after RL",
+            "gain",
+            "gate on",
+            "H first",
+            "H min",
+            "H last",
+            "H near target after gate on",
+            "wall s",
+            "acceptance",
+        ],
+        rows,
+    )
+    ok = sum(all(demo_verdict(r["summary"])) for r in runs)
+    gains = [
+        r["summary"].final_avg - r["summary"].sft_avg
+        for r in runs
+        if r["summary"].final_avg is not None and r["summary"].sft_avg is not None
+    ]
+    return [
+        table,
+        "",
+        f"Acceptance (avg@k up by ≥ {DEMO_MIN_GAIN:.2f} and gate on for ≥ {DEMO_MIN_GATE:.0%} of steps): "
+        f"**{ok} of {len(runs)} runs**. Smallest gain {_f(min(gains) if gains else None)}, mean "
+        f"{_f(sum(gains) / len(gains) if gains else None)}.",
+        "",
+    ]
+
+
+def _arm_table(suite: Suite, runs: list[dict[str, Any]]) -> str:
+    """A comparison suite: one row per algorithm, mean ± spread over its seeds."""
     arms = arm_rows(suite, runs)
     k = next((r["k"] for r in arms if r["k"]), None)
-    parts.append(
-        _md_table(
+    return _md_table(
+        [
+            "algorithm",
+            "seeds",
+            f"avg@{k} after SFT",
+            f"final avg@{k}",
+            f"final pass@{k}",
+            "steps in band",
+            "min entropy",
+            "last entropy",
+            "collapse step (seeds that collapsed)",
+            "gate on",
+            "response length",
+            "wall s",
+        ],
+        [
             [
-                "algorithm",
-                "seeds",
-                f"avg@{k} after SFT",
-                f"final avg@{k}",
-                f"final pass@{k}",
-                "steps in band",
-                "min entropy",
-                "last entropy",
-                "collapse step (seeds that collapsed)",
-                "gate on",
-                "response length",
-                "wall s",
-            ],
-            [
-                [
-                    r["arm"],
-                    str(r["n"]),
-                    _pm(r["sft_avg"]),
-                    _pm(r["final_avg"]),
-                    _pm(r["final_pass"]),
-                    _pm(r["in_band"], 2),
-                    _pm(r["entropy_min"]),
-                    _pm(r["entropy_last"]),
-                    r["collapse"],
-                    _pm(r["gate_on"], 2) if r["gate_on"].mean is not None else "–",
-                    _pm(r["length"], 2),
-                    _pm(r["wall"], 0),
-                ]
-                for r in arms
-            ],
-        )
+                r["arm"],
+                str(r["n"]),
+                _pm(r["sft_avg"]),
+                _pm(r["final_avg"]),
+                _pm(r["final_pass"]),
+                _pm(r["in_band"], 2),
+                _pm(r["entropy_min"]),
+                _pm(r["entropy_last"]),
+                r["collapse"],
+                _pm(r["gate_on"], 2) if r["gate_on"].mean is not None else "–",
+                _pm(r["length"], 2),
+                _pm(r["wall"], 0),
+            ]
+            for r in arms
+        ],
     )
-    # How hard STARE pushes while its gate is on: the share of tokens it reweights and the mean weight.
+
+
+def _stare_weight_lines(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
+    """How hard STARE pushes while its gate is on: the share of tokens it reweights and the mean weight."""
+    parts: list[str] = []
     for arm in (a for a in suite.arms if a.startswith("stare")):
         sums = [r["summary"] for r in runs if r["summary"].arm == arm and r["summary"].finished]
         ratio = an.mean_std(s.reweight_ratio_when_on for s in sums)
@@ -271,39 +286,48 @@ def suite_markdown(entry: dict[str, Any]) -> str:
                 f"{arm} while the gate is on: positive reweight ratio |L⁺|/N {_pm(ratio)}, mean_weight "
                 f"{_pm(weight, 4)} (seeds: {ratio.n}).",
             ]
+    return parts
+
+
+def _paired_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The headline pair's differences, seed by seed; nothing when no seed has both."""
     diffs = paired(runs)
-    if any(d.n for d in diffs):
-        parts += ["", f"**{HEADLINE[1]} − {HEADLINE[0]}, paired by seed** (95 % t interval):", ""]
-        parts.append(
-            _md_table(
-                ["metric", "mean difference", "95 % interval", "seeds", "verdict"],
+    if not any(d.n for d in diffs):
+        return []
+    return [
+        "",
+        f"**{HEADLINE[1]} − {HEADLINE[0]}, paired by seed** (95 % t interval):",
+        "",
+        _md_table(
+            ["metric", "mean difference", "95 % interval", "seeds", "verdict"],
+            [
                 [
-                    [
-                        PAIRED_LABELS[d.metric],
-                        _f(d.mean),
-                        f"[{_f(d.low)}, {_f(d.high)}]",
-                        str(d.n),
-                        "significant" if d.significant else "not significant",
-                    ]
-                    for d in diffs
-                ],
-            )
-        )
+                    PAIRED_LABELS[d.metric],
+                    _f(d.mean),
+                    f"[{_f(d.low)}, {_f(d.high)}]",
+                    str(d.n),
+                    "significant" if d.significant else "not significant",
+                ]
+                for d in diffs
+            ],
+        ),
+    ]
+
+
+def _drift_section(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
+    """The first-order check: predicted entropy drift against the measured change, per algorithm."""
     corr = correlations(suite, runs)
-    if corr:
-        parts += [
-            "",
-            "**First-order check**: predicted drift (η·Σ Â·Φ) against the measured change of entropy:",
-            "",
-        ]
-        parts.append(
-            _md_table(
-                ["algorithm", "r", "95 % interval", "n (steps)"],
-                [[a, _f(c.r), f"[{_f(c.low)}, {_f(c.high)}]", str(c.n)] for a, c in corr],
-            )
-        )
-    parts.append("")
-    return "\n".join(parts)
+    if not corr:
+        return []
+    return [
+        "",
+        "**First-order check**: predicted drift (η·Σ Â·Φ) against the measured change of entropy:",
+        "",
+        _md_table(
+            ["algorithm", "r", "95 % interval", "n (steps)"],
+            [[a, _f(c.r), f"[{_f(c.low)}, {_f(c.high)}]", str(c.n)] for a, c in corr],
+        ),
+    ]
 
 
 def machine_markdown(data: dict[str, Any]) -> str:
