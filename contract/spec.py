@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from contract import algorithms, safejson, verifiers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
+from contract.distributed import DistributedSpec
 from contract.hyperparams import (
     BAND_AROUND_TARGET,
     RELATIVE_TARGET_MAX,
@@ -316,11 +317,6 @@ class EvaluationSpec(_Strict):
     greedy: bool = True  # k = 1 and greedy: plain accuracy
 
 
-class DistributedSpec(_Strict):
-    num_processes: Annotated[int, Field(ge=1, le=4096)] = 1
-    mixed_precision: Literal["no", "bf16"] = "no"
-
-
 TOOL_NAMES = ("calculator", "python")  # the built-in tools (trainer/envs/tools.py); docs/TOOLS.md
 ToolName = Literal["calculator", "python"]
 
@@ -412,9 +408,9 @@ class TrainSpec(_Strict):
             raise ValueError(
                 "rollout.tis_cap needs rollout.engine vllm (HF generate samples from the trainer)"
             )
-        if self.environment is not None and self.distributed.num_processes > 1:
+        if self.environment is not None and self.distributed.world_size > 1:
             raise ValueError(
-                "environment: tool-use rollouts run in one process (distributed.num_processes 1)"
+                "environment: tool-use rollouts run in one process (distributed: one node, one process)"
             )
         return self
 

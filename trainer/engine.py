@@ -14,10 +14,9 @@ One optimiser step k (`Engine.train_step`):
   6. one event with every metric; checkpoint / evaluation at their intervals.
 Each step reseeds the RNGs from (seed, step), so a resumed run repeats the uninterrupted one exactly.
 
-The engine owns the step and the run loop; the rest is one module per concept: trainer.update (the update
-and π_old), trainer.scoring (the scoring pass), trainer.sft, trainer.evaluation, trainer.data (prompts),
-trainer.events (event I/O), trainer.placement (the model's loading, wrapping, checkpoints and reference),
-trainer.controllers (the controllers at run time) and trainer.rollout (the rollouts).
+The engine owns the step and the run loop; the rest is one module per concept: update (the update and π_old),
+scoring, sft, evaluation, data (prompts), events (event I/O), placement (the model's loading, wrapping,
+checkpoints and reference), controllers (run-time controllers) and rollout, all in trainer/.
 
 Exit codes (contract.protocol.ExitCode, re-exported here): 0 done; 2 invalid spec or data (user error);
 3 non-finite loss or entropy (the error names the step; the last checkpoint stays); 74 a write to the run
@@ -134,9 +133,10 @@ class Engine:
             import transformers
 
             transformers.utils.logging.disable_progress_bar()
-        self.accelerator = Accelerator(
-            cpu=not torch.cuda.is_available(), mixed_precision=spec.distributed.mixed_precision
-        )
+        if (dist := spec.distributed).strategy != "ddp" or dist.nodes != 1:
+            raise NotImplementedError("this trainer runs distributed.strategy 'ddp' on one node only")
+        bf16 = "bf16" if dist.mixed_precision.param_dtype == "bfloat16" else "no"
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=bf16)
         self.device = self.accelerator.device
         if self.device.type == "cpu":
             heap.keep_freed_heap()  # no page faults for the activations every step reallocates

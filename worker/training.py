@@ -289,7 +289,7 @@ def run_claimed(
     recorder = Recorder(db, claim, settings, storage)
     try:
         spec_path, out_dir, resume = prepare_run(claim, storage)
-        num_processes = int(claim.resolved_spec.get("distributed", {}).get("num_processes", 1))
+        num_processes = TrainSpec.model_validate(claim.resolved_spec).distributed.world_size
         command = trainer_command(
             trainer_python(claim.resolved_spec, settings), spec_path, out_dir, resume=resume,
             num_processes=num_processes,

@@ -43,7 +43,9 @@ def test_defaults_are_one_plain_process():
         ({"mixed_precision": {"param_dtype": "float16"}, "strategy": "fsdp2"}, "mixed_precision.param_dtype"),
         ({"offload_optimizer": True}, "distributed.offload_optimizer"),
         ({"reshard_after_forward": False}, "distributed.reshard_after_forward"),
-        ({"mixed_precision": {"param_dtype": "bfloat16"}}, "distributed.mixed_precision"),
+        ({"mixed_precision": "fp8"}, "distributed.mixed_precision"),
+        ({"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}}, "reduce_dtype"),
+        ({"num_processes": 2, "processes_per_node": 2}, "distributed.num_processes"),
         (
             {"strategy": "fsdp2", "mixed_precision": {"reduce_dtype": "bfloat16"}},
             "distributed.mixed_precision.reduce_dtype",
@@ -52,6 +54,14 @@ def test_defaults_are_one_plain_process():
 )
 def test_bad_fields_are_refused_naming_the_field(fields, named):
     assert named in _error_locations(**fields)
+
+
+def test_the_one_node_spellings_still_mean_what_they_meant():
+    old = DistributedSpec.model_validate({"num_processes": 3, "mixed_precision": "bf16"})
+    assert (old.nodes, old.processes_per_node, old.num_processes, old.world_size) == (1, 3, 3, 3)
+    assert old.mixed_precision.param_dtype == "bfloat16" and old.mixed_precision.reduce_dtype == "float32"
+    assert DistributedSpec.model_validate({"mixed_precision": "no"}) == DistributedSpec()
+    assert "num_processes" not in DistributedSpec(processes_per_node=2).model_dump()
 
 
 def test_fsdp2_accepts_its_options():
