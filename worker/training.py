@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 import sqlalchemy.exc
 import yaml
 
+from contract.distributed import DistributedSpec
 from contract.protocol import (
     CHECKPOINT_GLOB,
     CHECKPOINTS_DIR,
@@ -289,7 +290,7 @@ def run_claimed(
     recorder = Recorder(db, claim, settings, storage)
     try:
         spec_path, out_dir, resume = prepare_run(claim, storage)
-        num_processes = TrainSpec.model_validate(claim.resolved_spec).distributed.world_size
+        num_processes = DistributedSpec.model_validate(claim.resolved_spec.get("distributed", {})).world_size
         command = trainer_command(
             trainer_python(claim.resolved_spec, settings), spec_path, out_dir, resume=resume,
             num_processes=num_processes,
