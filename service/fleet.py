@@ -11,6 +11,7 @@ another version) is skipped and logged, never a 500.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -45,7 +46,8 @@ from trainer import tasks
 logger = logging.getLogger(__name__)
 
 # Generated tasks: the longest prompt of this many examples (one seeded distribution; docs/SERVICE.md).
-PROMPT_SAMPLE = 512
+PROMPT_SAMPLE = 64
+PROMPT_CACHE = 1024  # tasks whose longest prompt is remembered (the same task and seed give the same)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,14 @@ class Fleet:
 
     def offers(self) -> list[Offer]:
         return self.settings.declared_offers() + self.live_offers()
+
+    def fresh(self) -> bool:
+        """Whether live_offers would answer from its cache (no database read)."""
+        with self._lock:
+            return (
+                self._live is not None
+                and time.monotonic() - self._live[0] < self.settings.worker_registry_cache_s
+            )
 
     def live_offers(self) -> list[Offer]:
         ttl = self.settings.worker_registry_cache_s
@@ -91,9 +101,15 @@ class Fleet:
         return live
 
 
+def blocks(spec: TrainSpec, fleet: Fleet) -> bool:
+    """Whether place_job would do I/O or real work (a registry read, a JSONL file, generating a task's
+    examples): then the event loop hands it to a thread; otherwise it is arithmetic, done inline."""
+    return spec.task.source == "jsonl" or not fleet.fresh() or _prompt_key(spec) not in _longest_prompts
+
+
 def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage) -> Placement:
     """The class and queue the job goes to, with its memory per device; else Unprocessable
-    (exceeds_capacity, the field named). Blocking (reads the registry and, for JSONL, the file)."""
+    (exceeds_capacity, the field named). May block (see `blocks`)."""
     memory = job_memory_per_device(spec, storage)
     dist = spec.distributed
     raw_dist = raw.get("distributed")
@@ -149,13 +165,41 @@ def prompt_tokens(spec: TrainSpec, storage: ArtifactStorage) -> int:
     if task.source == "jsonl":
         longest = _longest_line_bytes(storage, task.path or "")  # a prompt is inside its JSON line
     else:
-        size = min(PROMPT_SAMPLE, task.train_size + task.eval_size)
+        longest = _longest_generated_prompt(spec)
+    plain, chat = PROMPT_OVERHEAD_TOKENS.get(spec.model.name, (0, 0))
+    return longest + template_bytes + (chat if task.use_chat_template else plain)
+
+
+_longest_prompts: dict[str, int] = {}
+_prompts_lock = threading.Lock()
+
+
+def _prompt_key(spec: TrainSpec) -> str:
+    task = spec.task
+    return json.dumps(
+        [task.source, task.name, task.params, task.train_size, task.eval_size, spec.seed], default=str
+    )
+
+
+def _longest_generated_prompt(spec: TrainSpec) -> int:
+    key = _prompt_key(spec)
+    with _prompts_lock:
+        if key in _longest_prompts:
+            return _longest_prompts[key]
+    task = spec.task
+    size = min(PROMPT_SAMPLE, task.train_size + task.eval_size)
+    try:
         examples = tasks.make_examples(
             task.source, name=task.name, size=size, seed=spec.seed, params=dict(task.params)
         )
-        longest = max((len(e.prompt.encode("utf-8")) for e in examples), default=0)
-    plain, chat = PROMPT_OVERHEAD_TOKENS.get(spec.model.name, (0, 0))
-    return longest + template_bytes + (chat if task.use_chat_template else plain)
+    except (ValueError, TypeError) as err:  # one example generated (job_specs); this many did not
+        raise Unprocessable(str(err), param="spec.task.params", code="invalid_spec") from None
+    longest = max((len(e.prompt.encode("utf-8")) for e in examples), default=0)
+    with _prompts_lock:
+        if len(_longest_prompts) >= PROMPT_CACHE:
+            _longest_prompts.pop(next(iter(_longest_prompts)))
+        _longest_prompts[key] = longest
+    return longest
 
 
 def _longest_line_bytes(storage: ArtifactStorage, key: str) -> int:

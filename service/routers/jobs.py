@@ -12,7 +12,7 @@ from contract.spec import TrainSpec
 from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
-from service.fleet import Placement, place_job
+from service.fleet import Placement, blocks, place_job
 from service.principals import TenantRef
 from service.responses import model_response
 from service.schemas import (
@@ -72,7 +72,10 @@ async def _validated(body: JobCreate, tenant: TenantRef, services: Services) -> 
     if body.training_file is not None:
         training_file = await repository.get_file(services.db.async_pool, tenant.id, body.training_file)
     spec = _checked_spec(body, training_file, services)
-    placement = await run_in_threadpool(place_job, spec, body.spec, services.fleet, services.storage)
+    args = (spec, body.spec, services.fleet, services.storage)
+    placement = (
+        await run_in_threadpool(place_job, *args) if blocks(spec, services.fleet) else place_job(*args)
+    )
     return spec, placement
 
 
