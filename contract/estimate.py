@@ -30,6 +30,9 @@ class MemoryPerDevice(BaseModel):
     optimizer_bytes: int
     gathered_bytes: int = Field(description="fsdp2: full copies of the layers being computed.")
     activations_bytes: int
+    not_coexisting_bytes: int = Field(
+        description="Gradients and activations counted above that are never live at once (subtracted)."
+    )
     total_bytes: int
 
     @classmethod
@@ -46,6 +49,7 @@ class MemoryPerDevice(BaseModel):
             optimizer_bytes=estimate.optimizer_bytes,
             gathered_bytes=estimate.gathered_bytes,
             activations_bytes=estimate.activations_bytes,
+            not_coexisting_bytes=estimate.not_coexisting_bytes,
             total_bytes=estimate.total_bytes,
         )
 

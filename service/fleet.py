@@ -142,6 +142,7 @@ def _memory_param(spec: TrainSpec, memory: MemoryPerDevice | None) -> str:
         memory.optimizer_bytes,
         memory.gathered_bytes,
         memory.activations_bytes,
+        memory.not_coexisting_bytes,
     )
     return memory_param(spec, estimate)
 

@@ -137,6 +137,7 @@ class MemoryPerDevice(APIObject):
     optimizer_bytes: int
     gathered_bytes: int
     activations_bytes: int
+    not_coexisting_bytes: int
     total_bytes: int
 
 
