@@ -135,6 +135,9 @@ class MemoryEstimate:
     optimizer_bytes: int
     gathered_bytes: int  # fsdp2: full copies of the layers being computed (all-gather buffers)
     activations_bytes: int
+    # Gradients and activations counted above that are never live at once: gradients are freed after each
+    # step (zero_grad(set_to_none=True)) and built by backward while it frees the activations.
+    not_coexisting_bytes: int = 0
 
     @property
     def model_state_bytes(self) -> int:
@@ -142,7 +145,9 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> int:
-        return self.model_state_bytes + self.gathered_bytes + self.activations_bytes
+        return (
+            self.model_state_bytes + self.gathered_bytes + self.activations_bytes - self.not_coexisting_bytes
+        )
 
 
 # Values autograd keeps per token and decoder layer (fp32 Llama-style block, SDPA attention), counted from
@@ -175,7 +180,9 @@ def estimate_memory(
     1/N of parameters, gradients and moments, plus the gathered full copy of the largest sharded unit (two,
     with prefetching of the next) in param_dtype. Activations are those of one micro-batch of
     `micro_batch_tokens` tokens; with checkpointing only each layer's input is kept, plus one layer's worth
-    recomputed in backward.
+    recomputed in backward. Gradients and activations are not all live at once (`not_coexisting_bytes`,
+    subtracted from the total): the peak is the larger of all activations with the first unit's gradients
+    and all gradients with one layer's activations.
     """
     if processes < 1:
         raise ValueError(f"processes must be ≥ 1, got {processes}")
@@ -205,7 +212,16 @@ def estimate_memory(
     per_token += _VOCAB_WIDE * shape.vocab_size + 2 * shape.hidden_size  # logits; final norm
     per_token += _BACKWARD_INTERMEDIATE_WIDE * shape.intermediate_size
     activations = micro_batch_tokens * per_token * act_bytes
-    return MemoryEstimate(params, grads, optimizer, gathered, activations)
+    # Backward runs from the loss to the embeddings: it first builds the gradients of the largest unit (the
+    # root: LM head / tied embeddings), then layer by layer frees one layer's activations and builds that
+    # layer's gradients. What is live above parameters and optimizer state is linear along the way, so its
+    # peak is at an end: all activations with the first unit's gradients, or all gradients with one
+    # layer's activations. (DDP's buckets above one process are allocated once and stay.)
+    own_grads = _ceil_div(shape.trainable_parameters * fp32, shards)
+    first_grads = min(own_grads, _ceil_div(shape.largest_layer_parameters * fp32, shards))
+    layer_activations = micro_batch_tokens * per_layer * act_bytes
+    live = max(activations + first_grads, own_grads + min(layer_activations, activations))
+    return MemoryEstimate(params, grads, optimizer, gathered, activations, activations + own_grads - live)
 
 
 def _ceil_div(a: int, b: int) -> int:

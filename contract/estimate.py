@@ -2,6 +2,10 @@
 price). Written once here: the API's POST /v1/jobs/estimate answers these fields (service/schemas.py's
 EstimateObject extends JobEstimate with the queue and the tenant's limits), and the client's model is held
 to that schema by tests/client/test_drift.py.
+
+`memory_per_device` is contract.fleet.job_memory's figure (parameters, gradients, AdamW state, fsdp2's
+gather buffers and one micro-batch's activations, per device for the spec's strategy and world size), or
+None for a model whose shape the service does not know (docs/SERVICE.md, "Placement").
 """
 
 from __future__ import annotations
@@ -10,7 +14,44 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.distributed import MemoryEstimate
 from contract.spec import TrainSpec
+
+
+class MemoryPerDevice(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    strategy: str
+    processes: int = Field(description="World size: the processes (devices) the state is spread over.")
+    prompt_tokens: int = Field(description="The longest prompt, in tokens (an upper bound).")
+    micro_batch_tokens: int = Field(description="micro_batch_size × (prompt_tokens + max_new_tokens).")
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    gathered_bytes: int = Field(description="fsdp2: full copies of the layers being computed.")
+    activations_bytes: int
+    not_coexisting_bytes: int = Field(
+        description="Gradients and activations counted above that are never live at once (subtracted)."
+    )
+    total_bytes: int
+
+    @classmethod
+    def of(
+        cls, spec: TrainSpec, estimate: MemoryEstimate, prompt_tokens: int, micro_batch_tokens: int
+    ) -> MemoryPerDevice:
+        return cls(
+            strategy=spec.distributed.strategy,
+            processes=spec.distributed.world_size,
+            prompt_tokens=prompt_tokens,
+            micro_batch_tokens=micro_batch_tokens,
+            parameters_bytes=estimate.parameters_bytes,
+            gradients_bytes=estimate.gradients_bytes,
+            optimizer_bytes=estimate.optimizer_bytes,
+            gathered_bytes=estimate.gathered_bytes,
+            activations_bytes=estimate.activations_bytes,
+            not_coexisting_bytes=estimate.not_coexisting_bytes,
+            total_bytes=estimate.total_bytes,
+        )
 
 
 class JobEstimate(BaseModel):
@@ -29,10 +70,13 @@ class JobEstimate(BaseModel):
     eval_completions: int
     checkpoints: int
     num_processes: int
+    memory_per_device: MemoryPerDevice | None = Field(
+        description="Memory per device of one training step; null when the model's shape is unknown."
+    )
 
 
-def estimate(spec: TrainSpec) -> JobEstimate:
-    """The job's cost, from its validated spec."""
+def estimate(spec: TrainSpec, memory: MemoryPerDevice | None = None) -> JobEstimate:
+    """The job's cost, from its validated spec (and its memory, from contract.fleet.job_memory)."""
     steps = spec.optim.steps
     per_step = spec.responses_per_step
     if spec.optim.dynamic_sampling.enabled:  # DAPO may draw up to max_gen_batches batches per step
@@ -54,4 +98,5 @@ def estimate(spec: TrainSpec) -> JobEstimate:
         eval_completions=evaluations * spec.task.eval_size * spec.evaluation.k,
         checkpoints=steps // spec.checkpoint.interval,
         num_processes=spec.distributed.num_processes,
+        memory_per_device=memory,
     )

@@ -37,11 +37,10 @@ def validate_spec(
     *,
     training_file: File | SimpleNamespace | None,
     models: Mapping[str, Any],
-    max_processes: int | None = None,
     tool_limits: Mapping[str, float] | None = None,
 ) -> TrainSpec:
     """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable.
-    `max_processes` is the most a worker of this deployment runs (settings.max_processes_per_job);
+    Whether the fleet can run it is placement's question (service/fleet.py), asked after this.
     `tool_limits` the most a tool call may use (settings.tool_limits(): field under spec.environment ->
     the operator's maximum)."""
     data = dict(raw)  # a shallow copy: only the task is changed, and _place_training_file copies it first
@@ -60,13 +59,6 @@ def validate_spec(
             code="unknown_model",
         )
     _check_task(spec)
-    if max_processes is not None and spec.distributed.num_processes > max_processes:
-        raise Unprocessable(
-            f"distributed.num_processes is {spec.distributed.num_processes}, but the largest job this "
-            f"deployment's workers run has {max_processes} processes (STARE_MAX_PROCESSES_PER_JOB)",
-            param="spec.distributed.num_processes",
-            code="exceeds_capacity",
-        )
     if tool_limits is not None:
         _check_tool_limits(spec, tool_limits)
     return spec

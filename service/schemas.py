@@ -253,7 +253,8 @@ class EstimateObject(JobEstimate):
     object: Literal["job.estimate"] = "job.estimate"
     valid: Literal[True] = True
     resolved_spec: dict[str, Any] = Field(description="The spec with every default filled in.")
-    queue: str
+    queue: str = Field(description="The queue of the worker class the job is routed to.")
+    worker_class: str = Field(description="That class: a declared class or a live worker, by name.")
     jobs_ahead: int = Field(description="Jobs queued on the same queue now.")
     allowed_to_proceed: bool = Field(description="False when the tenant is at its active-job limit.")
     active_jobs: int

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.fleet import Fleet
 from service.job_specs import model_catalogue
 from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
@@ -27,6 +28,7 @@ class Services:
     principals: PrincipalCache
     telemetry: Telemetry
     models: dict[str, tuple[str, bool]]
+    fleet: Fleet  # the worker classes placement chooses from (service/fleet.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -50,6 +52,7 @@ class Services:
             principals=PrincipalCache(settings.auth_cache_ttl_s),
             telemetry=Telemetry(db),
             models=model_catalogue(settings.extra_models),
+            fleet=Fleet(settings, db),
         )
 
     def enqueue(self, job_id: str, queue: str) -> bool:

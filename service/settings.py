@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
+from contract.fleet import Offer, WorkerClass
 from store.settings import SharedSettings, url_password
 
 MIB = 1024 * 1024
@@ -32,9 +33,15 @@ class Settings(SharedSettings):
     max_json_body_bytes: Annotated[int, Field(ge=1024)] = 1 * MIB
     max_file_errors: Annotated[int, Field(ge=1, le=1000)] = 20
     max_active_jobs_per_tenant: Annotated[int, Field(ge=0)] = 100  # 0: no limit
-    # Capacity: the most trainer processes (one per GPU, or CPU processes) any worker of this deployment
-    # runs for one job; POST /v1/jobs and /estimate refuse more with 422 naming distributed.num_processes.
+    # Capacity (docs/SERVICE.md, "Placement"): POST /v1/jobs and /estimate refuse a job that no live worker
+    # (the registry) and no declared worker class can run, 422 exceeds_capacity naming the field, and route
+    # the rest to the queue of a class that can. worker_classes (STARE_WORKER_CLASSES, a JSON list of
+    # contract.fleet.WorkerClass) declares capacity that is not up yet; unset, the deployment declares one
+    # class: the training queue, one node, max_processes_per_job processes, memory not stated.
     max_processes_per_job: Annotated[int, Field(ge=1, le=4096)] = 8
+    worker_classes: list[WorkerClass] | None = None
+    worker_stale_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0  # a silent worker stops counting
+    worker_registry_cache_s: Annotated[float, Field(ge=0, le=60)] = 2.0  # 0: read the registry every time
     rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # 0 disables rate limiting
     rate_limit_burst: Annotated[int, Field(ge=1)] = 100
     # memory: buckets in this process (one API process); redis: shared by several (serve --workers N)
@@ -78,6 +85,27 @@ class Settings(SharedSettings):
     # processes serve the page (serve --workers N) or sign-ins should survive a restart.
     session_secret: SecretStr | None = None
     session_ttl_s: Annotated[float, Field(ge=60, le=30 * 24 * 3600)] = 8 * 3600.0
+
+    def declared_offers(self) -> list[Offer]:
+        """The declared worker classes (or the default one) as placement offers."""
+        if self.worker_classes is None:
+            default = WorkerClass(
+                name="default", queue=self.training_queue, processes_per_node=self.max_processes_per_job
+            )
+            label = f"the default class on queue {self.training_queue!r}, STARE_MAX_PROCESSES_PER_JOB"
+            return [Offer(label, default, live=False)]
+        return [
+            Offer(f"declared class {c.name or c.queue!r} on queue {c.queue!r}", c, live=False)
+            for c in self.worker_classes
+        ]
+
+    @model_validator(mode="after")
+    def _distinct_class_names(self) -> Settings:
+        names = [c.name for c in self.worker_classes or () if c.name is not None]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"worker_classes: names must be distinct, repeated: {', '.join(repeated)}")
+        return self
 
     def _secrets(self) -> dict[str, str | None]:
         secrets = super()._secrets()

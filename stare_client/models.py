@@ -127,6 +127,20 @@ class ModelList(APIObject):
 # -------------------------------------------------------------------------------------------------- jobs
 
 
+class MemoryPerDevice(APIObject):
+    strategy: str
+    processes: int
+    prompt_tokens: int
+    micro_batch_tokens: int
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    gathered_bytes: int
+    activations_bytes: int
+    not_coexisting_bytes: int
+    total_bytes: int
+
+
 class Estimate(APIObject):
     object: Literal["job.estimate"] = "job.estimate"
     valid: Literal[True] = True
@@ -142,7 +156,9 @@ class Estimate(APIObject):
     eval_completions: int
     checkpoints: int
     num_processes: int
+    memory_per_device: MemoryPerDevice | None
     queue: str
+    worker_class: str
     jobs_ahead: int
     allowed_to_proceed: bool
     active_jobs: int

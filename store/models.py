@@ -251,3 +251,17 @@ class Checkpoint(Base):
     archive_sha256: Mapped[str | None] = mapped_column(sa.String(64))  # of the download's tar stream
     archive_bytes: Mapped[int | None] = mapped_column(sa.BigInteger())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Worker(Base):
+    """The worker registry: one row per worker process and queue it consumes, with what it can run
+    (contract.fleet.WorkerClass as JSON) and its last heartbeat. A row whose heartbeat is older than the
+    service's worker_stale_after_s no longer counts; a worker that stops cleanly deletes its rows."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)  # the Celery hostname
+    queue: Mapped[str] = mapped_column(sa.String(100), primary_key=True)
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+from typing import Any
 
 from worker.settings import WorkerSettings
 
@@ -85,19 +86,32 @@ def main(argv: list[str] | None = None) -> int:
             daemon=True,
         ).start()
     queues = args.queues or settings.training_queue
+    hostname = f"worker-{os.getpid()}@{socket.gethostname()}"
+    from worker.registry import Registration
+
+    registration = Registration(
+        app.conf.stare_database(), settings, hostname, [q.strip() for q in queues.split(",") if q.strip()]
+    ).start()
+    try:
+        _consume(app, queues, hostname, args.loglevel)
+    finally:
+        registration.stop()
+    return 0
+
+
+def _consume(app: Any, queues: str, hostname: str, loglevel: str) -> None:
     app.worker_main(
         [
             "worker",
             "--pool=solo",
             "--concurrency=1",
             f"--queues={queues}",
-            f"--loglevel={args.loglevel}",
-            f"--hostname=worker-{os.getpid()}@{socket.gethostname()}",
+            f"--loglevel={loglevel}",
+            f"--hostname={hostname}",
             "--without-gossip",
             "--without-mingle",
         ]
     )
-    return 0
 
 
 def _serve_exporter(db: object, settings: WorkerSettings, addr: str, port: int) -> int:

@@ -26,3 +26,19 @@ class WorkerSettings(Settings):
     # interpreter for a job with rollout.engine vllm (vLLM pins its own transformers: `make install` builds
     # .venv-vllm for it); empty: `python`
     vllm_python: str = ""
+
+    # The worker registry (docs/SERVICE.md, "Placement"): what this worker advertises, and how often it beats.
+    # The service stops counting a worker whose last beat is older than its STARE_WORKER_STALE_AFTER_S
+    # (60 s by default: keep registry_heartbeat_s well under it).
+    registry_heartbeat_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    # Processes (one per GPU, or CPU processes) one job may use on this worker's node; unset: the GPUs in
+    # CUDA_VISIBLE_DEVICES, else the CPU cores.
+    worker_processes_per_node: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # Memory of one device in MiB; unset: on CPU, the host's memory divided by processes per node; on GPU,
+    # not stated (the worker never touches CUDA), so the service does not refuse on memory for it.
+    worker_memory_per_device_mib: Annotated[int, Field(ge=1)] | None = None
+    worker_strategies: str = "ddp,fsdp2"  # comma-separated
+    # A worker that serves a Ray cluster (multi-node jobs): its address and how many nodes a job may span
+    # (STARE_RAY_NODES; unset with an address: 1, logged as a warning).
+    ray_address: str = ""
+    ray_nodes: Annotated[int, Field(ge=1, le=1024)] | None = None

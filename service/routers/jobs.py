@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from starlette.concurrency import run_in_threadpool
 
 from contract.estimate import estimate
 from contract.spec import TrainSpec
 from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
+from service.fleet import Placement, blocks, place_job
 from service.principals import TenantRef
 from service.responses import model_response
 from service.schemas import (
@@ -60,16 +62,21 @@ def _checked_spec(body: JobCreate, training_file: FileLike | None, services: Ser
         body.spec,
         training_file=training_file,
         models=services.models,
-        max_processes=services.settings.max_processes_per_job,
         tool_limits=services.settings.tool_limits(),
     )
 
 
-async def _validated(body: JobCreate, tenant: TenantRef, services: Services) -> TrainSpec:
+async def _validated(body: JobCreate, tenant: TenantRef, services: Services) -> tuple[TrainSpec, Placement]:
+    """The request's TrainSpec and where it goes (a worker class that can run it), or Unprocessable."""
     training_file = None
     if body.training_file is not None:
         training_file = await repository.get_file(services.db.async_pool, tenant.id, body.training_file)
-    return _checked_spec(body, training_file, services)
+    spec = _checked_spec(body, training_file, services)
+    args = (spec, body.spec, services.fleet, services.storage)
+    placement = (
+        await run_in_threadpool(place_job, *args) if blocks(spec, services.fleet) else place_job(*args)
+    )
+    return spec, placement
 
 
 def _check_active_job_limit(settings: Settings, active: int) -> None:
@@ -90,6 +97,7 @@ def _new_job(
     body: JobCreate,
     tenant: TenantRef,
     spec: TrainSpec,
+    queue: str,
     settings: Settings,
     idempotency_key: str | None,
     request_hash: str | None,
@@ -103,7 +111,7 @@ def _new_job(
         spec_hash=job_specs.canonical_hash(resolved),
         model=spec.model.name,
         algorithm=spec.algorithm.name,
-        queue=settings.training_queue,
+        queue=queue,
         training_file_id=body.training_file,
         metadata=dict(body.metadata or {}),
         total_steps=spec.optim.steps,
@@ -117,15 +125,17 @@ def _new_job(
 @router.post("/estimate", summary="Validate a job and estimate its cost", response_model=EstimateObject)
 async def estimate_job(body: JobCreate, tenant: CurrentTenant, services: ServicesDep) -> EstimateObject:
     """Everything POST /v1/jobs checks, without creating the job: the resolved spec (every default filled
-    in), its cost in steps, sampled responses and tokens, and whether the tenant's limits let it start."""
-    spec = await _validated(body, tenant, services)
-    cost = estimate(spec)
-    pool, queue = services.db.async_pool, services.settings.training_queue
+    in), its cost in steps, sampled responses and tokens, its memory per device, the queue and worker class
+    it would run on (422 exceeds_capacity when none can), and whether the tenant's limits let it start."""
+    spec, placement = await _validated(body, tenant, services)
+    cost = estimate(spec, placement.memory)
+    pool, queue = services.db.async_pool, placement.queue
     limit = services.settings.max_active_jobs_per_tenant
     active = await repository.count_active_jobs(pool, tenant.id)
     return EstimateObject(
         resolved_spec=spec.resolved(),
         queue=queue,
+        worker_class=placement.offer.label,
         jobs_ahead=await repository.count_queued(pool, queue),
         allowed_to_proceed=not limit or active < limit,
         active_jobs=active,
@@ -160,11 +170,11 @@ async def create_job(
         )
         if existing is not None:
             return model_response(views.job_view(existing), 201, headers=REPLAYED)
-    spec = await _validated(body, tenant, services)
+    spec, placement = await _validated(body, tenant, services)
     settings = services.settings
     if settings.max_active_jobs_per_tenant:
         _check_active_job_limit(settings, await repository.count_active_jobs(pool, tenant.id))
-    new = _new_job(body, tenant, spec, settings, idempotency_key, request_hash)
+    new = _new_job(body, tenant, spec, placement.queue, settings, idempotency_key, request_hash)
     job, created = await repository.create_job(pool, new)
     if created:  # committed, durably, by now
         await services.enqueue_async(job.id, job.queue)

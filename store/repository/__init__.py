@@ -11,6 +11,7 @@ Modules, one per seam; this package re-exports them, so callers write `repositor
 - metrics: step metrics, evals, the report's history
 - checkpoints: checkpoint rows
 - leases: the worker side (claim, heartbeat, fenced writes, finish/retry) and the sweeper's repairs
+- workers: the worker registry (what each live worker can run, its heartbeat)
 
 API side: every read and write of a tenant's object takes the tenant id (files, jobs, keys) or a job that
 was already loaded with it (events, metrics, checkpoints), so scoping happens here and only here.
@@ -95,6 +96,13 @@ from store.repository.tenants import (
     tenant_usage,
     touch_api_key,
 )
+from store.repository.workers import (
+    forget_workers,
+    live_workers,
+    register_worker,
+    remove_worker,
+    worker_heartbeat,
+)
 
 __all__ = [
     "FINISH_STATUSES",
@@ -122,6 +130,7 @@ __all__ = [
     "find_api_key",
     "find_job_by_idempotency_key",
     "finish_job",
+    "forget_workers",
     "get_api_key",
     "get_checkpoint",
     "get_file",
@@ -138,6 +147,7 @@ __all__ = [
     "list_files",
     "list_jobs",
     "list_metrics",
+    "live_workers",
     "load_job",
     "mark_enqueued",
     "metrics_at_steps",
@@ -145,7 +155,9 @@ __all__ = [
     "record_eval",
     "record_step_metrics",
     "recover_stale_jobs",
+    "register_worker",
     "remove_checkpoint",
+    "remove_worker",
     "report_events",
     "request_cancel",
     "request_pause",
@@ -157,4 +169,5 @@ __all__ = [
     "touch_api_key",
     "unclaimed_jobs",
     "utcnow",
+    "worker_heartbeat",
 ]

@@ -27,6 +27,7 @@ PAIRS: dict[type[BaseModel], str] = {
     models.Model: "ModelObject",
     models.ModelList: "ModelList",
     models.Estimate: "EstimateObject",
+    models.MemoryPerDevice: "MemoryPerDevice",
     models.Progress: "Progress",
     models.EntropyBand: "EntropyBand",
     models.EntropyStatus: "EntropyStatus",

@@ -1,0 +1,214 @@
+"""Placement on the API side: which worker classes exist now, what a job needs, and where it goes.
+
+`Fleet.offers` is the declared classes (Settings.declared_offers) plus every live worker of the registry
+(store.repository.workers: rows that beat within worker_stale_after_s), read at most every
+worker_registry_cache_s. `place_job` measures the job (its memory per device from contract.fleet.job_memory
+and the longest prompt) and asks contract.fleet.place for the class; a CapacityError becomes a 422
+`exceeds_capacity` naming the field. A registry row whose capabilities no longer validate (a worker of
+another version) is skipped and logged, never a 500.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from contract.catalog import PROMPT_OVERHEAD_TOKENS
+from contract.estimate import MemoryPerDevice
+from contract.fleet import (
+    CapacityError,
+    JobNeeds,
+    Offer,
+    WorkerClass,
+    builtin_model_shape,
+    job_memory,
+    memory_param,
+    micro_batch_tokens,
+    place,
+)
+from contract.spec import TrainSpec
+from service.errors import Unprocessable
+from service.settings import Settings
+from service.storage import stored_bytes
+from store import repository
+from store.artifacts import ArtifactStorage
+from store.database import Database
+from trainer import tasks
+
+logger = logging.getLogger(__name__)
+
+# Generated tasks: the longest prompt of this many examples (one seeded distribution; docs/SERVICE.md).
+PROMPT_SAMPLE = 64
+PROMPT_CACHE = 1024  # tasks whose longest prompt is remembered (the same task and seed give the same)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    offer: Offer
+    memory: MemoryPerDevice | None
+
+    @property
+    def queue(self) -> str:
+        return self.offer.worker_class.queue
+
+
+class Fleet:
+    def __init__(self, settings: Settings, db: Database) -> None:
+        self.settings = settings
+        self.db = db
+        self._lock = threading.Lock()
+        self._live: tuple[float, list[Offer]] | None = None
+
+    def offers(self) -> list[Offer]:
+        return self.settings.declared_offers() + self.live_offers()
+
+    def fresh(self) -> bool:
+        """Whether live_offers would answer from its cache (no database read)."""
+        with self._lock:
+            return (
+                self._live is not None
+                and time.monotonic() - self._live[0] < self.settings.worker_registry_cache_s
+            )
+
+    def live_offers(self) -> list[Offer]:
+        ttl = self.settings.worker_registry_cache_s
+        with self._lock:
+            if self._live is not None and time.monotonic() - self._live[0] < ttl:
+                return self._live[1]
+        since = repository.utcnow() - timedelta(seconds=self.settings.worker_stale_after_s)
+        with self.db.transaction() as session:
+            rows = [(w.id, w.capabilities) for w in repository.live_workers(session, since)]
+        live = []
+        for worker_id, capabilities in rows:
+            try:
+                worker_class = WorkerClass.model_validate(capabilities)
+            except ValidationError as err:
+                logger.warning(
+                    "worker %s advertises capabilities this service cannot read: %s", worker_id, err
+                )
+                continue
+            live.append(Offer(f"live worker {worker_id} on queue {worker_class.queue!r}", worker_class, True))
+        with self._lock:
+            self._live = (time.monotonic(), live)
+        return live
+
+
+def blocks(spec: TrainSpec, fleet: Fleet) -> bool:
+    """Whether place_job would do I/O or real work (a registry read, a JSONL file, generating a task's
+    examples): then the event loop hands it to a thread; otherwise it is arithmetic, done inline."""
+    return spec.task.source == "jsonl" or not fleet.fresh() or _prompt_key(spec) not in _longest_prompts
+
+
+def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage) -> Placement:
+    """The class and queue the job goes to, with its memory per device; else Unprocessable
+    (exceeds_capacity, the field named). May block (see `blocks`)."""
+    memory = job_memory_per_device(spec, storage)
+    dist = spec.distributed
+    raw_dist = raw.get("distributed")
+    spelled_num_processes = isinstance(raw_dist, Mapping) and "num_processes" in raw_dist
+    needs = JobNeeds(
+        strategy=dist.strategy,
+        nodes=dist.nodes,
+        processes_per_node=dist.processes_per_node,
+        rollout_engine=spec.rollout.engine,
+        memory_per_device_bytes=memory.total_bytes if memory is not None else None,
+        processes_param="spec.distributed."
+        + ("num_processes" if spelled_num_processes else "processes_per_node"),
+        memory_param=_memory_param(spec, memory),
+    )
+    try:
+        offer = place(needs, fleet.offers(), prefer_queue=fleet.settings.training_queue)
+    except CapacityError as err:
+        raise Unprocessable(err.message, param=err.param, code="exceeds_capacity") from None
+    return Placement(offer, memory)
+
+
+def _memory_param(spec: TrainSpec, memory: MemoryPerDevice | None) -> str:
+    if memory is None:
+        return "spec.model.name"
+    from contract.distributed import MemoryEstimate
+
+    estimate = MemoryEstimate(
+        memory.parameters_bytes,
+        memory.gradients_bytes,
+        memory.optimizer_bytes,
+        memory.gathered_bytes,
+        memory.activations_bytes,
+        memory.not_coexisting_bytes,
+    )
+    return memory_param(spec, estimate)
+
+
+def job_memory_per_device(spec: TrainSpec, storage: ArtifactStorage) -> MemoryPerDevice | None:
+    """contract.fleet.job_memory for a built-in model; None for a model whose config the service does not
+    have (an operator's extra model: its memory is not estimated and never refused on)."""
+    shape = builtin_model_shape(spec.model.name)
+    if shape is None:
+        return None
+    prompt = prompt_tokens(spec, storage)
+    estimate = job_memory(spec, shape, prompt)
+    return MemoryPerDevice.of(spec, estimate, prompt, micro_batch_tokens(spec, prompt))
+
+
+def prompt_tokens(spec: TrainSpec, storage: ArtifactStorage) -> int:
+    """An upper bound on the longest prompt in tokens: its UTF-8 bytes (each built-in tokenizer gives at most
+    one token a byte) plus what the model's rendering adds (contract.catalog.PROMPT_OVERHEAD_TOKENS)."""
+    task = spec.task
+    template_bytes = len(task.prompt_template.replace("{prompt}", "").encode("utf-8"))
+    if task.source == "jsonl":
+        longest = _longest_line_bytes(storage, task.path or "")  # a prompt is inside its JSON line
+    else:
+        longest = _longest_generated_prompt(spec)
+    plain, chat = PROMPT_OVERHEAD_TOKENS.get(spec.model.name, (0, 0))
+    return longest + template_bytes + (chat if task.use_chat_template else plain)
+
+
+_longest_prompts: dict[str, int] = {}
+_prompts_lock = threading.Lock()
+
+
+def _prompt_key(spec: TrainSpec) -> str:
+    task = spec.task
+    return json.dumps(
+        [task.source, task.name, task.params, task.train_size, task.eval_size, spec.seed], default=str
+    )
+
+
+def _longest_generated_prompt(spec: TrainSpec) -> int:
+    key = _prompt_key(spec)
+    with _prompts_lock:
+        if key in _longest_prompts:
+            return _longest_prompts[key]
+    task = spec.task
+    size = min(PROMPT_SAMPLE, task.train_size + task.eval_size)
+    try:
+        examples = tasks.make_examples(
+            task.source, name=task.name, size=size, seed=spec.seed, params=dict(task.params)
+        )
+    except (ValueError, TypeError) as err:  # one example generated (job_specs); this many did not
+        raise Unprocessable(str(err), param="spec.task.params", code="invalid_spec") from None
+    longest = max((len(e.prompt.encode("utf-8")) for e in examples), default=0)
+    with _prompts_lock:
+        if len(_longest_prompts) >= PROMPT_CACHE:
+            _longest_prompts.pop(next(iter(_longest_prompts)))
+        _longest_prompts[key] = longest
+    return longest
+
+
+def _longest_line_bytes(storage: ArtifactStorage, key: str) -> int:
+    longest = current = 0
+    for chunk in stored_bytes(storage, key):
+        *complete, rest = chunk.split(b"\n")
+        for piece in complete:
+            longest = max(longest, current + len(piece))
+            current = 0
+        current += len(rest)
+    return max(longest, current)

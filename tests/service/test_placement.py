@@ -1,0 +1,325 @@
+"""Placement over HTTP on a real PostgreSQL (its own database: live workers here must not route other
+tests' jobs): capacity and memory refusals name the field and the largest class and create nothing, the
+rest is routed to the queue of a class that can run it (a real Redis list, by Celery's queue name), live
+workers count while they beat and stop counting after the stale time, and bad declarations fail at start."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from service.settings import Settings
+from store import migrate, repository
+from store.database import Database
+from tests.service.conftest import REDIS_URL, Postgres, TenantKey
+from tests.service.helpers import GOOD_JSONL, TINY_SPEC, upload
+
+GIB = 1024**3
+ROOT = Path(__file__).resolve().parents[2]
+CLASSES = [
+    {"name": "cpu-small", "queue": "cpu", "processes_per_node": 2, "memory_per_device_bytes": 8 * GIB},
+    {
+        "name": "gpu-8",
+        "queue": "gpu",
+        "processes_per_node": 8,
+        "memory_per_device_bytes": 80 * GIB,
+        "device": "cuda",
+        "rollout_engines": ["hf", "vllm"],
+    },
+    {
+        "name": "ray-4x2",
+        "queue": "ray",
+        "nodes": 4,
+        "processes_per_node": 2,
+        "memory_per_device_bytes": 16 * GIB,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def fleet_url(postgres: Postgres) -> Iterator[str]:
+    name = postgres.create("stare_fleet_test")
+    url = postgres.url(name)
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        postgres.drop(name)
+
+
+@pytest.fixture(scope="module")
+def fleet_db(fleet_url: str) -> Iterator[Database]:
+    database = Database(fleet_url, pool_size=2)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def fleet_client(make_client: Callable[..., TestClient], fleet_url: str) -> Callable[..., TestClient]:
+    def build(**overrides: Any) -> TestClient:
+        overrides.setdefault("worker_registry_cache_s", 0.0)
+        return make_client(database_url=fleet_url, **overrides)
+
+    return build
+
+
+@pytest.fixture
+def fleet_tenant(make_tenant: Callable[..., TenantKey], fleet_db: Database) -> TenantKey:
+    return make_tenant(fleet_db)
+
+
+def _spec(**distributed: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(TINY_SPEC)
+    spec["distributed"] = distributed
+    return spec
+
+
+def _post(client: TestClient, tenant: TenantKey, url: str, spec: dict[str, Any], **body: Any) -> Any:
+    return client.post(url, json={"spec": spec, **body}, headers=tenant.headers)
+
+
+def _refusal(client: TestClient, tenant: TenantKey, spec: dict[str, Any]) -> dict[str, Any]:
+    """The 422 both /estimate and create give (the same error), checked to create no job."""
+    db = client.app.state.services.db  # type: ignore[attr-defined]
+    errors = []
+    for url in ("/v1/jobs/estimate", "/v1/jobs"):
+        response = _post(client, tenant, url, spec)
+        assert response.status_code == 422, response.text
+        errors.append(response.json()["error"])
+    assert errors[0] == errors[1]
+    with db.transaction() as session:
+        assert repository.list_jobs(session, tenant.tenant_id, after=None, limit=5)[0] == []
+    assert errors[0]["code"] == "exceeds_capacity"
+    return dict(errors[0])
+
+
+def test_jobs_no_declared_class_can_run_are_refused_naming_the_field(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    client = fleet_client(worker_classes=CLASSES)
+    error = _refusal(client, fleet_tenant, _spec(strategy="fsdp2", nodes=8, processes_per_node=1))
+    assert error["param"] == "spec.distributed.nodes"
+    assert "'ray-4x2'" in error["message"] and "spans 4 nodes" in error["message"]
+    error = _refusal(client, fleet_tenant, _spec(processes_per_node=9))
+    assert error["param"] == "spec.distributed.processes_per_node"
+    assert "'gpu-8'" in error["message"] and "has 8 processes per node" in error["message"]
+    error = _refusal(client, fleet_tenant, _spec(strategy="fsdp2", nodes=2, processes_per_node=3))
+    assert error["param"] == "spec.distributed.processes_per_node"  # the classes spanning 2 nodes have 2
+    assert "'ray-4x2'" in error["message"] and "has 2 processes per node" in error["message"]
+    vllm_on_ray = {**_spec(nodes=2, processes_per_node=2), "rollout": {"engine": "vllm"}}
+    error = _refusal(client, fleet_tenant, vllm_on_ray)
+    assert error["param"] == "spec.rollout.engine"
+    only_fsdp2 = [{**c, "strategies": ["fsdp2"]} for c in CLASSES]
+    client = fleet_client(worker_classes=only_fsdp2)
+    error = _refusal(client, fleet_tenant, _spec(strategy="ddp"))
+    assert error["param"] == "spec.distributed.strategy" and "fsdp2" in error["message"]
+
+
+def test_the_one_node_spelling_is_named_as_the_request_wrote_it(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    client = fleet_client(worker_classes=CLASSES)
+    error = _refusal(client, fleet_tenant, _spec(num_processes=9))
+    assert error["param"] == "spec.distributed.num_processes"
+    assert error["message"].startswith("distributed.num_processes is 9")
+
+
+def test_jobs_are_routed_to_the_queue_of_a_class_that_can_run_them(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    classes = [{**c, "queue": f"{c['queue']}-{tag}"} for c in CLASSES]
+    client = fleet_client(worker_classes=classes, queue_backend="celery", broker_url=REDIS_URL)
+    broker = redis.Redis.from_url(REDIS_URL)
+    cases = [
+        (_spec(), f"cpu-{tag}", "cpu-small"),  # the smallest class that fits
+        (_spec(processes_per_node=4), f"gpu-{tag}", "gpu-8"),
+        (_spec(strategy="fsdp2", nodes=2, processes_per_node=2), f"ray-{tag}", "ray-4x2"),
+        ({**_spec(), "rollout": {"engine": "vllm"}}, f"gpu-{tag}", "gpu-8"),
+    ]
+    try:
+        for spec, queue, name in cases:
+            estimate = _post(client, fleet_tenant, "/v1/jobs/estimate", spec)
+            assert estimate.status_code == 200, estimate.text
+            assert estimate.json()["queue"] == queue and f"'{name}'" in estimate.json()["worker_class"]
+            before = broker.llen(queue)
+            created = _post(client, fleet_tenant, "/v1/jobs", spec)
+            assert created.status_code == 201, created.text
+            assert created.json()["queue"] == queue
+            assert broker.llen(queue) == before + 1  # the doorbell rang on that queue, not another
+    finally:
+        broker.delete(*{q for _, q, _ in cases})
+        broker.close()
+
+
+def test_memory_per_device_is_reported_and_refused_when_no_class_has_it(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    small = [
+        {"name": "tiny-box", "queue": "small", "processes_per_node": 2, "memory_per_device_bytes": 32 * 2**20}
+    ]
+    client = fleet_client(worker_classes=small)
+    # tiny-arith, operands 0-9: the longest prompt "9+9=" is 4 bytes + <bos>; 64 rows of 5 + 16 new tokens.
+    error = _refusal(client, fleet_tenant, _spec())
+    assert error["param"] == "spec.optim.micro_batch_size"  # activations dominate on the tiny model
+    assert "'tiny-box'" in error["message"] and "has 32.0 MiB per device" in error["message"]
+    fits = {**_spec(), "optim": {"steps": 20, "micro_batch_size": 8}}
+    estimate = _post(client, fleet_tenant, "/v1/jobs/estimate", fits)
+    assert estimate.status_code == 200, estimate.text
+    memory = estimate.json()["memory_per_device"]
+    assert (memory["prompt_tokens"], memory["micro_batch_tokens"]) == (5, 8 * (5 + 16))
+    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "gathered_bytes", "activations_bytes")
+    assert (
+        memory["total_bytes"] == sum(memory[p] for p in parts) - memory["not_coexisting_bytes"] <= 32 * 2**20
+    )
+    assert memory["parameters_bytes"] == 4 * 494_976  # tiny-arith's parameters, fp32
+    sharded = _post(
+        client,
+        fleet_tenant,
+        "/v1/jobs/estimate",
+        {**fits, "distributed": {"strategy": "fsdp2", "processes_per_node": 2}},
+    )
+    assert sharded.json()["memory_per_device"]["parameters_bytes"] == 2 * 494_976
+    assert sharded.json()["memory_per_device"]["gathered_bytes"] > 0
+    smol = {**fits, "model": {"name": "smollm2-135m-instruct"}}
+    error = _refusal(client, fleet_tenant, smol)
+    assert error["param"] == "spec.distributed.strategy"  # model state dominates: fsdp2 would shard it
+
+
+def test_the_longest_prompt_of_an_uploaded_file_sizes_the_activations(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    client = fleet_client(worker_classes=CLASSES)
+    long_prompt = "1+" * 200 + "1="
+    content = GOOD_JSONL + f'{{"prompt": "{long_prompt}", "answer": "201"}}\n'.encode()
+    file_id = upload(client, fleet_tenant.headers, content, purpose="rl_train").json()["id"]
+    spec = {**TINY_SPEC, "task": {"source": "jsonl", "eval_size": 1}}
+    estimate = _post(client, fleet_tenant, "/v1/jobs/estimate", spec, training_file=file_id)
+    assert estimate.status_code == 200, estimate.text
+    line = len(f'{{"prompt": "{long_prompt}", "answer": "201"}}')
+    assert estimate.json()["memory_per_device"]["prompt_tokens"] == line + 1  # the line bounds the prompt
+
+
+def _worker(fleet_url: str, queue: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "STARE_DATABASE_URL": fleet_url,
+        "STARE_BROKER_URL": REDIS_URL,
+        "STARE_TRAINING_QUEUE": queue,
+        "STARE_ARTIFACT_ROOT": str(tmp_path / "artifacts"),
+        "STARE_REGISTRY_HEARTBEAT_S": "0.5",
+        "STARE_WORKER_PROCESSES_PER_NODE": "3",
+        "STARE_WORKER_MEMORY_PER_DEVICE_MIB": "4096",
+    }
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen([sys.executable, "-m", "worker", "run"], env=env, stdout=log, stderr=log)
+
+
+def _wait_status(
+    client: TestClient, tenant: TenantKey, spec: dict[str, Any], status: int, within_s: float
+) -> Any:
+    deadline = time.monotonic() + within_s
+    while True:
+        response = _post(client, tenant, "/v1/jobs/estimate", spec)
+        if response.status_code == status or time.monotonic() > deadline:
+            return response
+        time.sleep(0.25)
+
+
+def test_a_live_worker_counts_while_it_beats_and_not_after_the_stale_time(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey, fleet_url: str, tmp_path: Path
+) -> None:
+    """A real `python -m worker run` registers itself; only it offers capacity (no declared class). It keeps
+    counting past the stale time while it beats; SIGKILLed, it stops counting once its beat is stale."""
+    queue = f"live-{uuid.uuid4().hex[:8]}"
+    client = fleet_client(worker_classes=[], worker_stale_after_s=2.0)
+    spec = _spec(processes_per_node=3)
+    proc = _worker(fleet_url, queue, tmp_path)
+    try:
+        estimate = _wait_status(client, fleet_tenant, spec, 200, within_s=90)
+        assert estimate.status_code == 200, (estimate.text, (tmp_path / "worker.log").read_text()[-2000:])
+        assert estimate.json()["queue"] == queue and "live worker" in estimate.json()["worker_class"]
+        error = _post(client, fleet_tenant, "/v1/jobs/estimate", _spec(processes_per_node=4)).json()["error"]
+        assert (
+            error["param"] == "spec.distributed.processes_per_node" and "has 3 processes" in error["message"]
+        )
+        time.sleep(3.0)  # past the stale time: its beats (every 0.5 s) keep it live
+        assert _post(client, fleet_tenant, "/v1/jobs/estimate", spec).status_code == 200
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        killed_at = time.monotonic()
+        refused = _wait_status(client, fleet_tenant, spec, 422, within_s=10)
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "exceeds_capacity"
+        assert time.monotonic() - killed_at >= 2.0 - 0.6  # not before its last beat went stale
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_a_worker_that_stops_cleanly_leaves_the_registry(
+    fleet_db: Database, backend: str, tmp_path: Path
+) -> None:
+    """The registry's calls on both stores (SQLite: the embedded stack's worker runs the same code)."""
+    from worker.registry import Registration
+    from worker.settings import WorkerSettings
+
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'embedded.db'}"
+        migrate.upgrade(url)
+        fleet_db = Database(url, pool_size=1)
+    settings = WorkerSettings(
+        database_url="sqlite://",
+        worker_processes_per_node=2,
+        vllm_python="/usr/bin/python3",
+        registry_heartbeat_s=60,
+    )
+    registration = Registration(fleet_db, settings, f"w-{uuid.uuid4().hex[:6]}", ["a", "b"]).start()
+    since = repository.utcnow() - timedelta(seconds=60)
+    with fleet_db.transaction() as session:
+        rows = [w for w in repository.live_workers(session, since) if w.id == registration.worker_id]
+    assert sorted(w.queue for w in rows) == ["a", "b"]
+    assert rows[0].capabilities["rollout_engines"] == ["hf", "vllm"]
+    assert rows[0].capabilities["processes_per_node"] == 2
+    with fleet_db.transaction() as session:
+        repository.remove_worker(session, registration.worker_id)
+    registration.beat()  # its rows were removed: the next beat registers it again
+    with fleet_db.transaction() as session:
+        assert (
+            len([w for w in repository.live_workers(session, since) if w.id == registration.worker_id]) == 2
+        )
+    registration.stop()
+    with fleet_db.transaction() as session:
+        assert [w for w in repository.live_workers(session, since) if w.id == registration.worker_id] == []
+
+
+def test_bad_declarations_fail_at_startup_naming_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = [
+        ('[{"queue": "gpu", "processes_per_node": 0}]', "worker_classes.0.processes_per_node"),
+        ('[{"queue": "gpu", "strategies": ["zero3"]}]', "worker_classes.0.strategies"),
+        ('[{"processes_per_node": 2}]', "worker_classes.0.queue"),
+        ('[{"queue": "gpu", "gpus": 2}]', "worker_classes.0.gpus"),
+        ('{"queue": "gpu"}', "worker_classes"),
+        ('[{"name": "a", "queue": "x"}, {"name": "a", "queue": "y"}]', "names must be distinct"),
+    ]
+    for value, named in cases:
+        monkeypatch.setenv("STARE_WORKER_CLASSES", value)
+        with pytest.raises(ValidationError) as info:
+            Settings()
+        assert named in str(info.value), value
