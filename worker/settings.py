@@ -26,3 +26,12 @@ class WorkerSettings(Settings):
     # interpreter for a job with rollout.engine vllm (vLLM pins its own transformers: `make install` builds
     # .venv-vllm for it); empty: `python`
     vllm_python: str = ""
+    # A Ray cluster this worker drives jobs with distributed.nodes > 1 on (docs/DISTRIBUTED.md): "auto" (this
+    # host is a Ray node), "HOST:PORT" of the head's GCS, or "ray://HOST:10001"; empty: no multi-node jobs.
+    ray_address: str = ""
+    ray_connect_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # no answer by then: ray_unavailable
+    # every training process placed by then, or ray_unavailable (a node being replaced has this long)
+    ray_start_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    ray_health_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # the cluster silent this long: ray_unavailable
+    ray_cpus_per_worker: Annotated[float, Field(ge=0)] = 1.0  # Ray resources of each training process
+    ray_gpus_per_worker: Annotated[float, Field(ge=0)] = 0.0
