@@ -17,6 +17,7 @@ line on stderr.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -52,11 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(err: BaseException, limit: int = 600) -> str:
+    """An exception as one line (Ray's errors run over many): the worker quotes the driver's last line."""
+    return " ".join(str(err).split())[:limit]
+
+
 def _fail(code: int, message: str) -> NoReturn:
     """Ends the driver at once: the cluster may be gone, so nothing waits on it (Ray ends the job's actors
     when their driver exits)."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    print(f"error: {one_line(RuntimeError(message), 900)}", file=sys.stderr, flush=True)
     os._exit(code)
 
 
@@ -68,31 +74,42 @@ def connect(address: str, timeout_s: float) -> None:
 
     def init() -> None:
         try:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True)
+            ray.init(
+                address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=True
+            )
             outcome["error"] = None
-        except BaseException as err:  # noqa: BLE001 - reported below
+        except BaseException as err:
             outcome["error"] = err
 
     thread = threading.Thread(target=init, name="ray-connect", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if "error" not in outcome:
-        _fail(ExitCode.CLUSTER_UNAVAILABLE, f"ray_unavailable: no Ray cluster answered at {address} within {timeout_s:g} s")
+        _fail(
+            ExitCode.CLUSTER_UNAVAILABLE,
+            f"ray_unavailable: no Ray cluster answered at {address} within {timeout_s:g} s",
+        )
     if outcome["error"] is not None:
-        _fail(ExitCode.CLUSTER_UNAVAILABLE, f"ray_unavailable: cannot connect to the Ray cluster at {address}: {outcome['error']}")
+        _fail(
+            ExitCode.CLUSTER_UNAVAILABLE,
+            f"ray_unavailable: cannot connect to the Ray cluster at {address}: {one_line(outcome['error'])}",
+        )
 
 
 def scaling(spec: TrainSpec, cpus: float, gpus: float) -> Any:
     """nodes × processes_per_node workers in one gang-scheduled placement group: one per node when
     processes_per_node is 1 (STRICT_SPREAD), else packed node by node (PACK: a node of processes_per_node
     GPUs takes exactly its share; `check_layout` refuses any other outcome)."""
-    from ray.train import ScalingConfig
+    from ray.train.v2.api.config import ScalingConfig
 
     dist = spec.distributed
     resources = {"CPU": cpus} | ({"GPU": gpus} if gpus else {})
     strategy = "STRICT_SPREAD" if dist.processes_per_node == 1 else "PACK"
     return ScalingConfig(
-        num_workers=dist.world_size, use_gpu=gpus > 0, resources_per_worker=resources, placement_strategy=strategy
+        num_workers=dist.world_size,
+        use_gpu=gpus > 0,
+        resources_per_worker=resources,
+        placement_strategy=strategy,
     )
 
 
@@ -120,15 +137,17 @@ class Driver:
 
     def start(self) -> None:
         import ray
-        from ray.train import FailureConfig, RunConfig
-        from ray.train.torch import TorchTrainer
+        from ray.train.v2.api.config import FailureConfig, RunConfig
+        from ray.train.v2.torch.torch_trainer import TorchTrainer
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from trainer.distributed.ray_worker import Relay, train_worker
 
         here = ray.get_runtime_context().get_node_id()
         print(f"ray driver: connected to {self.args.address}, on node {here}", file=sys.stderr, flush=True)
-        self.relay = Relay.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+        self.relay = Relay.options(  # type: ignore[attr-defined]
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+        ).remote()
         env = {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)}
         config = {
             "spec": str(Path(self.args.spec).resolve()),
@@ -149,19 +168,25 @@ class Driver:
     def _fit(self) -> None:
         try:
             self.trainer.fit()
-        except BaseException as err:  # noqa: BLE001 - classified by the main thread
+        except BaseException as err:
             self.fit_error = err
         finally:
             self.fit_done.set()
 
     def _call(self, method: Any, *args: Any) -> Any:
-        """A relay call within --health-timeout-s, or exit CLUSTER_UNAVAILABLE."""
+        """A relay call within --health-timeout-s. The relay dead while the cluster answers (its process
+        killed, by Ray's memory monitor say): exit WORKER_LOST, a retry may succeed. No answer, or anything
+        else: exit CLUSTER_UNAVAILABLE."""
         import ray
+        from ray.exceptions import RayActorError
 
         try:
             return ray.get(method.remote(*args), timeout=self.args.health_timeout_s)
-        except Exception as err:  # noqa: BLE001 - timeout, the relay's node died, the cluster went away
-            _fail(ExitCode.CLUSTER_UNAVAILABLE, f"ray_unavailable: the Ray cluster stopped answering ({type(err).__name__}: {err})"[:900])
+        except RayActorError as err:
+            _fail(ExitCode.WORKER_LOST, f"ray_worker_lost: the driver's relay actor died: {one_line(err)}")
+        except Exception as err:  # timeout, the relay's node died, the cluster went away
+            message = f"the Ray cluster stopped answering ({type(err).__name__}: {one_line(err)})"
+            _fail(ExitCode.CLUSTER_UNAVAILABLE, f"ray_unavailable: {message}")
 
     def relay_events(self) -> None:
         for event in self._call(self.relay.drain):
@@ -210,7 +235,11 @@ class Driver:
         if lost := lost_workers(self.fit_error, state["started"]):
             print(f"error: ray_worker_lost: {lost}", file=sys.stderr, flush=True)
             return ExitCode.WORKER_LOST
-        print(f"error: training failed on the Ray cluster: {self.fit_error}"[-3000:], file=sys.stderr, flush=True)
+        print(
+            f"error: training failed on the Ray cluster: {one_line(self.fit_error, 3000)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return ExitCode.FAILED
 
 
@@ -230,7 +259,7 @@ def lost_workers(error: BaseException, started: dict[int, dict[str, Any]]) -> st
         return f"the Ray node(s) of rank(s) {lost_nodes} died"
     died = sorted(r for r, e in failures.items() if isinstance(e, RayActorError | ActorUnavailableError))
     if died:
-        return f"training process(es) of rank(s) {died} died: {failures[died[0]]}"[:900]
+        return f"training process(es) of rank(s) {died} died: {one_line(failures[died[0]])}"
     return None
 
 

@@ -32,6 +32,7 @@ class WorkerSettings(Settings):
     ray_connect_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # no answer by then: ray_unavailable
     # every training process placed by then, or ray_unavailable (a node being replaced has this long)
     ray_start_timeout_s: Annotated[float, Field(gt=0)] = 180.0
-    ray_health_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # the cluster silent this long: ray_unavailable
+    # the cluster silent this long: ray_unavailable
+    ray_health_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     ray_cpus_per_worker: Annotated[float, Field(ge=0)] = 1.0  # Ray resources of each training process
     ray_gpus_per_worker: Annotated[float, Field(ge=0)] = 0.0

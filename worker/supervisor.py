@@ -38,6 +38,7 @@ from contract.storage import storage_writes
 
 logger = logging.getLogger(__name__)
 
+
 class RaySettings(Protocol):  # worker.settings.WorkerSettings' ray_* fields
     ray_address: str
     ray_connect_timeout_s: float

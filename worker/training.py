@@ -20,6 +20,10 @@ How the run ends, by the trainer's exit code (contract.protocol.ExitCode):
   twice in a row without getting past a step (`crash_loop`, after 2 attempts): then failed (system). The
   budget arithmetic is repository.retry_job's. A crash message quotes the trainer's last stderr lines (kept
   in memory by the supervisor), never an empty string.
+The Ray driver of a multi-node job (docs/DISTRIBUTED.md) adds two: 69 → failed (system, `ray_unavailable`:
+the cluster did not answer, had no room, or went away; not retried, the next attempt would meet the same
+cluster); 76 → `ray_worker_lost` (a training process or its Ray node died), on the lost-worker budget like
+`trainer_killed`, resumed from the latest checkpoint.
 
 The worker's own writes after the claim (the spec file, the trainer log) fail the job the same way as the
 trainer's exit 74, instead of raising out of the task and leaving the job to the sweeper (which would count
@@ -450,10 +454,12 @@ def _conclude(
     except LeaseLost:
         return "lease_lost"
     if code == ExitCode.CLUSTER_UNAVAILABLE:  # the Ray driver: no cluster, no room, or it went away
-        message = _last_line(tail).removeprefix("error: ") or "the Ray cluster is unavailable"
+        message = _marked_line(tail, FailureCode.RAY_UNAVAILABLE) or "the Ray cluster is unavailable"
         return _finish(recorder, "failed", JobError(FailureCode.RAY_UNAVAILABLE, message, "system"))
     if code == ExitCode.WORKER_LOST:  # the Ray driver: a node or a training process died
-        error = JobError(FailureCode.RAY_WORKER_LOST, _crash_message("lost a Ray worker", tail), "system")
+        reason = _marked_line(tail, FailureCode.RAY_WORKER_LOST)
+        message = reason or _crash_message("lost a Ray worker", tail)
+        error = JobError(FailureCode.RAY_WORKER_LOST, message, "system")
         return _retry(recorder, claim, error, resend, infrastructure=True)
     if code == -signal.SIGKILL:  # not ours (we kill only on a lost lease or a stop request, handled above)
         error = JobError(FailureCode.TRAINER_KILLED, _crash_message("was killed by SIGKILL", tail), "system")
@@ -505,6 +511,15 @@ def _storage_error(event: dict[str, Any] | None, tail: str) -> JobError:
 def _error_lines(text: str, count: int = ERROR_LINES) -> str:
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     return "\n".join(lines[-count:])[-800:]
+
+
+def _marked_line(text: str, code: str) -> str:
+    """The Ray driver's own reason ("error: CODE: ..."), the last such line: Ray's log lines may follow it."""
+    marker = f"error: {code}: "
+    for line in reversed(text.splitlines()):
+        if line.startswith(marker):
+            return line.removeprefix(marker)[:1000]
+    return ""
 
 
 def _last_line(text: str) -> str:

@@ -79,10 +79,10 @@ def agreed_stop_engine_class() -> type:
     from trainer.distributed.process_group import all_reduce_sum
     from trainer.engine import Engine
 
-    class AgreedStopEngine(Engine):  # type: ignore[misc, valid-type]
+    class AgreedStopEngine(Engine):
         _local_stop: int | None = None
 
-        @property  # type: ignore[override]
+        @property
         def _stop_signal(self) -> int | None:
             asked = all_reduce_sum({"stop": 1.0 if self._local_stop is not None else 0.0})["stop"]
             if asked == 0:
@@ -101,7 +101,7 @@ def _watch_stop(relay: Any, engine: Any, done: threading.Event) -> None:
     while not done.wait(STOP_POLL_S):
         try:
             signum = ray.get(relay.stop_signal.remote(), timeout=RELAY_CALL_S)
-        except Exception:  # noqa: BLE001 - the driver's node is gone: the driver fails the attempt
+        except Exception:
             continue
         if signum is not None:
             engine.request_stop(int(signum))
