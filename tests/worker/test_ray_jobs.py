@@ -84,6 +84,10 @@ def ray_worker_env(address: str, **extra: str) -> dict[str, str]:
     return {
         "STARE_RAY_ADDRESS": address,
         "STARE_RAY_START_TIMEOUT_S": "240",
+        # A Ray job starts a dozen processes on this shared 2-core machine (load averages of 20-50 seen):
+        # the suite's 4 s "worker lost" threshold would count a starved worker's late heartbeat as a loss.
+        "STARE_STALE_AFTER_S": "60",
+        "STARE_LEASE_S": "120",
         "OMP_NUM_THREADS": "1",  # what Ray gives a 1-CPU worker: the one-node run gets the same
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
