@@ -248,7 +248,15 @@ def lost_workers(error: BaseException, started: dict[int, dict[str, Any]]) -> st
     error): a Ray actor error among the workers' failures, a preemption, or a node of ours now dead."""
     import ray
     from ray.exceptions import ActorUnavailableError, RayActorError
+    from ray.train.v2._internal.exceptions import (
+        WorkerHealthCheckFailedError,
+        WorkerHealthCheckTimeoutError,
+    )
     from ray.train.v2.api.exceptions import PreemptionError
+
+    # A process gone (or unreachable: its node died before the cluster marked the node dead) reaches the
+    # driver as Ray Train's failed health check, or as the actor error itself.
+    gone = (RayActorError, ActorUnavailableError, WorkerHealthCheckFailedError, WorkerHealthCheckTimeoutError)
 
     if isinstance(error, PreemptionError):
         return str(error)
@@ -257,7 +265,7 @@ def lost_workers(error: BaseException, started: dict[int, dict[str, Any]]) -> st
     lost_nodes = sorted({rank for rank, info in started.items() if info["node_id"] in dead})
     if lost_nodes:
         return f"the Ray node(s) of rank(s) {lost_nodes} died"
-    died = sorted(r for r, e in failures.items() if isinstance(e, RayActorError | ActorUnavailableError))
+    died = sorted(r for r, e in failures.items() if isinstance(e, gone) or isinstance(e.__cause__, gone))
     if died:
         return f"training process(es) of rank(s) {died} died: {one_line(failures[died[0]])}"
     return None
