@@ -33,6 +33,10 @@ class ExitCode(IntEnum):
     NON_FINITE = 3  # non-finite loss or entropy; the `error` event names the step
     STORAGE = 74  # EX_IOERR: a write to the run folder failed; the `error` event has code, errno and path
     INTERRUPTED = 75  # stopped by SIGTERM/SIGINT after writing a checkpoint (resume with --resume)
+    # The Ray driver (`python -m trainer.ray_launch`, docs/DISTRIBUTED.md) only:
+    # EX_UNAVAILABLE: the Ray cluster could not be reached, had no room, or went away
+    CLUSTER_UNAVAILABLE = 69
+    WORKER_LOST = 76  # a training process or its Ray node died: the attempt is lost, the job resumes
 
 
 class EventType(StrEnum):
@@ -68,6 +72,8 @@ class FailureCode(StrEnum):
     TRAINER_KILLED = "trainer_killed"  # the trainer was SIGKILLed (out of memory, an operator)
     CRASH_LOOP = "crash_loop"  # attempts in a row failed at the same step
     WORKER_LOST = "worker_lost"  # the lost-worker budget ran out
+    RAY_UNAVAILABLE = "ray_unavailable"  # the job's Ray cluster is unreachable, too small, or went away
+    RAY_WORKER_LOST = "ray_worker_lost"  # a Ray node or training process died (retried, lost-worker budget)
 
 
 # Every code a failed job can carry: what the exporter publishes (stare_failed_jobs) and alerts read.

@@ -133,8 +133,8 @@ class Engine:
             import transformers
 
             transformers.utils.logging.disable_progress_bar()
-        if (dist := spec.distributed).strategy != "ddp" or dist.nodes != 1:
-            raise NotImplementedError("this trainer runs distributed.strategy 'ddp' on one node only")
+        if (dist := spec.distributed).strategy != "ddp":
+            raise NotImplementedError("this trainer runs distributed.strategy 'ddp' only")
         bf16 = "bf16" if dist.mixed_precision.param_dtype == "bfloat16" else "no"
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=bf16)
         self.device = self.accelerator.device

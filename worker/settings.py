@@ -38,7 +38,16 @@ class WorkerSettings(Settings):
     # not stated (the worker never touches CUDA), so the service does not refuse on memory for it.
     worker_memory_per_device_mib: Annotated[int, Field(ge=1)] | None = None
     worker_strategies: str = "ddp,fsdp2"  # comma-separated
-    # A worker that serves a Ray cluster (multi-node jobs): its address and how many nodes a job may span
-    # (STARE_RAY_NODES; unset with an address: 1, logged as a warning).
+    # A Ray cluster this worker drives jobs with distributed.nodes > 1 on (docs/DISTRIBUTED.md): "auto" (this
+    # host is a Ray node), "HOST:PORT" of the head's GCS, or "ray://HOST:10001"; empty: no multi-node jobs.
     ray_address: str = ""
+    ray_connect_timeout_s: Annotated[float, Field(gt=0)] = 30.0  # no answer by then: ray_unavailable
+    # every training process placed by then, or ray_unavailable (a node being replaced has this long)
+    ray_start_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    # the cluster silent this long: ray_unavailable
+    ray_health_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    ray_cpus_per_worker: Annotated[float, Field(ge=0)] = 1.0  # Ray resources of each training process
+    ray_gpus_per_worker: Annotated[float, Field(ge=0)] = 0.0
+    # How many nodes a job may span on that cluster, advertised in the registry (STARE_RAY_NODES; unset with
+    # an address: 1, logged as a warning).
     ray_nodes: Annotated[int, Field(ge=1, le=1024)] | None = None

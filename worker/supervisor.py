@@ -1,7 +1,8 @@
 """Runs the trainer as a child process and turns its stdout event lines into Python dicts.
 
 The child is `python -m trainer run SPEC --out DIR --events-stdout [--resume]` (or the same under
-`accelerate launch` when the spec asks for several processes). It gets SIGKILL if the worker process dies
+`accelerate launch` when the spec asks for several processes on one node, or the Ray driver
+`python -m trainer.ray_launch run ...` for a job over several nodes). It gets SIGKILL if the worker process dies
 (PR_SET_PDEATHSIG), so a killed worker never leaves a trainer running behind a lost lease. Cooperative
 stop: SIGTERM makes the trainer checkpoint and exit 75.
 
@@ -30,12 +31,22 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from contract.protocol import parse_event_line
 from contract.storage import storage_writes
 
 logger = logging.getLogger(__name__)
+
+
+class RaySettings(Protocol):  # worker.settings.WorkerSettings' ray_* fields
+    ray_address: str
+    ray_connect_timeout_s: float
+    ray_start_timeout_s: float
+    ray_health_timeout_s: float
+    ray_cpus_per_worker: float
+    ray_gpus_per_worker: float
+
 
 PR_SET_PDEATHSIG = 1
 TAIL_LINES, TAIL_BYTES = 20, 4096  # what a crash message can quote of the trainer's stderr
@@ -74,6 +85,7 @@ TRAINER_ENV_NAMES = TRAINER_STARE_VARS | frozenset(
 TRAINER_ENV_PREFIXES = (
     *("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS_", "CUDNN_"),
     *("TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_", "ACCELERATE_"),
+    "RAY_",  # the Ray driver's own settings (RAY_USAGE_STATS_ENABLED, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, ...)
 )
 # ...except a name that looks like a credential, whatever its family.
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSW", "CREDENTIAL", "KEY", "AUTH", "_URL", "_URI", "_DSN", "COOKIE")
@@ -122,6 +134,28 @@ def trainer_command(
             *args,
         ]
     return [python, "-m", "trainer", *args]
+
+
+def ray_command(
+    python: str, spec_path: Path, out_dir: Path, *, resume: bool, settings: RaySettings
+) -> list[str]:
+    """The Ray driver for a multi-node job (trainer/ray_launch.py): the same arguments and output as
+    `python -m trainer run`, plus the cluster's address, timeouts and per-process resources."""
+    args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
+    if resume:
+        args.append("--resume")
+    return [
+        python,
+        "-m",
+        "trainer.ray_launch",
+        *args,
+        *("--address", settings.ray_address),
+        *("--connect-timeout-s", str(settings.ray_connect_timeout_s)),
+        *("--start-timeout-s", str(settings.ray_start_timeout_s)),
+        *("--health-timeout-s", str(settings.ray_health_timeout_s)),
+        *("--cpus-per-worker", str(settings.ray_cpus_per_worker)),
+        *("--gpus-per-worker", str(settings.ray_gpus_per_worker)),
+    ]
 
 
 class OutputTail:

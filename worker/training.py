@@ -20,6 +20,10 @@ How the run ends, by the trainer's exit code (contract.protocol.ExitCode):
   twice in a row without getting past a step (`crash_loop`, after 2 attempts): then failed (system). The
   budget arithmetic is repository.retry_job's. A crash message quotes the trainer's last stderr lines (kept
   in memory by the supervisor), never an empty string.
+The Ray driver of a multi-node job (docs/DISTRIBUTED.md) adds two: 69 → failed (system, `ray_unavailable`:
+the cluster did not answer, had no room, or went away; not retried, the next attempt would meet the same
+cluster); 76 → `ray_worker_lost` (a training process or its Ray node died), on the lost-worker budget like
+`trainer_killed`, resumed from the latest checkpoint.
 
 The worker's own writes after the claim (the spec file, the trainer log) fail the job the same way as the
 trainer's exit 74, instead of raising out of the task and leaving the job to the sweeper (which would count
@@ -52,7 +56,6 @@ from typing import Any, TypeVar
 import sqlalchemy.exc
 import yaml
 
-from contract.distributed import DistributedSpec
 from contract.protocol import (
     CHECKPOINT_GLOB,
     CHECKPOINTS_DIR,
@@ -62,13 +65,14 @@ from contract.protocol import (
     FailureCode,
     checkpoint_step,
 )
+from contract.spec import TrainSpec
 from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
 from store import repository
 from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 from store.repository import Claim, JobError
 from worker.settings import WorkerSettings
-from worker.supervisor import TrainerProcess, log_tail, trainer_command
+from worker.supervisor import TrainerProcess, log_tail, ray_command, trainer_command
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -282,6 +286,27 @@ def trainer_python(resolved_spec: dict[str, Any], settings: WorkerSettings) -> s
     return settings.python or sys.executable
 
 
+class NoCluster(Exception):
+    """A multi-node job reached a worker that serves no Ray cluster."""
+
+
+def job_command(
+    claim: Claim, settings: WorkerSettings, spec_path: Path, out_dir: Path, *, resume: bool
+) -> list[str]:
+    """The child to supervise: the trainer on this host (accelerate above one process) for a one-node job,
+    the Ray driver for a job over several nodes. Raises NoCluster for the latter without STARE_RAY_ADDRESS."""
+    dist = TrainSpec.model_validate(claim.resolved_spec).distributed
+    python = trainer_python(claim.resolved_spec, settings)
+    if dist.nodes == 1:
+        return trainer_command(python, spec_path, out_dir, resume=resume, num_processes=dist.world_size)
+    if not settings.ray_address:
+        raise NoCluster(
+            f"the job asks for distributed.nodes = {dist.nodes} and this worker serves no Ray cluster "
+            "(STARE_RAY_ADDRESS is unset)"
+        )
+    return ray_command(python, spec_path, out_dir, resume=resume, settings=settings)
+
+
 def run_claimed(
     db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
 ) -> str:
@@ -290,16 +315,15 @@ def run_claimed(
     recorder = Recorder(db, claim, settings, storage)
     try:
         spec_path, out_dir, resume = prepare_run(claim, storage)
-        num_processes = DistributedSpec.model_validate(claim.resolved_spec.get("distributed", {})).world_size
-        command = trainer_command(
-            trainer_python(claim.resolved_spec, settings), spec_path, out_dir, resume=resume,
-            num_processes=num_processes,
-        )  # fmt: skip
+        command = job_command(claim, settings, spec_path, out_dir, resume=resume)
         log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
         child = TrainerProcess(command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"})
     except StorageError as err:  # our own write failed: the trainer would meet the same disk
         logger.error("job %s: %s", claim.job_id, err)
         return _finish(recorder, "failed", JobError(err.code, str(err)[:1000], "system"))
+    except NoCluster as err:
+        logger.error("job %s: %s", claim.job_id, err)
+        return _finish(recorder, "failed", JobError(FailureCode.RAY_UNAVAILABLE, str(err), "system"))
     except OSError as err:  # the trainer could not be started (no such interpreter, no memory to fork)
         logger.error("job %s: cannot start the trainer: %s", claim.job_id, err)
         return _retry(
@@ -429,6 +453,14 @@ def _conclude(
             return stop_reason
     except LeaseLost:
         return "lease_lost"
+    if code == ExitCode.CLUSTER_UNAVAILABLE:  # the Ray driver: no cluster, no room, or it went away
+        message = _marked_line(tail, FailureCode.RAY_UNAVAILABLE) or "the Ray cluster is unavailable"
+        return _finish(recorder, "failed", JobError(FailureCode.RAY_UNAVAILABLE, message, "system"))
+    if code == ExitCode.WORKER_LOST:  # the Ray driver: a node or a training process died
+        reason = _marked_line(tail, FailureCode.RAY_WORKER_LOST)
+        message = reason or _crash_message("lost a Ray worker", tail)
+        error = JobError(FailureCode.RAY_WORKER_LOST, message, "system")
+        return _retry(recorder, claim, error, resend, infrastructure=True)
     if code == -signal.SIGKILL:  # not ours (we kill only on a lost lease or a stop request, handled above)
         error = JobError(FailureCode.TRAINER_KILLED, _crash_message("was killed by SIGKILL", tail), "system")
         return _retry(recorder, claim, error, resend, infrastructure=True)
@@ -479,6 +511,15 @@ def _storage_error(event: dict[str, Any] | None, tail: str) -> JobError:
 def _error_lines(text: str, count: int = ERROR_LINES) -> str:
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     return "\n".join(lines[-count:])[-800:]
+
+
+def _marked_line(text: str, code: str) -> str:
+    """The Ray driver's own reason ("error: CODE: ..."), the last such line: Ray's log lines may follow it."""
+    marker = f"error: {code}: "
+    for line in reversed(text.splitlines()):
+        if line.startswith(marker):
+            return line.removeprefix(marker)[:1000]
+    return ""
 
 
 def _last_line(text: str) -> str:

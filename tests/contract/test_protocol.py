@@ -25,6 +25,8 @@ def test_exit_codes_are_the_documented_numbers() -> None:
         "NON_FINITE": 3,
         "STORAGE": 74,
         "INTERRUPTED": 75,
+        "CLUSTER_UNAVAILABLE": 69,
+        "WORKER_LOST": 76,
     }
 
 

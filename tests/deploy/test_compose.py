@@ -134,3 +134,22 @@ def test_gpu_workers_reserve_one_gpu_each_and_dcgm_is_scraped() -> None:
     dockerfile = (ROOT / "deploy/docker/Dockerfile.worker-gpu").read_text()
     assert "bubblewrap" in dockerfile and "python3.11" in dockerfile
     assert re.search(r"pip install [^\n]*torch==2\.13\.0", dockerfile)
+
+
+def test_the_ray_profile_is_a_head_worker_and_nodes_sharing_the_artifacts() -> None:
+    services = _compose()["services"]
+    head, node = services["worker-ray"], services["ray-node"]
+    assert head["profiles"] == node["profiles"] == ["ray"]
+    assert head["environment"]["STARE_RAY_ADDRESS"] == "auto", "the worker's host is a Ray node"
+    assert (
+        "ray start --head --port 6379" in head["command"][-1]
+        and "python -m worker run" in head["command"][-1]
+    )
+    assert node["command"][:4] == ["ray", "start", "--address", "worker-ray:6379"]
+    for service in (head, node):
+        assert "distributed" in service["build"]["args"]["EXTRAS"], "the image has Ray"
+        assert "artifacts:/artifacts" in service["volumes"], "every rank writes its checkpoint part there"
+    dockerfile = (ROOT / "deploy/docker/Dockerfile.worker").read_text()
+    assert "ARG EXTRAS=" in dockerfile and '".[${EXTRAS}]"' in dockerfile
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r"^distributed = \[.*ray\[train\]", pyproject, re.M)
