@@ -83,6 +83,7 @@ def ray_cluster() -> Iterator[Any]:
 def ray_worker_env(address: str, **extra: str) -> dict[str, str]:
     return {
         "STARE_RAY_ADDRESS": address,
+        "STARE_RAY_NODES": "2",  # advertised in the worker registry: the API places 2-node jobs on it
         "STARE_RAY_START_TIMEOUT_S": "240",
         # A Ray job starts a dozen processes on this shared 2-core machine (load averages of 20-50 seen):
         # the suite's 4 s "worker lost" threshold would count a starved worker's late heartbeat as a loss.
