@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from contract import stability
+
 ENTROPY = "entropy/mean"
 GATE_ON = "stare/gate_on"
 BONUS = "entropy_bonus/coef"
@@ -59,6 +61,12 @@ class RunSummary:
     wall_seconds: float | None
     reweight_ratio_when_on: float | None
     mean_weight_when_on: float | None
+    # contract/stability.py over entropy/mean: time to collapse (relative to the first step's entropy) and
+    # the share of post-gate steps within ±25 % of the target (the logged target, else the spec's gate
+    # target: the suite's shared target for a method without a controller).
+    collapse_time: int | None = None
+    hold_fraction: float | None = None
+    post_gate_steps: int = 0
 
 
 def _steps(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, float]]]:
@@ -128,6 +136,11 @@ def summarize_run(
         later = [h for s, h in entropies if s >= first_on]
         near = _mean([float(abs(h - target) <= NEAR_TARGET * target) for h in later])
     on_metrics = [m for _, m in steps if m.get(GATE_ON, 0.0) > 0]
+    spec_target = ((spec.get("algorithm") or {}).get("gate") or {}).get("target_entropy")
+    shared_target = (
+        target if target is not None else spec_target if isinstance(spec_target, float | int) else None
+    )
+    hold, window = stability.hold_fraction(entropies, None if shared_target is None else float(shared_target))
     first_eval = next((m for s, m in evals if s == 0), None)
     last_eval = evals[-1][1] if evals and (evals[-1][0] > 0 or not steps) else None
     return RunSummary(
@@ -164,6 +177,9 @@ def summarize_run(
         mean_weight_when_on=_mean(
             [float(m["stare/mean_weight"]) for m in on_metrics if "stare/mean_weight" in m]
         ),
+        collapse_time=stability.collapse_step(entropies),
+        hold_fraction=hold,
+        post_gate_steps=window,
     )
 
 
