@@ -105,6 +105,15 @@ def collapse_step(entropies: Sequence[tuple[int, float]], low: float, streak: in
     return None
 
 
+def spec_target(spec: Mapping[str, Any], entropies: Sequence[tuple[int, float]]) -> float | None:
+    """The suite's shared target from the spec's gate section (what a method without a controller is
+    measured against): nats, or {relative: r} × H₀ (H₀: the first step's entropy/mean)."""
+    setting = ((spec.get("algorithm") or {}).get("gate") or {}).get("target_entropy")
+    if isinstance(setting, dict) and isinstance(setting.get("relative"), int | float):
+        return float(setting["relative"]) * entropies[0][1] if entropies else None
+    return float(setting) if isinstance(setting, int | float) else None
+
+
 def summarize_run(
     run_id: str,
     events: Sequence[Mapping[str, Any]],
@@ -136,10 +145,7 @@ def summarize_run(
         later = [h for s, h in entropies if s >= first_on]
         near = _mean([float(abs(h - target) <= NEAR_TARGET * target) for h in later])
     on_metrics = [m for _, m in steps if m.get(GATE_ON, 0.0) > 0]
-    spec_target = ((spec.get("algorithm") or {}).get("gate") or {}).get("target_entropy")
-    shared_target = (
-        target if target is not None else spec_target if isinstance(spec_target, float | int) else None
-    )
+    shared_target = target if target is not None else spec_target(spec, entropies)
     hold, window = stability.hold_fraction(entropies, None if shared_target is None else float(shared_target))
     first_eval = next((m for s, m in evals if s == 0), None)
     last_eval = evals[-1][1] if evals and (evals[-1][0] > 0 or not steps) else None

@@ -63,10 +63,7 @@ def step_drifts(
         if not (d < 0 and dph > 0 and math.isfinite(d) and math.isfinite(dph)):
             continue
         q = float(m.get(POS_HIGH_SHARE, 0.0))
-        if L_PLUS in m:
-            lp = float(m[L_PLUS])
-        else:
-            lp = p * (float(m.get("quadrant/pos_low_fraction", 0.0)) + q)
+        lp = float(m[L_PLUS]) if L_PLUS in m else p * (float(m.get("quadrant/pos_low_fraction", 0.0)) + q)
         share = min(1.0, lp / q) if q > 0 else None
         out.append(StepDrift(step, d, dph, float(m[NEG_HIGH]), share))
     return out

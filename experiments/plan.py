@@ -86,6 +86,9 @@ class Suite:
     # A robustness suite: one spec over seeds and thread counts, each run with its own SFT, judged per run
     # by the demo's acceptance (avg@k gain, gate on) instead of compared arm against arm.
     robustness: bool = False
+    # A stability suite (the SmolLM2 suites): its section is experiments/stability_page.py's (time to
+    # collapse, holding, every method paired with grpo_ds, the drift analysis, what is still running).
+    stability: bool = False
 
 
 def demo_spec() -> dict[str, Any]:

@@ -24,13 +24,15 @@ from trainer.tasks import make_train_eval
 
 
 def candidate_specs() -> dict[str, dict[str, Any]]:
-    """The candidates measured, each as the task/verifier/sampling part of a job spec."""
-    from experiments.smollm2 import SMOLLM2_TASK, task_section
+    """The candidates measured, each as the task/verifier/sampling part of a job spec: the bare prompt
+    and the prompt with an instruction to answer with the number only, at three operand ranges."""
+    from experiments.smollm2 import task_section
 
     out = {}
-    for label, (low, high) in {"add0-20": (0, 20), "add0-50": (0, 50), "add0-99": (0, 99)}.items():
-        out[label] = task_section(low, high)
-    out[f"suite:{SMOLLM2_TASK['label']}"] = task_section(SMOLLM2_TASK["min"], SMOLLM2_TASK["max"])
+    for low, high in ((0, 20), (0, 50), (0, 99)):
+        out[f"add{low}-{high}"] = task_section(low, high, "{prompt}", temperature=1.0)
+        out[f"add{low}-{high}/number-only"] = task_section(low, high, temperature=1.0)
+    out["add0-20/number-only/t0.7"] = task_section(0, 20)  # the suite's task
     return out
 
 
