@@ -35,6 +35,7 @@ NEG_HIGH = "quadrant/neg_high_drift"
 POS_HIGH_SHARE = "quadrant/pos_high_fraction"
 NEG_HIGH_SHARE = "quadrant/neg_high_fraction"
 L_PLUS = "stare/positive_reweight_ratio"
+POS_CANDIDATES = "stare/positive_candidate_ratio"
 ENTROPY = "entropy/mean"
 
 
@@ -45,27 +46,30 @@ class StepDrift:
     pos_high: float  # D⁺ₕ
     neg_high: float  # D⁻ₕ
     l_plus_share: float | None  # |L⁺| / |Q⁺ₕ| (tokens), capped at 1; None without STARE's metric
+    l_plus_exceeds: bool = False  # |L⁺| > |Q⁺ₕ|: L⁺ also holds s ≤ H tokens (the bound's premise fails)
+    post_gate: bool = True  # H̄ < target at this step
 
 
 def step_drifts(
     steps: Sequence[tuple[int, Mapping[str, float]]], target: float | None, *, p: float = 0.1
 ) -> list[StepDrift]:
-    """The post-gate steps (H̄ < target) whose update lowers entropy (D < 0) and has a positive D⁺ₕ. A run
-    without STARE's |L⁺|/N metric (grpo_ds) gets the share that P = `p` would select: ⌈P·|T⁺|⌉ ≈ P × the
-    positive-advantage token share, over the quadrant's share."""
+    """The steps whose update lowers entropy (D < 0) and has a positive D⁺ₕ, each marked post-gate or not
+    (H̄ < target). A run without STARE's |L⁺|/N metric (grpo_ds, or STARE with its gate off) gets the share
+    that P = `p` would select, P × the positive-advantage token share (stare/positive_candidate_ratio when
+    logged, else the Â > 0 quadrants' shares)."""
     out = []
     for step, m in steps:
         if any(k not in m for k in (TOTAL, POS_HIGH, NEG_HIGH, ENTROPY)):
-            continue
-        if target is not None and not m[ENTROPY] < target:
             continue
         d, dph = float(m[TOTAL]), float(m[POS_HIGH])
         if not (d < 0 and dph > 0 and math.isfinite(d) and math.isfinite(dph)):
             continue
         q = float(m.get(POS_HIGH_SHARE, 0.0))
-        lp = float(m[L_PLUS]) if L_PLUS in m else p * (float(m.get("quadrant/pos_low_fraction", 0.0)) + q)
+        positive = m.get(POS_CANDIDATES, float(m.get("quadrant/pos_low_fraction", 0.0)) + q)
+        lp = float(m[L_PLUS]) if float(m.get(L_PLUS, 0.0)) > 0 else p * float(positive)
         share = min(1.0, lp / q) if q > 0 else None
-        out.append(StepDrift(step, d, dph, float(m[NEG_HIGH]), share))
+        post = target is None or float(m[ENTROPY]) < target
+        out.append(StepDrift(step, d, dph, float(m[NEG_HIGH]), share, lp > q, post))
     return out
 
 
@@ -73,19 +77,30 @@ def step_drifts(
 class DriftAnalysis:
     steps: int
     runs: int
+    post_gate: bool  # the medians are over post-gate steps (else over every step with D < 0: none was)
     total: float | None  # median D
     pos_high: float | None  # median D⁺ₕ
+    neg_high: float | None  # median D⁻ₕ
     l_plus_share: float | None  # median |L⁺|/|Q⁺ₕ|
+    l_plus_exceeds: float  # share of the steps where |L⁺| > |Q⁺ₕ|
     cancel_bound_at: dict[float, float]  # W → median share of −D cancelled, bound reading
     cancel_estimate_at: dict[float, float]  # W → median share, token-share reading
+    cancel_c2_at: dict[float, float]  # M → median share of −D that (1 − M)·|D⁻ₕ| would cancel, at most
     w_bound: float | None  # median W that cancels D, bound reading (a lower bound on the W needed)
     w_estimate: float | None  # median W that cancels D, token-share reading
 
 
-def analyse(per_run: Sequence[Sequence[StepDrift]], ws: Sequence[float] = (1.1, 1.5, 2.0)) -> DriftAnalysis:
-    rows = [d for run in per_run for d in run]
+def analyse(
+    per_run: Sequence[Sequence[StepDrift]],
+    ws: Sequence[float] = (1.1, 1.5, 2.0),
+    ms: Sequence[float] = (0.9, 0.5),
+) -> DriftAnalysis:
+    """Medians over the post-gate steps of every run, or over all their steps when none is post-gate."""
+    every = [d for run in per_run for d in run]
+    post = [d for d in every if d.post_gate]
+    rows = post or every
     if not rows:
-        return DriftAnalysis(0, 0, None, None, None, {}, {}, None, None)
+        return DriftAnalysis(0, 0, False, None, None, None, None, 0.0, {}, {}, {}, None, None)
 
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
@@ -93,15 +108,21 @@ def analyse(per_run: Sequence[Sequence[StepDrift]], ws: Sequence[float] = (1.1, 
     est = [d for d in rows if d.l_plus_share]
     return DriftAnalysis(
         steps=len(rows),
-        runs=sum(1 for run in per_run if run),
+        runs=sum(1 for run in per_run if any(d in rows for d in run)),
+        post_gate=bool(post),
         total=med([d.total for d in rows]),
         pos_high=med([d.pos_high for d in rows]),
+        neg_high=med([d.neg_high for d in rows]),
         l_plus_share=med([d.l_plus_share for d in est if d.l_plus_share is not None]),
+        l_plus_exceeds=sum(d.l_plus_exceeds for d in rows) / len(rows),
         cancel_bound_at={w: statistics.median((w - 1) * d.pos_high / -d.total for d in rows) for w in ws},
         cancel_estimate_at={
             w: statistics.median((w - 1) * d.pos_high * (d.l_plus_share or 0.0) / -d.total for d in est)
             for w in ws
             if est
+        },
+        cancel_c2_at={
+            m: statistics.median((1 - m) * max(0.0, -d.neg_high) / -d.total for d in rows) for m in ms
         },
         w_bound=med([1 - d.total / d.pos_high for d in rows]),
         w_estimate=med([1 - d.total / (d.pos_high * d.l_plus_share) for d in est if d.l_plus_share]),

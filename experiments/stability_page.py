@@ -145,16 +145,21 @@ def drift_lines(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
     a = drift.analyse(per_run)
     if not a.steps:
         return []
-    bound = ", ".join(f"W = {w}: {100 * c:.0f} %" for w, c in a.cancel_bound_at.items())
-    est = ", ".join(f"W = {w}: {100 * c:.0f} %" for w, c in a.cancel_estimate_at.items())
+    bound = ", ".join(f"W = {w}: {100 * c:.1f} %" for w, c in a.cancel_bound_at.items())
+    est = ", ".join(f"W = {w}: {100 * c:.1f} %" for w, c in a.cancel_estimate_at.items())
+    c2 = ", ".join(f"M = {m}: {100 * c:.1f} %" for m, c in a.cancel_c2_at.items())
+    which = "post-gate steps (H̄ < target)" if a.post_gate else "steps (none was post-gate yet)"
     return [
         "",
-        f"**Drift analysis** (experiments/drift.py; medians over {a.steps} post-gate steps with D < 0 of "
-        f"{a.runs} grpo_ds/stare_o1 runs, finished or not): predicted drift D = {_f(a.total, 4)}, of which the "
-        f"Â > 0, s > H quadrant contributes D⁺ₕ = +{_f(a.pos_high, 4)}; L⁺ holds {_f(a.l_plus_share, 2)} of "
-        f"that quadrant's tokens. Share of −D that STARE's reweighting cancels, at most (bound): {bound}; "
-        f"by the token-share estimate: {est}. W that cancels D: ≥ {_f(a.w_bound, 2)} (bound), about "
-        f"{_f(a.w_estimate, 1)} (token-share estimate).",
+        f"**Drift analysis** (experiments/drift.py; medians over {a.steps} {which} with D < 0 of {a.runs} "
+        f"grpo_ds/stare_o1 runs, finished or not): predicted drift D = {_f(a.total, 4)}; the Â > 0, s > H "
+        f"quadrant contributes D⁺ₕ = +{_f(a.pos_high, 4)}, the Â < 0, s > H quadrant D⁻ₕ = {_f(a.neg_high, 4)}. "
+        f"L⁺ holds {_f(a.l_plus_share, 2)} of the first quadrant's tokens (median); on "
+        f"{100 * a.l_plus_exceeds:.0f} % of the steps L⁺ is larger than that quadrant, so it also up-weights "
+        "s ≤ H tokens and the bound below is optimistic there. Share of −D that O1's weight W on L⁺ cancels, "
+        f"at most (bound): {bound}; by the token-share estimate: {est}. W that cancels D: ≥ "
+        f"{_f(a.w_bound, 1)} (bound), about {_f(a.w_estimate, 1)} (estimate). C2's M on L⁻ (at most, if L⁻ "
+        f"held the whole Â < 0, s > H quadrant): {c2}.",
     ]
 
 
