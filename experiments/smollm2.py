@@ -146,7 +146,21 @@ DESCRIPTION = (
     "adaptive bonus, and for every other method's holding share; band 0.5–2 × target. One torch thread per run."
 )
 
-# STARE at the setting the first-order drift analysis recommends (docs/RESULTS.md, "Why the gate does not
-# hold"): a documented choice of STARE's own parameters, not a change of its formula. Filled in from the
-# analysis of the first grpo_ds / stare_o1 runs.
-RECOMMENDED_ARMS: dict[str, dict[str, Any]] = {}
+# STARE at the setting the first-order drift analysis recommends (docs/RESULTS-smollm2.md, "Drift
+# analysis"): a documented choice of STARE's own parameters, not a change of its formula. From the first
+# logged steps of the headline pair at lr 2e-5 (seed 0, 2026-12-02): the median step's predicted drift D is
+# about −0.011 nats per unit step, the Â > 0, s > H quadrant (the tokens O1 up-weights) gives back about
+# +0.006 of it and L⁺ already holds all of that quadrant's tokens, so raising P cannot help and W = 1.1
+# cancels about a tenth of D; cancelling it takes W ≈ 1 + (−D)/D⁺ₕ ≈ 10 (RECOMMENDED_W). The adaptive
+# schedule reaches that W before grpo_ds's collapse (~20 post-gate steps at this rate, issue 25) with
+# w_max = RECOMMENDED_W and α = (W − 1)/20 (drift.adaptive_gain).
+RECOMMENDED_W = 10.0
+RECOMMENDED_ALPHA = 0.45  # drift.adaptive_gain(RECOMMENDED_W, 20)
+RECOMMENDED_ARMS: dict[str, dict[str, Any]] = {
+    "stare_w10": {"name": "stare", "params": {"variant": "O1", "reweight_w": RECOMMENDED_W}},
+    "stare_adaptive_fast": {
+        "name": "stare",
+        "params": {"variant": "O1"},
+        "gate": {"adaptive": True, "alpha": RECOMMENDED_ALPHA, "w_max": RECOMMENDED_W},
+    },
+}
