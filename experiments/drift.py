@@ -88,6 +88,8 @@ class DriftAnalysis:
     cancel_c2_at: dict[float, float]  # M → median share of −D that (1 − M)·|D⁻ₕ| would cancel, at most
     w_bound: float | None  # median W that cancels D, bound reading (a lower bound on the W needed)
     w_estimate: float | None  # median W that cancels D, token-share reading
+    w_summed: float | None  # W that cancels Σ D over the steps (bound reading): 1 + Σ(−D) / Σ D⁺ₕ
+    cancel_summed: float | None  # share of Σ(−D) that W = 1.1 cancels (bound reading)
 
 
 def analyse(
@@ -100,12 +102,13 @@ def analyse(
     post = [d for d in every if d.post_gate]
     rows = post or every
     if not rows:
-        return DriftAnalysis(0, 0, False, None, None, None, None, 0.0, {}, {}, {}, None, None)
+        return DriftAnalysis(0, 0, False, None, None, None, None, 0.0, {}, {}, {}, None, None, None, None)
 
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
     est = [d for d in rows if d.l_plus_share]
+    loss, gain = sum(-d.total for d in rows), sum(d.pos_high for d in rows)
     return DriftAnalysis(
         steps=len(rows),
         runs=sum(1 for run in per_run if any(d in rows for d in run)),
@@ -126,6 +129,8 @@ def analyse(
         },
         w_bound=med([1 - d.total / d.pos_high for d in rows]),
         w_estimate=med([1 - d.total / (d.pos_high * d.l_plus_share) for d in est if d.l_plus_share]),
+        w_summed=1 + loss / gain,
+        cancel_summed=0.1 * gain / loss,
     )
 
 

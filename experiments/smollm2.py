@@ -148,16 +148,17 @@ DESCRIPTION = (
 
 # STARE at the setting the first-order drift analysis recommends (docs/RESULTS-smollm2.md, "Drift
 # analysis"): a documented choice of STARE's own parameters, not a change of its formula. From the first
-# logged steps of the headline pair at lr 2e-5 (seed 0, 2026-12-02): the median step's predicted drift D is
-# about −0.011 nats per unit step, the Â > 0, s > H quadrant (the tokens O1 up-weights) gives back about
-# +0.006 of it and L⁺ already holds all of that quadrant's tokens, so raising P cannot help and W = 1.1
-# cancels about a tenth of D; cancelling it takes W ≈ 1 + (−D)/D⁺ₕ ≈ 10 (RECOMMENDED_W). The adaptive
-# schedule reaches that W before grpo_ds's collapse (~20 post-gate steps at this rate, issue 25) with
-# w_max = RECOMMENDED_W and α = (W − 1)/20 (drift.adaptive_gain).
-RECOMMENDED_W = 10.0
-RECOMMENDED_ALPHA = 0.45  # drift.adaptive_gain(RECOMMENDED_W, 20)
+# 26 steps of the headline pair at lr 2e-5, seed 0 (2026-12-02): over the post-gate steps whose update
+# lowers entropy, Σ(−D) = 0.117 and Σ D⁺ₕ = 0.072 (the Â > 0, s > H tokens O1 up-weights; L⁺ already holds
+# all of them on most steps, so a larger P cannot help), so W = 1.1 cancels about 6 % and W = 1 + 0.117 /
+# 0.072 ≈ 2.6 would cancel it to first order; RECOMMENDED_W rounds up to 3 because on three steps in four
+# L⁺ also up-weights s ≤ H tokens, which do not raise entropy. The adaptive schedule reaches that W
+# between the gate's first step (3) and grpo_ds's collapse (step 14) with w_max = RECOMMENDED_W and
+# α = (3 − 1)/10 = 0.2 (drift.adaptive_gain).
+RECOMMENDED_W = 3.0
+RECOMMENDED_ALPHA = 0.2  # drift.adaptive_gain(RECOMMENDED_W, 10)
 RECOMMENDED_ARMS: dict[str, dict[str, Any]] = {
-    "stare_w10": {"name": "stare", "params": {"variant": "O1", "reweight_w": RECOMMENDED_W}},
+    "stare_w3": {"name": "stare", "params": {"variant": "O1", "reweight_w": RECOMMENDED_W}},
     "stare_adaptive_fast": {
         "name": "stare",
         "params": {"variant": "O1"},

@@ -33,6 +33,10 @@ def _pm(ms: an.MeanStd, digits: int = 3) -> str:
     return _f(ms.mean, digits) + (f" ± {_f(ms.std, digits)}" if ms.std is not None else "")
 
 
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -158,7 +162,9 @@ def drift_lines(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
         f"{100 * a.l_plus_exceeds:.0f} % of the steps L⁺ is larger than that quadrant, so it also up-weights "
         "s ≤ H tokens and the bound below is optimistic there. Share of −D that O1's weight W on L⁺ cancels, "
         f"at most (bound): {bound}; by the token-share estimate: {est}. W that cancels D: ≥ "
-        f"{_f(a.w_bound, 1)} (bound), about {_f(a.w_estimate, 1)} (estimate). C2's M on L⁻ (at most, if L⁻ "
+        f"{_f(a.w_bound, 1)} (bound), about {_f(a.w_estimate, 1)} (estimate). Summed over these steps "
+        f"(the steps with large drifts weigh more): W = 1.1 cancels {_pct(a.cancel_summed)} of Σ(−D), and "
+        f"W = 1 + Σ(−D)/Σ D⁺ₕ = {_f(a.w_summed, 2)} would cancel it. C2's M on L⁻ (at most, if L⁻ "
         f"held the whole Â < 0, s > H quadrant): {c2}.",
     ]
 
