@@ -2,7 +2,7 @@
 
 Every entropy method of the comparison, at two learning rates, over three seeds, from the same pretrained
 weights (no SFT), 4 prompts × 8 samples a step, 10 new tokens, 100 RL steps. docs/RESULTS.md, section
-"SmolLM2", says how the task was chosen (experiments/start_accuracy.py measured its start accuracy) and
+"SmolLM2", says how the task was chosen (scripts/start_accuracy.py measured its start accuracy) and
 what the suite showed.
 """
 

@@ -142,7 +142,7 @@ def drift_lines(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
     for r in runs:
         if r["summary"].arm not in ("grpo_ds", "stare_o1"):
             continue
-        spec = next((e["spec"] for e in r["events"] if e.get("type") == "started"), {})
+        spec: dict[str, Any] = next((e["spec"] for e in r["events"] if e.get("type") == "started"), {})
         logged = an.metric_series(r["events"], "entropy/target")
         target = logged[-1][1] if logged else an.spec_target(spec, an.metric_series(r["events"], an.ENTROPY))
         per_run.append(drift.step_drifts(drift.run_steps(r["events"]), target))

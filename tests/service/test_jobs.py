@@ -46,6 +46,9 @@ def test_create_returns_a_committed_queued_job_and_rings_the_doorbell(
         "state": None,
         "steps_out_of_band": None,
         "target": None,  # no step metrics yet, so no resolved target
+        "collapse_step": None,  # nor collapse or holding (contract/stability.py)
+        "target_hold_fraction": None,
+        "post_gate_steps": None,
     }
     assert job["spec"]["algorithm"]["advantage"] == "grpo"  # resolved defaults
     assert (job["id"], "training") in recorded(client).sent

@@ -2,7 +2,8 @@
 task's held-out prompts rendered with its chat template, sampled as training samples them (temperature 1,
 k samples) and greedily, scored by the suite's verifier; over several task seeds.
 
-`python -m experiments.start_accuracy [--k 4] [--seeds 0 1 2] [--out FILE]` prints one JSON object per
+`python scripts/start_accuracy.py [--k 4] [--seeds 0 1 2] [--only LABEL ...] [--out FILE]` (from the
+repository root) prints one JSON object per
 candidate; docs/RESULTS.md ("How the task was chosen") quotes what it printed.
 """
 
@@ -11,11 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, for a plain run
 
 from contract.spec import TrainSpec
 from trainer.evaluation import evaluate
@@ -66,7 +70,7 @@ def measure(spec_dict: dict[str, Any], seeds: list[int], k: int, model: Any, tok
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.start_accuracy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python scripts/start_accuracy.py", description=__doc__)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--only", nargs="*", default=None, help="candidate labels (default: all)")
