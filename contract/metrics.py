@@ -227,6 +227,34 @@ CATALOGUE: tuple[Metric, ...] = (
         prometheus_help="Consecutive steps outside the band.",
         shown=[_J],
     ),
+    _m(
+        "entropy/collapse_step",
+        "step",
+        "Time to collapse: the first RL step from which entropy/mean stayed below 0.25 × its first-step value "
+        "for 5 consecutive steps; 0 while it has not (contract/stability.py).",
+        prometheus="stare_job_entropy_collapse_step",
+        prometheus_help="First step of the entropy collapse (0: not collapsed).",
+        shown=[_J, _R],
+    ),
+    _m(
+        "entropy/target_hold_fraction",
+        "fraction",
+        "Share of the post-gate steps (from the first step whose entropy/mean was below entropy/target) "
+        "with entropy/mean within ±25 % of the target (contract/stability.py).",
+        prometheus="stare_job_entropy_target_hold_fraction",
+        prometheus_help="Share of post-gate steps within 25 % of the target entropy.",
+        shown=[_J, _R],
+        applies_to="stare, adaptive_entropy",
+    ),
+    _m(
+        "entropy/post_gate_steps",
+        "steps",
+        "Steps since the first one whose entropy/mean was below entropy/target, that one included (0 before).",
+        prometheus="stare_job_entropy_post_gate_steps",
+        prometheus_help="Steps since entropy first fell below the target.",
+        shown=[_J],
+        applies_to="stare, adaptive_entropy",
+    ),
     # ------------------------------------------------------------------------------------------ rewards
     _m(
         "reward/mean",
@@ -731,6 +759,9 @@ BAND_LOW = get("entropy/band_low").key
 BAND_HIGH = get("entropy/band_high").key
 BAND_STATE = get("entropy/band_state").key
 STEPS_OUT_OF_BAND = get("entropy/steps_out_of_band").key
+COLLAPSE_STEP = get("entropy/collapse_step").key
+TARGET_HOLD_FRACTION = get("entropy/target_hold_fraction").key
+POST_GATE_STEPS = get("entropy/post_gate_steps").key
 TARGET_ENTROPY = get("entropy/target").key
 STEP_SECONDS = get("perf/step_seconds").key
 

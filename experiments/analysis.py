@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from contract import stability
+
 ENTROPY = "entropy/mean"
 GATE_ON = "stare/gate_on"
 BONUS = "entropy_bonus/coef"
@@ -59,6 +61,12 @@ class RunSummary:
     wall_seconds: float | None
     reweight_ratio_when_on: float | None
     mean_weight_when_on: float | None
+    # contract/stability.py over entropy/mean: time to collapse (relative to the first step's entropy) and
+    # the share of post-gate steps within ±25 % of the target (the logged target, else the spec's gate
+    # target: the suite's shared target for a method without a controller).
+    collapse_time: int | None = None
+    hold_fraction: float | None = None
+    post_gate_steps: int = 0
 
 
 def _steps(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, float]]]:
@@ -97,6 +105,15 @@ def collapse_step(entropies: Sequence[tuple[int, float]], low: float, streak: in
     return None
 
 
+def spec_target(spec: Mapping[str, Any], entropies: Sequence[tuple[int, float]]) -> float | None:
+    """The suite's shared target from the spec's gate section (what a method without a controller is
+    measured against): nats, or {relative: r} × H₀ (H₀: the first step's entropy/mean)."""
+    setting = ((spec.get("algorithm") or {}).get("gate") or {}).get("target_entropy")
+    if isinstance(setting, dict) and isinstance(setting.get("relative"), int | float):
+        return float(setting["relative"]) * entropies[0][1] if entropies else None
+    return float(setting) if isinstance(setting, int | float) else None
+
+
 def summarize_run(
     run_id: str,
     events: Sequence[Mapping[str, Any]],
@@ -128,6 +145,8 @@ def summarize_run(
         later = [h for s, h in entropies if s >= first_on]
         near = _mean([float(abs(h - target) <= NEAR_TARGET * target) for h in later])
     on_metrics = [m for _, m in steps if m.get(GATE_ON, 0.0) > 0]
+    shared_target = target if target is not None else spec_target(spec, entropies)
+    hold, window = stability.hold_fraction(entropies, None if shared_target is None else float(shared_target))
     first_eval = next((m for s, m in evals if s == 0), None)
     last_eval = evals[-1][1] if evals and (evals[-1][0] > 0 or not steps) else None
     return RunSummary(
@@ -164,6 +183,9 @@ def summarize_run(
         mean_weight_when_on=_mean(
             [float(m["stare/mean_weight"]) for m in on_metrics if "stare/mean_weight" in m]
         ),
+        collapse_time=stability.collapse_step(entropies),
+        hold_fraction=hold,
+        post_gate_steps=window,
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import analysis as an
+from experiments import stability_page
 from experiments.plan import HEADLINE, Suite
 from experiments.runner import RESULT_FILE, events_of, read_json, run_dir
 from experiments.system import cpu_info, cpu_label
@@ -169,6 +170,8 @@ def suite_markdown(entry: dict[str, Any]) -> str:
         return "\n".join([*parts, "_No run of this suite has been made yet._", ""])
     if suite.name == "demo" or suite.robustness:
         return "\n".join(parts + _acceptance_section(runs))
+    if suite.stability:
+        return stability_page.suite_markdown(entry)
     parts.append(_arm_table(suite, runs))
     parts += _stare_weight_lines(suite, runs)
     parts += _paired_section(runs)

@@ -55,6 +55,9 @@ class Run:
     needs: tuple[str, ...] = ()
     arm: str | None = None
     seed: int = 0
+    # False: the run's checkpoints are deleted once it has finished (a SmolLM2 run's are ~1.6 GB each;
+    # its events are what the page reads).
+    keep_checkpoints: bool = True
 
     @property
     def id(self) -> str:
@@ -83,6 +86,9 @@ class Suite:
     # A robustness suite: one spec over seeds and thread counts, each run with its own SFT, judged per run
     # by the demo's acceptance (avg@k gain, gate on) instead of compared arm against arm.
     robustness: bool = False
+    # A stability suite (the SmolLM2 suites): its section is experiments/stability_page.py's (time to
+    # collapse, holding, every method paired with grpo_ds, the drift analysis, what is still running).
+    stability: bool = False
 
 
 def demo_spec() -> dict[str, Any]:
@@ -358,7 +364,22 @@ def smollm2_suite() -> Suite:
     )
 
 
-OPTIONAL_SUITES: dict[str, Callable[[], Suite]] = {"smollm2-chain-sum": smollm2_suite}
+def _smollm2_add(index: int) -> Callable[[], Suite]:
+    from experiments.smollm2 import smollm2_suites
+
+    return lambda: smollm2_suites()[index]
+
+
+def smollm2_add_names() -> list[str]:
+    from experiments.smollm2 import HEADLINE_LR, LRS, SUITE, lr_label
+
+    return [f"{SUITE}-lr{lr_label(lr)}" for lr in sorted(LRS, key=lambda lr: lr != HEADLINE_LR)]
+
+
+OPTIONAL_SUITES: dict[str, Callable[[], Suite]] = {
+    "smollm2-chain-sum": smollm2_suite,
+    **{name: _smollm2_add(i) for i, name in enumerate(smollm2_add_names())},
+}
 
 
 def all_runs(plan: list[Suite]) -> list[Run]:

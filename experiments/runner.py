@@ -151,7 +151,11 @@ class Runner:
             "attempts": int(previous.get("attempts", 0)) + 1 if active.resumed else 1,
             "cpu": cpu_info(),
         }
-        (path / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True))
+        _write_atomic(path / RESULT_FILE, json.dumps(result, indent=2, sort_keys=True))
+        if code == ExitCode.OK and not active.run.keep_checkpoints and is_finished(path):
+            for child in (CHECKPOINTS_DIR, "reference"):
+                if (path / child).is_dir():
+                    _rmtree(path / child)
         verdicts: dict[int, str] = {ExitCode.OK: "done", ExitCode.INTERRUPTED: "stopped"}
         verdict = verdicts.get(code, f"failed (exit {code})")
         self.log(f"{verdict:<6} {active.run.id} in {wall:.0f} s")
@@ -234,6 +238,13 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Writes `text` to `path` through a temporary file and a rename: a reader sees the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _rmtree(path: Path) -> None:

@@ -81,6 +81,28 @@ JOB_DASHBOARD = Dashboard(
             ),
         ),
         Row(
+            "Entropy stability",
+            (
+                Panel(
+                    "Time to collapse",
+                    (_q("entropy/collapse_step", "collapse step (0: none)", E.COUNT),),
+                    width=8,
+                    description="The first RL step from which entropy stayed below 0.25 × its first-step "
+                    "value for 5 steps; 0 while it has not (contract/stability.py).",
+                ),
+                Panel(
+                    "Held near the target",
+                    (
+                        _q("entropy/target_hold_fraction", "share within ±25 % of target", E.FRACTION),
+                        _q("entropy/post_gate_steps", "post-gate steps", E.COUNT),
+                    ),
+                    width=16,
+                    description="Share of the steps since entropy first went below the target (where "
+                    "STARE's gate first acts) with entropy within ±25 % of the target.",
+                ),
+            ),
+        ),
+        Row(
             "STARE gate",
             (
                 Panel("Gate on/off", (_q("stare/gate_on", "gate", E.FLAG),), width=8),

@@ -291,6 +291,19 @@ class EntropyStatus(BaseModel):
         default=None,
         description="The controller's resolved target entropy and where entropy stands against it.",
     )
+    collapse_step: int | None = Field(
+        default=None,
+        description="Time to collapse: the first RL step from which entropy stayed below 0.25 × its "
+        "first-step value for 5 steps; null while it has not collapsed (contract/stability.py).",
+    )
+    target_hold_fraction: float | None = Field(
+        default=None,
+        description="Share of the post-gate steps (from the first step below the target) with entropy "
+        "within ±25 % of the target; null before entropy first went below the target, or without a target.",
+    )
+    post_gate_steps: int | None = Field(
+        default=None, description="Steps since entropy first went below the target (that one included)."
+    )
 
 
 class LatestMetrics(BaseModel):

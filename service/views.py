@@ -13,9 +13,12 @@ from contract.metrics import (
     BAND_HIGH,
     BAND_LOW,
     BAND_STATE,
+    COLLAPSE_STEP,
     ENTROPY,
+    POST_GATE_STEPS,
     STEPS_OUT_OF_BAND,
     TARGET_ENTROPY,
+    TARGET_HOLD_FRACTION,
     BandState,
 )
 from contract.numbers import finite
@@ -63,12 +66,17 @@ def entropy_status(job: JobLike) -> schemas.EntropyStatus:
         if value is not None:
             against = "below" if value < target_value else "at_or_above"
         target = schemas.EntropyTarget(value=target_value, state=against)
+    collapse = finite(metrics.get(COLLAPSE_STEP))
+    post_gate = finite(metrics.get(POST_GATE_STEPS))
     return schemas.EntropyStatus(
         value=value,
         band=schemas.EntropyBand(low=low, high=high),
         state=state,  # type: ignore[arg-type]
         steps_out_of_band=int(out_of_band) if out_of_band is not None else None,
         target=target,
+        collapse_step=int(collapse) if collapse else None,  # the metric is 0 while not collapsed
+        target_hold_fraction=finite(metrics.get(TARGET_HOLD_FRACTION)),
+        post_gate_steps=int(post_gate) if post_gate is not None else None,
     )
 
 

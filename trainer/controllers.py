@@ -18,6 +18,7 @@ from torch import Tensor
 from contract import algorithms
 from contract.hyperparams import ClipLossParams
 from contract.spec import TrainSpec
+from contract.stability import StabilityState, StabilityTracker
 from trainer.algos.control import Controller, StepStatistics, make_controller
 
 
@@ -37,6 +38,8 @@ class Controllers:
         self.target_entropy: float | None = None  # resolved
         self.band: tuple[float, float] | None = None  # resolved
         self.running: list[Running] = []
+        # Time to collapse and target holding (contract/stability.py), one update per RL step.
+        self.stability = StabilityTracker()
         if not spec.band_follows_target():
             self.band = (spec.entropy_band.low, spec.entropy_band.high)
         if self.target is not None and not self.target.is_relative:
@@ -94,11 +97,14 @@ class Controllers:
         return None, {}
 
     def metrics(self, stats: StepStatistics) -> dict[str, float]:
+        """The step's controller metrics, and the stability metrics advanced by this step (the engine calls
+        this once per RL step, after the update)."""
         out: dict[str, float] = {}
         for run in self.running:
             out.update(run.controller.metrics(run.state, stats))
         if self.target_entropy is not None:
             out["entropy/target"] = self.target_entropy
+        out.update(self.stability.update(stats.batch_entropy, self.target_entropy))
         return out
 
     def owned_metrics(self) -> frozenset[str]:
@@ -108,6 +114,7 @@ class Controllers:
         return {
             "controllers": {run.controller.name: run.state.to_dict() for run in self.running},
             "targets": self.resolved() if self.band is not None and not self.unresolved else None,
+            "stability": self.stability.state.to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -125,6 +132,10 @@ class Controllers:
         for run in self.running:
             if run.controller.name in saved:
                 run.state = run.controller.state_cls.from_dict(saved[run.controller.name])
+        if isinstance(state.get("stability"), dict):
+            self.stability = StabilityTracker(StabilityState.from_dict(state["stability"]))
+        else:  # a checkpoint from before these metrics: counted from the resumed step on
+            self.stability = StabilityTracker(StabilityState(steps=int(state.get("step", 0))))
 
     @property
     def measures_entropy_first(self) -> bool:

@@ -394,7 +394,8 @@ def job_page(request: Request, job_id: JobId, caller: PageCaller, session: Sessi
         f"{html.escape(view.model)} · "
         f'<span id="status" class="status status-{html.escape(view.status)}">{html.escape(view.status)}</span>'
         f' · step <span id="step">{view.progress.step}</span> / {view.progress.total_steps}'
-        ' · entropy <span id="entropy-value">—</span> <span id="entropy-state" class="band"></span></p>'
+        ' · entropy <span id="entropy-value">—</span> <span id="entropy-state" class="band"></span>'
+        ' <span id="entropy-stability"></span></p>'
         '<p class="actions">'
         '<button type="button" data-action="pause">Pause</button>'
         '<button type="button" data-action="resume">Resume</button>'

@@ -221,6 +221,11 @@ def test_job_page_tour_in_chromium(tmp_path: Path) -> None:
             )
             assert "tool" not in drawn  # no tool/* metrics in this job: no tool chart
             assert "band high" in page.evaluate("() => window.stare.seriesLabels('entropy')")
+            # The header says the job's time to collapse (contract/stability.py), as the job view reports it.
+            page.wait_for_function(
+                "() => /collapsed/.test(document.getElementById('entropy-stability').textContent)",
+                timeout=30_000,
+            )
 
             # Pause and resume from the page; the API tells the job's status.
             page.click("button[data-action=pause]")

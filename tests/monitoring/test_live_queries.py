@@ -48,7 +48,10 @@ def _run_facts(stack: Stack, job: str) -> dict[str, str]:
 
 def test_every_dashboard_query_and_alert_selector_returns_series_for_a_live_job(stack: Stack) -> None:
     band = {"low": 0.2, "high": 2.5}
-    spec = tiny_spec(60, 50, algorithm={"name": "stare"}, evaluation={"interval": 2}, entropy_band=band)
+    # Target 5 nats: above the untrained model's entropy, so the gate acts from the first step and the
+    # holding panel (post-gate steps) has series.
+    algorithm = {"name": "stare", "gate": {"target_entropy": 5.0}}
+    spec = tiny_spec(60, 50, algorithm=algorithm, evaluation={"interval": 2}, entropy_band=band)
     job_id = stack.submit(spec)
     frozen = stack.freeze_after(job_id, 4)
     try:

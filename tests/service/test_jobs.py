@@ -46,6 +46,9 @@ def test_create_returns_a_committed_queued_job_and_rings_the_doorbell(
         "state": None,
         "steps_out_of_band": None,
         "target": None,  # no step metrics yet, so no resolved target
+        "collapse_step": None,  # nor collapse or holding (contract/stability.py)
+        "target_hold_fraction": None,
+        "post_gate_steps": None,
     }
     assert job["spec"]["algorithm"]["advantage"] == "grpo"  # resolved defaults
     assert (job["id"], "training") in recorded(client).sent
@@ -114,6 +117,10 @@ def test_get_reports_progress_eta_latest_metrics_and_entropy_status(
         "state": "below",
         "steps_out_of_band": 2,
         "target": None,  # these step metrics carry no entropy/target
+        # nor the stability metrics (contract/stability.py): a job that logs none shows none
+        "collapse_step": None,
+        "target_hold_fraction": None,
+        "post_gate_steps": None,
     }
     assert job["latest_metrics"]["step"] == 6
     assert job["latest_metrics"]["values"]["reward/accuracy"] == pytest.approx(0.31)
@@ -121,6 +128,36 @@ def test_get_reports_progress_eta_latest_metrics_and_entropy_status(
     # ORM: the two must describe the job identically.
     listed = client.get("/v1/jobs", headers=tenant.headers).json()["data"]
     assert next(j for j in listed if j["id"] == job_id) == job
+
+
+def test_the_job_view_reports_collapse_and_holding_as_the_steps_logged_them(
+    client: TestClient, tenant: TenantKey, db: Database
+) -> None:
+    job_id = create_job(client, tenant.headers)
+    worker = FakeWorker(db, job_id)
+    worker.steps(1, 2, entropy=0.5)
+    job = client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()
+    assert job["entropy"]["collapse_step"] is None
+    with db.transaction() as session:
+        # Not collapsed yet (the metric is 0), 3 post-gate steps, 2 of them near the target.
+        metrics = {
+            **step_metrics(3, 0.4),
+            "entropy/target": 0.45,
+            "entropy/collapse_step": 0.0,
+            "entropy/post_gate_steps": 3.0,
+            "entropy/target_hold_fraction": 2 / 3,
+        }
+        assert repository.record_step_metrics(session, job_id, worker.token, 3, metrics)
+    entropy = client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["entropy"]
+    assert entropy["collapse_step"] is None
+    assert entropy["target_hold_fraction"] == pytest.approx(2 / 3) and entropy["post_gate_steps"] == 3
+    assert entropy["target"] == {"value": 0.45, "state": "below"}
+    with db.transaction() as session:
+        metrics = {**step_metrics(4, 0.01), "entropy/collapse_step": 4.0, "entropy/post_gate_steps": 4.0}
+        assert repository.record_step_metrics(session, job_id, worker.token, 4, metrics)
+    entropy = client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["entropy"]
+    assert entropy["collapse_step"] == 4 and entropy["post_gate_steps"] == 4
+    assert entropy["target_hold_fraction"] is None  # not logged at this step
 
 
 def test_a_failed_job_reports_its_error_with_category(

@@ -361,3 +361,20 @@ def test_a_failed_write_keeps_the_previous_report_and_no_temp_file(
 def test_module_imports_no_torch() -> None:
     code = "import sys, trainer.report; assert 'torch' not in sys.modules and 'numpy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_collapse_and_holding_by_hand() -> None:
+    # H0 = 1.0 → collapse threshold 0.25: steps 21-25 (0.18 … 0.22) are the first 5 in a row below it.
+    # Target 0.3: the first step below it is 21, so the post-gate steps are 21-30; within ±25 % (0.225 ≤ H
+    # ≤ 0.375) are 26-30: 5 of 10. The page shows both.
+    report = build_report(synthetic_events())
+    entropy = report["entropy"]
+    assert entropy["collapse_step"] == 21
+    assert entropy["post_gate_steps"] == 10
+    assert entropy["target_hold_fraction"] == pytest.approx(0.5)
+    page = render_html(report)
+    assert "Time to collapse" in page and "step 21" in page and "50.0%" in page
+    # Without a target (a grpo run) there is no holding share, and the page says so.
+    plain = build_report(synthetic_events(stare=False))["entropy"]
+    assert plain["collapse_step"] == 21 and plain["target_hold_fraction"] is None
+    assert "no post-gate steps" in render_html(build_report(synthetic_events(stare=False)))

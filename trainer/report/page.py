@@ -286,6 +286,11 @@ def _header_html(report: Mapping[str, Any]) -> str:
             f"longest excursion: {_count(ent['longest_out_of_band_run'], 'step')}",
         ),
         _tile(
+            "time to collapse",
+            f"step {ent['collapse_step']:,}" if ent.get("collapse_step") else "none",
+            "held ±25 % of target: " + _pct(ent.get("target_hold_fraction")),
+        ),
+        _tile(
             "STARE gate on",
             _pct(gate["on_fraction"]),
             f"{gate['on_steps']:,} of {_count(gate['steps_logged'], 'step')}"
@@ -357,6 +362,17 @@ def _entropy_html(report: Mapping[str, Any]) -> str:
         ),
         ("Steps below / above", f"{ent['steps_below']:,} / {ent['steps_above']:,}"),
         ("Longest out-of-band run", _count(ent["longest_out_of_band_run"], "step")),
+        (
+            "Time to collapse",
+            f"step {ent['collapse_step']:,}" if ent.get("collapse_step") else "not collapsed",
+        ),
+        (
+            "Post-gate steps within ±25 % of the target",
+            _pct(ent.get("target_hold_fraction"))
+            + _muted(f"(of {_count(ent.get('post_gate_steps') or 0, 'step')})")
+            if ent.get("target_hold_fraction") is not None
+            else "no post-gate steps",
+        ),
         ("Current out-of-band run", _count(ent["current_out_of_band_run"], "step")),
     ]
     gate_on = (

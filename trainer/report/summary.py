@@ -22,6 +22,7 @@ from typing import Any
 from contract.metrics import BandState
 from contract.metrics import get as metric
 from contract.numbers import finite
+from contract.stability import collapse_step, hold_fraction
 from trainer.report.charts import Series
 
 REPORT_VERSION = 1
@@ -245,7 +246,15 @@ def _entropy_summary(s: _Stream) -> dict[str, Any]:
         "longest_out_of_band_run": longest,
         "current_out_of_band_run": trailing,
         "last_state": BandState.from_code(flags[-1]).label if flags else None,
+        **_stability(series, _target_entropy(s)),
     }
+
+
+def _stability(series: Sequence[tuple[float, float]], target: float | None) -> dict[str, Any]:
+    """Time to collapse and target holding (contract/stability.py) over the logged entropy series."""
+    steps = [(int(step), value) for step, value in series]
+    share, window = hold_fraction(steps, target)
+    return {"collapse_step": collapse_step(steps), "target_hold_fraction": share, "post_gate_steps": window}
 
 
 def _target_entropy(s: _Stream) -> float | None:

@@ -176,6 +176,15 @@
     const band = document.getElementById("entropy-state");
     band.textContent = entropy.state || "";
     band.className = "band band-" + (entropy.state || "none");
+    // Time to collapse and target holding (contract/stability.py), as the job view reports them.
+    const parts = [];
+    if (typeof entropy.collapse_step === "number") parts.push("collapsed at step " + entropy.collapse_step);
+    else if (job.progress.step > 0) parts.push("not collapsed");
+    if (typeof entropy.target_hold_fraction === "number") {
+      parts.push("held ±25 % of target " + Math.round(100 * entropy.target_hold_fraction) + " % of " +
+        entropy.post_gate_steps + " post-gate steps");
+    }
+    document.getElementById("entropy-stability").textContent = parts.length ? "· " + parts.join(" · ") : "";
     const systemFault = job.status === "failed" && job.error && job.error.category === "system";
     const enabled = {
       pause: job.status === "queued" || job.status === "running",

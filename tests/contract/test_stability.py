@@ -1,0 +1,75 @@
+"""Time to collapse and target holding (contract/stability.py): the definitions on hand-made series whose
+answers are worked out below, and the step-by-step tracker equal to them on random series."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from contract import stability as st
+
+
+def _series(values: list[float]) -> list[tuple[int, float]]:
+    return [(i + 1, v) for i, v in enumerate(values)]
+
+
+def test_collapse_is_the_first_step_of_five_below_a_quarter_of_the_start() -> None:
+    # H0 = 2.0 → threshold 0.5. Steps 3-6 are below (4 in a row, not enough), step 7 is 0.5 (not below:
+    # strict), steps 8-12 are below: the collapse starts at step 8.
+    values = [2.0, 1.0, 0.4, 0.3, 0.2, 0.1, 0.5, 0.49, 0.3, 0.2, 0.1, 0.05, 0.6]
+    assert st.collapse_step(_series(values)) == 8
+
+
+def test_no_collapse_without_a_full_streak_and_none_for_an_empty_series() -> None:
+    assert st.collapse_step(_series([2.0, 0.1, 0.1, 0.1, 0.1, 0.6, 0.1])) is None
+    assert st.collapse_step([]) is None
+
+
+def test_collapse_threshold_is_relative_to_the_first_step() -> None:
+    # The same absolute values collapse from H0 = 2 (threshold 0.5) but not from H0 = 0.3 (0.075).
+    tail = [0.2] * 5
+    assert st.collapse_step(_series([2.0, *tail])) == 2
+    assert st.collapse_step(_series([0.3, *tail])) is None
+
+
+def test_hold_window_starts_at_the_first_step_below_the_target() -> None:
+    # Target 1.0, near means 0.75 ≤ H ≤ 1.25. Steps 1-2 above the target (outside the window); the window is
+    # steps 3-7: 0.9 (near), 1.3 (not), 1.25 (near, edge), 0.7 (not), 0.75 (near, edge) → 3/5.
+    values = [2.0, 1.1, 0.9, 1.3, 1.25, 0.7, 0.75]
+    assert st.hold_fraction(_series(values), 1.0) == (pytest.approx(3 / 5), 5)
+
+
+def test_hold_is_undefined_before_the_target_is_reached_or_without_one() -> None:
+    assert st.hold_fraction(_series([2.0, 1.9, 1.8]), 1.0) == (None, 0)
+    assert st.hold_fraction(_series([0.5, 0.5]), None) == (None, 0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tracker_equals_the_definitions_on_every_prefix(seed: int) -> None:
+    rng = random.Random(seed)
+    target = rng.choice([None, 0.5, 1.0, 1.5])
+    h = rng.uniform(1.0, 3.0)
+    values = []
+    tracker = st.StabilityTracker()
+    for _ in range(60):
+        h = max(0.0, h + rng.gauss(-0.04, 0.3))
+        values.append(h)
+        metrics = tracker.update(h, target)
+        series = _series(values)
+        assert metrics[st.COLLAPSE_STEP] == float(st.collapse_step(series) or 0)
+        share, n = st.hold_fraction(series, target)
+        assert metrics[st.POST_GATE_STEPS] == n
+        assert metrics.get(st.HOLD_FRACTION) == (None if share is None else pytest.approx(share))
+        # A checkpoint round trip mid-run changes nothing.
+        tracker = st.StabilityTracker(st.StabilityState.from_dict(tracker.state.to_dict()))
+
+
+def test_metric_keys_are_in_the_catalogue() -> None:
+    from contract.metrics import COLLAPSE_STEP, POST_GATE_STEPS, TARGET_HOLD_FRACTION
+
+    assert (COLLAPSE_STEP, TARGET_HOLD_FRACTION, POST_GATE_STEPS) == (
+        st.COLLAPSE_STEP,
+        st.HOLD_FRACTION,
+        st.POST_GATE_STEPS,
+    )
