@@ -1,7 +1,7 @@
-"""The house limit on function length: no function or method over 80 lines (from `def` to its last line,
+"""The house limits on code size: no function or method over 80 lines (from `def` to its last line,
 docstring included) in the repository's Python, tests included. Benches (bench/) are excluded, as the
 limit says; the repository holds no generated Python (the client's async twin is derived at run time,
-stare_client/driver.py), so nothing else is."""
+stare_client/driver.py), so nothing else is. And no module of the trainer over 600 lines (issue 22)."""
 
 from __future__ import annotations
 
@@ -65,3 +65,15 @@ def test_no_function_is_over_80_lines() -> None:
         for name, line, length in long_functions(path.read_text(encoding="utf-8"))
     ]
     assert offenders == [], "functions over 80 lines:\n" + "\n".join(offenders)
+
+
+def test_no_module_of_the_trainer_is_over_600_lines() -> None:
+    """Issue 22's limit on the trainer's modules (trainer/engine.py sits exactly at it)."""
+    modules = sorted((ROOT / "trainer").rglob("*.py"))
+    assert ROOT / "trainer" / "engine.py" in modules
+    over = [
+        f"{path.relative_to(ROOT)} ({n} lines)"
+        for path in modules
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600
+    ]
+    assert over == [], over
