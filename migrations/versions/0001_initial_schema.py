@@ -26,6 +26,13 @@ TIMESTAMP = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    _create_tenants_and_api_keys()
+    _create_files()
+    _create_jobs()
+    _create_job_records()
+
+
+def _create_tenants_and_api_keys() -> None:
     op.create_table(
         "tenants",
         sa.Column("id", sa.String(length=40), nullable=False),
@@ -51,6 +58,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("prefix", name=op.f("uq_api_keys_prefix")),
     )
     op.create_index(op.f("ix_api_keys_tenant_id"), "api_keys", ["tenant_id"], unique=False)
+
+
+def _create_files() -> None:
     op.create_table(
         "files",
         sa.Column("id", sa.String(length=40), nullable=False),
@@ -69,6 +79,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_files")),
     )
     op.create_index("ix_files_tenant_id_id", "files", ["tenant_id", "id"], unique=False)
+
+
+def _create_jobs() -> None:
     op.create_table(
         "jobs",
         sa.Column("id", sa.String(length=40), nullable=False),
@@ -133,6 +146,10 @@ def upgrade() -> None:
     op.create_index("ix_jobs_tenant_id_id", "jobs", ["tenant_id", "id"], unique=False)
     op.create_index("ix_jobs_tenant_id_status_id", "jobs", ["tenant_id", "status", "id"], unique=False)
     op.create_index(op.f("ix_jobs_training_file_id"), "jobs", ["training_file_id"], unique=False)
+
+
+def _create_job_records() -> None:
+    """A job's checkpoints, evaluations, events and per-step metrics."""
     op.create_table(
         "checkpoints",
         sa.Column("id", sa.String(length=40), nullable=False),

@@ -26,6 +26,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,11 +156,133 @@ def _other_tenants_job(home: Path, base: str) -> str:
     return job_id
 
 
+@dataclass(frozen=True)
+class _Tour:
+    """What the tour's steps share: the stack's API address and key, the tenant's two jobs and another
+    tenant's, and a way to read a job's status through the API."""
+
+    base: str
+    key: str
+    api: httpx.Client
+    watched: str
+    overlaid: str
+    theirs: str
+
+    def status(self, job_id: str) -> str:
+        return str(self.api.get(f"/v1/jobs/{job_id}").json()["status"])
+
+
+def _sign_in(page: Any, context: Any, tour: _Tour, url: str) -> None:
+    """Sign in: the page asks for the key; the session is a cookie scripts cannot read. The jobs list shows
+    the tenant's jobs only, and another tenant's job page is a 404."""
+    page.goto(url)
+    assert "/ui/sign-in" in page.url
+    page.fill("#api-key", tour.key)
+    page.click("#sign-in button[type=submit]")
+    page.wait_for_url(f"{tour.base}/ui/jobs")
+    (cookie,) = [c for c in context.cookies() if c["name"] == "stare_session"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert page.evaluate("() => document.cookie") == ""
+    assert page.locator(f"#jobs tr[data-job-id='{tour.watched}']").count() == 1
+    assert page.locator(f"#jobs tr[data-job-id='{tour.overlaid}']").count() == 1
+    assert page.locator(f"#jobs tr[data-job-id='{tour.theirs}']").count() == 0
+
+    # Another tenant's job: the page itself is a 404.
+    missing = page.goto(f"{tour.base}/ui/jobs/{tour.theirs}")
+    assert missing is not None and missing.status == 404
+
+
+def _watch_pause_resume(page: Any, tour: _Tour) -> None:
+    """The watched job, live: new points arrive on the entropy chart from the stream; then pause and resume
+    from the page, the API telling the job's status."""
+    _wait("the overlaid job to finish", lambda: tour.status(tour.overlaid) == "succeeded", 120)
+    page.goto(f"{tour.base}/ui/jobs/{tour.watched}")
+    _mark("overlaid job done; job page opened")
+    page.wait_for_function(MORE_POINTS, arg=1, timeout=90_000)
+    seen = page.evaluate(ENTROPY_POINTS)
+    page.wait_for_function(MORE_POINTS, arg=seen, timeout=60_000)
+    assert page.evaluate("() => window.stare.status()") == "running"
+    drawn = page.evaluate("() => Object.keys(window.stare.charts)")
+    assert {"entropy", "gate", "quadrants", "reward", "length", "throughput", "step_time"} <= set(drawn)
+    assert "tool" not in drawn  # no tool/* metrics in this job: no tool chart
+    assert "band high" in page.evaluate("() => window.stare.seriesLabels('entropy')")
+    # The header says the job's time to collapse (contract/stability.py), as the job view reports it.
+    page.wait_for_function(
+        "() => /collapsed/.test(document.getElementById('entropy-stability').textContent)", timeout=30_000
+    )
+
+    page.click("button[data-action=pause]")
+    _mark("points grew; pausing")
+    _wait("the job to pause", lambda: tour.status(tour.watched) == "paused", 90)
+    page.wait_for_function("() => window.stare.status() === 'paused'", timeout=30_000)
+    paused_at = page.evaluate(ENTROPY_POINTS)
+    page.click("button[data-action=resume]")
+    _mark("paused; resuming")
+    _wait("the job to run again", lambda: tour.status(tour.watched) == "running", 90)
+    page.wait_for_function(MORE_POINTS, arg=paused_at, timeout=90_000)
+
+
+def _overlay_and_download(page: Any, tour: _Tour, tmp_path: Path) -> None:
+    """Overlay the finished job (one more series on the entropy chart), then download a checkpoint through
+    the page's cookie, as a tar, and keep a screenshot of the page."""
+    series = page.evaluate("() => window.stare.seriesCount('entropy')")
+    _mark("resumed and growing; overlay")
+    page.select_option("#overlay-job", tour.overlaid)
+    page.click("#overlay-add")
+    page.wait_for_function("(n) => window.stare.seriesCount('entropy') > n", arg=series, timeout=30_000)
+    assert "overlaid: policy entropy" in page.evaluate("() => window.stare.seriesLabels('entropy')")
+
+    page.wait_for_selector("#checkpoints a.download", timeout=60_000)
+    link = page.locator("#checkpoints a.download").first
+    assert link.get_attribute("href", timeout=5_000).startswith(  # the API's own download route
+        f"/v1/jobs/{tour.watched}/checkpoints/"
+    )
+    with page.expect_download() as download:
+        link.click()
+    saved = tmp_path / "checkpoint.tar"
+    download.value.save_as(saved)
+    with tarfile.open(saved) as archive:
+        names = archive.getnames()
+    assert any(name.endswith("state.json") for name in names), names
+
+    _mark("downloaded")
+    shot = tmp_path / "job-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    if os.environ.get("STARE_SCREENSHOT_DIR"):
+        target = Path(os.environ["STARE_SCREENSHOT_DIR"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, target / "job-page.png")
+    assert shot.stat().st_size > 20_000
+
+
+def _browse(tour: _Tour, url: str, tmp_path: Path) -> list[str]:
+    """The whole tour in chromium, ending with cancel and sign-out; the URLs the page requested."""
+    from playwright.sync_api import sync_playwright
+
+    urls: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1500}, accept_downloads=True)
+        page = context.new_page()
+        page.on("request", lambda request: urls.append(request.url))
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        _sign_in(page, context, tour, url)
+        _watch_pause_resume(page, tour)
+        _overlay_and_download(page, tour, tmp_path)
+        page.click("button[data-action=cancel]")
+        _wait("the job to be cancelled", lambda: tour.status(tour.watched) in ("cancelling", "cancelled"), 30)
+        page.click("#sign-out")
+        page.wait_for_url(f"{tour.base}/ui/sign-in")
+        assert not [c for c in context.cookies() if c["name"] == "stare_session"]
+        assert errors == [], errors
+        browser.close()
+    return urls
+
+
 @pytest.mark.slow
 @requires_binary("chromium")
 def test_job_page_tour_in_chromium(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     T0[0] = time.monotonic()
     home = tmp_path / "home"
     serve_log = tmp_path / "serve.log"
@@ -172,113 +295,13 @@ def test_job_page_tour_in_chromium(tmp_path: Path) -> None:
         key = key_file.read_text().strip()
         base = info["api"]
         api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
-
-        def status(job_id: str) -> str:
-            return str(api.get(f"/v1/jobs/{job_id}").json()["status"])
-
         overlaid = api.post("/v1/jobs", json={"spec": OVERLAID}).json()["id"]
         watched = api.post("/v1/jobs", json={"spec": WATCHED}).json()["id"]
-        theirs = _other_tenants_job(home, base)
+        tour = _Tour(base, key, api, watched, overlaid, _other_tenants_job(home, base))
         _mark("jobs submitted")
 
-        urls: list[str] = []
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            context = browser.new_context(viewport={"width": 1400, "height": 1500}, accept_downloads=True)
-            page = context.new_page()
-            page.on("request", lambda request: urls.append(request.url))
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-
-            # Sign in: the page asks for the key; the session is a cookie scripts cannot read.
-            page.goto(info["url"])
-            assert "/ui/sign-in" in page.url
-            page.fill("#api-key", key)
-            page.click("#sign-in button[type=submit]")
-            page.wait_for_url(f"{base}/ui/jobs")
-            (cookie,) = [c for c in context.cookies() if c["name"] == "stare_session"]
-            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
-            assert page.evaluate("() => document.cookie") == ""
-            assert page.locator(f"#jobs tr[data-job-id='{watched}']").count() == 1
-            assert page.locator(f"#jobs tr[data-job-id='{overlaid}']").count() == 1
-            assert page.locator(f"#jobs tr[data-job-id='{theirs}']").count() == 0
-
-            # Another tenant's job: the page itself is a 404.
-            missing = page.goto(f"{base}/ui/jobs/{theirs}")
-            assert missing is not None and missing.status == 404
-
-            # The watched job, live: new points arrive on the entropy chart from the stream.
-            _wait("the overlaid job to finish", lambda: status(overlaid) == "succeeded", 120)
-            page.goto(f"{base}/ui/jobs/{watched}")
-            _mark("overlaid job done; job page opened")
-            page.wait_for_function(MORE_POINTS, arg=1, timeout=90_000)
-            seen = page.evaluate(ENTROPY_POINTS)
-            page.wait_for_function(MORE_POINTS, arg=seen, timeout=60_000)
-            assert page.evaluate("() => window.stare.status()") == "running"
-            drawn = page.evaluate("() => Object.keys(window.stare.charts)")
-            assert {"entropy", "gate", "quadrants", "reward", "length", "throughput", "step_time"} <= set(
-                drawn
-            )
-            assert "tool" not in drawn  # no tool/* metrics in this job: no tool chart
-            assert "band high" in page.evaluate("() => window.stare.seriesLabels('entropy')")
-            # The header says the job's time to collapse (contract/stability.py), as the job view reports it.
-            page.wait_for_function(
-                "() => /collapsed/.test(document.getElementById('entropy-stability').textContent)",
-                timeout=30_000,
-            )
-
-            # Pause and resume from the page; the API tells the job's status.
-            page.click("button[data-action=pause]")
-            _mark("points grew; pausing")
-            _wait("the job to pause", lambda: status(watched) == "paused", 90)
-            page.wait_for_function("() => window.stare.status() === 'paused'", timeout=30_000)
-            paused_at = page.evaluate(ENTROPY_POINTS)
-            page.click("button[data-action=resume]")
-            _mark("paused; resuming")
-            _wait("the job to run again", lambda: status(watched) == "running", 90)
-            page.wait_for_function(MORE_POINTS, arg=paused_at, timeout=90_000)
-
-            # Overlay the finished job: one more series on the entropy chart.
-            series = page.evaluate("() => window.stare.seriesCount('entropy')")
-            _mark("resumed and growing; overlay")
-            page.select_option("#overlay-job", overlaid)
-            page.click("#overlay-add")
-            page.wait_for_function(
-                "(n) => window.stare.seriesCount('entropy') > n", arg=series, timeout=30_000
-            )
-            assert "overlaid: policy entropy" in page.evaluate("() => window.stare.seriesLabels('entropy')")
-
-            # A checkpoint's download link works (through the page's cookie, as a tar).
-            page.wait_for_selector("#checkpoints a.download", timeout=60_000)
-            link = page.locator("#checkpoints a.download").first
-            assert link.get_attribute("href", timeout=5_000).startswith(  # the API's own download route
-                f"/v1/jobs/{watched}/checkpoints/"
-            )
-            with page.expect_download() as download:
-                link.click()
-            saved = tmp_path / "checkpoint.tar"
-            download.value.save_as(saved)
-            with tarfile.open(saved) as archive:
-                names = archive.getnames()
-            assert any(name.endswith("state.json") for name in names), names
-
-            _mark("downloaded")
-            shot = tmp_path / "job-page.png"
-            page.screenshot(path=str(shot), full_page=True)
-            if os.environ.get("STARE_SCREENSHOT_DIR"):
-                target = Path(os.environ["STARE_SCREENSHOT_DIR"])
-                target.mkdir(parents=True, exist_ok=True)
-                shutil.copy(shot, target / "job-page.png")
-            assert shot.stat().st_size > 20_000
-
-            page.click("button[data-action=cancel]")
-            _wait("the job to be cancelled", lambda: status(watched) in ("cancelling", "cancelled"), 30)
-            page.click("#sign-out")
-            page.wait_for_url(f"{base}/ui/sign-in")
-            assert not [c for c in context.cookies() if c["name"] == "stare_session"]
-            assert errors == [], errors
-            browser.close()
-        _wait("the job to end", lambda: status(watched) == "cancelled", 60)
+        urls = _browse(tour, info["url"], tmp_path)
+        _wait("the job to end", lambda: tour.status(watched) == "cancelled", 60)
         api.close()
 
         assert urls and all(key not in url for url in urls)

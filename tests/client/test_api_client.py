@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,9 +49,9 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
-    stack: Stack, client: Client, submitted: Submitted, tmp_path: Path
-) -> None:
+def _replay_and_states_without_a_trainer(client: Client, submitted: Submitted) -> str:
+    """The idempotent replay, then a job queued behind the others paused, waited on, resumed, cancelled
+    and deleted; its id."""
     spec = submitted.full_spec
     estimate = client.jobs.estimate(spec)
     assert estimate.total_steps == 4 and estimate.resolved_spec["optim"]["steps"] == 4
@@ -77,19 +78,16 @@ def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
     with pytest.raises(NotFound) as missing:
         client.jobs.get(queued.id)
     assert missing.value.code == "not_found" and missing.value.param == "job_id"
+    return queued.id
 
-    # Listing: one job per page still yields every job once; the status filter keeps only its state.
-    every = [job.id for job in client.jobs.list(page_size=1)]
-    assert len(every) == len(set(every)) and {submitted.full, submitted.lora, submitted.broken} <= set(every)
-    assert queued.id not in every
-    active = [j.status for j in client.jobs.list(status="queued")]
-    assert all(s == "queued" for s in active)
 
-    # The event stream, with the API process restarted once the job has started: every event once, in order.
+def _events_across_api_restart(stack: Stack, client: Client, job_id: str) -> list[int]:
+    """The event stream, with the API process restarted once the job has started: every event once, in
+    order; the events' ids."""
     seen: list[tuple[int, str, float]] = []
     restarted_at = None
     old_pid = stack.api.proc.pid if stack.api else None
-    for event in client.jobs.events(submitted.full):
+    for event in client.jobs.events(job_id):
         seen.append((event.id, event.type, time.monotonic()))
         if restarted_at is None and event.type == "job.running":
             stack.restart_api()
@@ -98,14 +96,14 @@ def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
     ids = [i for i, _, _ in seen]
     assert ids == list(range(1, len(ids) + 1)), f"lost or repeated events: {ids}\n{stack.diagnostics()}"
     assert any(t > restarted_at for _, _, t in seen), "nothing arrived after the restart"
-    paged = list(client.jobs.events(submitted.full, follow=False))
+    paged = list(client.jobs.events(job_id, follow=False))
     assert [(e.id, e.type) for e in paged] == [(i, t) for i, t, _ in seen]
     assert seen[-1][1] == "job.succeeded" and "checkpoint.created" in {t for _, t, _ in seen}
+    return ids
 
-    job = client.jobs.wait(submitted.full, timeout=120, poll_s=0.3)
-    assert job.status == "succeeded", stack.diagnostics()
-    assert job.is_terminal and job.progress.step == 4 and job.metadata == {"test": "full"}
 
+def _metrics_and_report(client: Client, job: Any, tmp_path: Path) -> Any:
+    """The job's metric rows (all, filtered, as a frame) and its report; the report."""
     rows = client.jobs.metrics(job)
     assert [r.step for r in rows] == [1, 2, 3, 4]
     assert all(r.values["entropy/mean"] is not None for r in rows)
@@ -125,7 +123,14 @@ def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
     assert [row.step for row in report.evaluation.history] == [0, 2, 4]
     html = client.reports.save_html(job, tmp_path / "report" / "index.html")
     assert "<svg" in html.read_text()
+    return report
 
+
+def _best_checkpoint_downloaded_and_loaded(
+    stack: Stack, client: Client, job: Any, report: Any, tmp_path: Path
+) -> None:
+    """The checkpoints kept, the best one downloaded (its bytes the server's), refused a second time into
+    the same folder, and loaded with `from_pretrained`."""
     checkpoints = client.checkpoints.list(job)
     steps = [c.step for c in checkpoints]
     assert steps == [2, 4], steps  # keep_last 2
@@ -152,7 +157,12 @@ def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
     logits = model(**batch).logits
     assert logits.shape[-1] == model.config.vocab_size and logits.shape[1] == batch["input_ids"].shape[1]
 
-    # The async client sees the same job, events and bytes.
+
+def _async_client_sees_the_same(
+    stack: Stack, client: Client, job: Any, ids: list[int], tmp_path: Path
+) -> None:
+    """The async client sees the same job, events and bytes."""
+
     async def async_side() -> tuple[str, list[int], str, int]:
         async with AsyncClient(stack.url, stack.api_key) as aio:
             got = await aio.jobs.get(job.id)
@@ -166,6 +176,28 @@ def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
     status, async_ids, async_sha, async_rows = asyncio.run(async_side())
     assert status == "succeeded" and async_ids == ids and async_rows == 4
     assert async_sha == client.checkpoints.get(job, "latest").sha256
+
+
+def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
+    stack: Stack, client: Client, submitted: Submitted, tmp_path: Path
+) -> None:
+    queued = _replay_and_states_without_a_trainer(client, submitted)
+
+    # Listing: one job per page still yields every job once; the status filter keeps only its state.
+    every = [job.id for job in client.jobs.list(page_size=1)]
+    assert len(every) == len(set(every)) and {submitted.full, submitted.lora, submitted.broken} <= set(every)
+    assert queued not in every
+    active = [j.status for j in client.jobs.list(status="queued")]
+    assert all(s == "queued" for s in active)
+
+    ids = _events_across_api_restart(stack, client, submitted.full)
+    job = client.jobs.wait(submitted.full, timeout=120, poll_s=0.3)
+    assert job.status == "succeeded", stack.diagnostics()
+    assert job.is_terminal and job.progress.step == 4 and job.metadata == {"test": "full"}
+
+    report = _metrics_and_report(client, job, tmp_path)
+    _best_checkpoint_downloaded_and_loaded(stack, client, job, report, tmp_path)
+    _async_client_sees_the_same(stack, client, job, ids, tmp_path)
 
 
 def test_lora_adapter_and_merged_model_load(
