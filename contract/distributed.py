@@ -96,9 +96,8 @@ class DistributedSpec(_Strict):
                 "(a bfloat16 reduce needs distributed.strategy 'fsdp2')"
             )
         if self.strategy != "fsdp2":
-            defaults = DistributedSpec.model_construct()
-            for name in FSDP2_ONLY_FIELDS:
-                if getattr(self, name) != getattr(defaults, name):
+            for name in FSDP2_ONLY_FIELDS:  # plain defaults, read off the fields (no model built per check)
+                if getattr(self, name) != DistributedSpec.model_fields[name].default:
                     raise ValueError(f"distributed.{name} applies only to distributed.strategy 'fsdp2'")
         if self.mixed_precision.reduce_dtype == "bfloat16" and self.mixed_precision.param_dtype == "float32":
             raise ValueError(
