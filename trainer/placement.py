@@ -242,8 +242,8 @@ def _full_copy(model: Any) -> Any:
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     hf_model = base_model(model)
-    copy_ = build_model(hf_model.config, peft_config_of(model))
-    copy_.load_state_dict({name: tensor.cpu() for name, tensor in full.items()}, strict=True)
+    copy_: Any = build_model(hf_model.config, peft_config_of(model))
+    copy_.load_state_dict({name: torch.as_tensor(t).cpu() for name, t in full.items()}, strict=True)
     if peft_config_of(model) is not None:
         copy_ = copy_.merge_and_unload()
     copy_.generation_config = hf_model.generation_config

@@ -61,6 +61,7 @@ from contract.protocol import (
     FailureCode,
     checkpoint_step,
 )
+from contract.spec import TrainSpec
 from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
 from store import repository
 from store.artifacts import ArtifactStorage, open_artifact_storage

@@ -178,9 +178,9 @@ def _forward_records(units: list[FSDPModule]) -> list[tuple[list[Any], int]]:
     records: list[tuple[list[Any], int]] = []
     # The root's lazy initialisation (normally at its first forward) gives every unit the shared order list;
     # units[0] is the root (modules() lists it before its layers).
-    units[0]._get_fsdp_state()._lazy_init()  # type: ignore[attr-defined]
+    units[0]._get_fsdp_state()._lazy_init()
     for unit in units:
-        state = unit._get_fsdp_state()  # type: ignore[attr-defined]
+        state = unit._get_fsdp_state()
         groups = getattr(state, "_fsdp_param_groups", None)
         if groups is None:
             single = getattr(state, "_fsdp_param_group", None)
@@ -188,7 +188,9 @@ def _forward_records(units: list[FSDPModule]) -> list[tuple[list[Any], int]]:
         for group in groups:
             order = getattr(group.comm_ctx, "post_forward_order", None)
             for record in (group._post_forward_indices, order):
-                if record is not None and not any(seen is record for seen, _ in records):  # one shared order list per model
+                if record is not None and not any(
+                    seen is record for seen, _ in records
+                ):  # one shared order list per model
                     records.append((record, len(record)))
     return records
 
