@@ -164,7 +164,10 @@ def restore_training_state(path: Path, model: Any, optimizer: Any, scheduler: An
     weights, into whatever `model` is (sharded or not: collective); an unsharded one's weights were loaded
     by `load_policy`, and its optimiser state is positional, so it loads only into an unsharded model."""
     if (path / SHARDS_DIR).is_dir():
-        return load_sharded(path, model, optimizer, scheduler=scheduler)
+        state = load_sharded(path, model, optimizer, scheduler=scheduler)
+        if int(state["step"]) == 0:  # saved before any update: its moments are save_sharded's placeholders
+            optimizer.state.clear()
+        return state
     if is_sharded(model):
         raise ValueError(
             f"{path.name}: a ddp checkpoint does not resume under distributed.strategy 'fsdp2' "

@@ -111,7 +111,14 @@ def save_sharded(
 
 
 def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    fresh = not optimizer.state
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    if fresh:
+        # get_state_dict fills an empty optimizer's state by running a step at lr 0 (zero moments, and a
+        # step count of 1): left in place, the first real AdamW step would be counted as the second (bias
+        # correction off by one step: seen as a divergence from ddp after two updates). What was
+        # gathered for the file is kept; the live optimizer starts fresh again.
+        optimizer.state.clear()
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
