@@ -391,6 +391,17 @@ CATALOGUE: tuple[Metric, ...] = (
         "batches",
         "Generation batches the step drew (more than 1 only with dynamic sampling).",
     ),
+    _m(
+        "memory/model_state_bytes",
+        "bytes",
+        "Parameters, gradients and optimizer state the first process holds after the step's optimizer step "
+        "(under fsdp2 its shards: about 1/N of the whole).",
+    ),
+    _m(
+        "memory/model_state_bytes_all",
+        "bytes",
+        "memory/model_state_bytes summed over every process (fsdp2: the whole once; ddp: N copies).",
+    ),
     # --------------------------------------------------------------------------- entropy dynamics (§1)
     *_quadrants(),
     _m(

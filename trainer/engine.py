@@ -31,16 +31,14 @@ import contextlib
 import json
 import os
 import random
-import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 from torch import Tensor
 
 from contract import algorithms
@@ -53,8 +51,9 @@ from trainer.algos import compute_advantages, make_loss_params, quadrant_analysi
 from trainer.algos.control import StepStatistics
 from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
+from trainer.distributed.runtime import Runtime
 from trainer.evaluation import evaluate
-from trainer.events import EventCallback, EventLog, _now
+from trainer.events import EventCallback, EventLog, _now, stop_signals
 from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
@@ -133,16 +132,14 @@ class Engine:
             import transformers
 
             transformers.utils.logging.disable_progress_bar()
-        if (dist := spec.distributed).strategy != "ddp":
-            raise NotImplementedError("this trainer runs distributed.strategy 'ddp' only")
-        bf16 = "bf16" if dist.mixed_precision.param_dtype == "bfloat16" else "no"
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=bf16)
-        self.device = self.accelerator.device
+        # The process group (trainer.distributed.runtime): joins the launcher's (torchrun, Ray Train) or
+        # makes a one-member one; refuses a launch whose world size is not the spec's.
+        self.runtime = Runtime(spec.distributed)
+        self.device = self.runtime.device
         if self.device.type == "cpu":
             heap.keep_freed_heap()  # no page faults for the activations every step reallocates
-        self.rank = self.accelerator.process_index
-        self.world = self.accelerator.num_processes
-        self.is_main = self.accelerator.is_main_process
+        self.rank, self.world = self.runtime.process_index, self.runtime.num_processes
+        self.is_main = self.runtime.is_main_process
         self.events = EventLog(self.out, callbacks or [], is_main=self.is_main)
         # optim.kl_beta is the KL penalty's weight (β·k3 to the reference policy, ALGORITHMS.md); the spec
         # keeps it out of algorithm.params so there is one place to set it.
@@ -187,7 +184,7 @@ class Engine:
         spec = self.spec
         model, self.tokenizer = placement.load_policy(spec, checkpoint)
         self.model, self.optimizer, self._unwrapped_model = placement.wrap_for_training(
-            self.accelerator, model, spec
+            self.runtime, model, spec
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
@@ -210,7 +207,7 @@ class Engine:
         """π_ref (placement.ReferencePolicy), only with optim.kl_beta > 0."""
         if self.spec.optim.kl_beta > 0:
             self.reference = placement.ReferencePolicy(
-                self._unwrapped_model, self.spec, self.out, self.accelerator, resumed=resumed
+                self._unwrapped_model, self.spec, self.out, self.runtime, resumed=resumed
             )
 
     _init_reference = init_reference
@@ -220,7 +217,7 @@ class Engine:
         return lr_factor(o.schedule, step, warmup_steps=o.warmup_steps, steps=o.steps)
 
     def _sft(self) -> None:
-        run_sft(self.model, self.tokenizer, self.accelerator, self.spec, self.prompts.examples, self.emit)
+        run_sft(self.model, self.tokenizer, self.runtime, self.spec, self.prompts.examples, self.emit)
         self.sft_done = True
 
     def _sft_transcripts(
@@ -233,13 +230,15 @@ class Engine:
         accelerator's device (NCCL reduces CUDA tensors only)."""
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-        reduced = self.accelerator.reduce(torch.tensor(values, dtype=dtype, device=self.device), reduction)
+        reduced = self.runtime.reduce(torch.tensor(values, dtype=dtype, device=self.device), reduction)
         return reduced.cpu()
 
     def evaluate(self) -> dict[str, float]:
         examples = self.eval_examples[self.rank :: self.world]
-        model, engine = self._unwrapped_model, self.rollout_engine
-        return evaluate(model, self.tokenizer, self.spec, examples, self._reduce, engine=engine)
+        with placement.unsharded(self._unwrapped_model) as model:  # shares differ by a prompt: no collectives
+            return evaluate(
+                model, self.tokenizer, self.spec, examples, self._reduce, engine=self.rollout_engine
+            )
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -253,10 +252,11 @@ class Engine:
     def collect(self) -> tuple[Rollout, int]:
         """Rollout for this step on this process, with dynamic sampling. Returns (rollout, gen batches)."""
         self._unwrapped_model.eval()
-        batch, batches = collect(
-            self._unwrapped_model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
-            sample_stats=self.record_sample_stats, reduce=self._reduce, engine=self.rollout_engine,
-        )  # fmt: skip
+        with placement.unsharded(self._unwrapped_model) as model:  # fsdp2: gathered once, not per token
+            batch, batches = collect(
+                model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
+                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=self.rollout_engine,
+            )  # fmt: skip
         self._unwrapped_model.train()
         return batch, batches
 
@@ -292,6 +292,7 @@ class Engine:
         old = measure_old_policy(
             self.model, batch, skip_rows, spec=spec, n_micro=n_micro,
             deterministic=self._forward_is_deterministic, entropy_grad=self.algorithm.differentiable_entropy,
+            full_weights=placement.unsharded,
         )  # 3  # fmt: skip
         if spec.rollout.tis_cap is not None and old.logprob is None and batch.size:
             old = no_grad_pass(self.model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
@@ -362,7 +363,7 @@ class Engine:
         for epoch in range(spec.optim.ppo_epochs):
             metrics, logprob, entropy, correction = policy_update(
                 self.model,
-                self.accelerator,
+                self.runtime,
                 batch,
                 loss,
                 temperature=spec.sampling.temperature,
@@ -377,10 +378,9 @@ class Engine:
                 old.fill(logprob, entropy, correction)
             grad_norm = float("nan")
             if spec.optim.grad_clip is not None:
-                grad_norm = float(
-                    self.accelerator.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip)
-                )
+                grad_norm = float(self.runtime.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
             self.optimizer.step()
+            metrics.update(placement.held_bytes(self.model, self.optimizer, self._reduce))
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return metrics, grad_norm
@@ -460,20 +460,26 @@ class Engine:
         }
 
     def save(self) -> Path | None:
-        path = None
+        path = placement.save_training_state(
+            self.out,
+            self.step,
+            runtime=self.runtime,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            state=self._state(),
+            spec=self.spec,
+        )  # fmt: skip  (collective: under fsdp2 every process writes its shards)
         if self.is_main:
-            path = placement.save_training_state(
-                self.out, self.step, accelerator=self.accelerator, model=self.model, tokenizer=self.tokenizer,
-                optimizer=self.optimizer, scheduler=self.scheduler, state=self._state(), spec=self.spec,
-            )  # fmt: skip
             self.emit({"type": EventType.CHECKPOINT, "step": self.step, "path": str(path)})
             for step in checkpoints.prune(self.out / CHECKPOINTS_DIR, self.spec.checkpoint.keep_last):
                 self.emit({"type": EventType.CHECKPOINT_DELETED, "step": step})
-        self.accelerator.wait_for_everyone()
+        self.runtime.wait_for_everyone()
         return path
 
     def _restore(self, path: Path) -> None:
-        state = placement.restore_training_state(path, self.optimizer, self.scheduler)
+        state = placement.restore_training_state(path, self.model, self.optimizer, self.scheduler)
         self.step = int(state["step"])
         self.prompts.cursor = int(state["cursor"])
         self.controllers.load_state_dict(state)
@@ -484,22 +490,6 @@ class Engine:
     def request_stop(self, signum: int) -> None:
         """Stops the run after the step in progress, with a checkpoint (what SIGTERM and SIGINT do)."""
         self._stop_signal = signum
-
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        def handler(signum: int, _frame: Any) -> None:
-            self.request_stop(signum)
-
-        previous = {}
-        if hasattr(signal, "SIGTERM"):
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(ValueError):  # not in the main thread
-                    previous[sig] = signal.signal(sig, handler)
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
 
     def run(self) -> ExitCode:
         spec = self.spec
@@ -515,7 +505,7 @@ class Engine:
                 self.emit(
                     {"type": EventType.STARTED, "spec": spec.resolved(), "total_steps": spec.optim.steps}
                 )
-            with self._signals():
+            with stop_signals(self.request_stop):
                 return self._loop(ckpt is not None)
         except NonFiniteError as err:
             self.emit(

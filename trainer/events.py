@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+import signal
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,23 @@ class EventLog:
             with contextlib.suppress(OSError):  # the disk may be why we stop
                 self._file.close()
             self._file = None
+
+
+@contextlib.contextmanager
+def stop_signals(request_stop: Callable[[int], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call `request_stop(signum)` while the block runs (the run stops after the step in
+    progress, with a checkpoint); the previous handlers come back after it. Off the main thread, nothing."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        request_stop(signum)
+
+    previous = {}
+    if hasattr(signal, "SIGTERM"):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not in the main thread
+                previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -208,6 +208,9 @@ def generation_kwargs(
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": eos,
         "use_cache": True,
+        # Never step-locked across processes (HF turns it on for an FSDP module): generation runs on full
+        # weights (placement.unsharded), and processes make different numbers of generate calls.
+        "synced_gpus": False,
     }
     if greedy:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

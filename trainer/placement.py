@@ -1,9 +1,16 @@
 """Where the policy lives: loading it, wrapping it for training, its checkpoint save and restore, and the
-KL reference policy. Each is behind one function, so a sharded wrapping (FSDP2) lands here alone:
+KL reference policy. Each is behind one function, so the strategy (ddp or fsdp2, docs/DISTRIBUTED.md) is
+decided here alone:
 - `load_policy`: the model and tokenizer, from the spec's source or a checkpoint, LoRA applied, aligned;
-- `wrap_for_training`: the optimiser and the process-group wrapping (accelerate's DDP today);
-- `save_training_state` / `restore_training_state`: a checkpoint of the unwrapped model, optimiser,
-  scheduler, RNG and the engine's state, and its restore;
+- `wrap_for_training`: the process-group wrapping (trainer.distributed.wrap_model: DDP, or FSDP2's
+  per-decoder-layer `fully_shard` after a copy of rank 0's weights; activation checkpointing; bfloat16
+  compute) and then the optimiser, built on the wrapped (sharded) parameters;
+- `unsharded`: full weights in every process for a block of no-grad forwards (generation, evaluation,
+  π_old and π_ref passes), so that processes that make different numbers of such calls (dynamic sampling,
+  uneven shares) never meet in a collective;
+- `save_training_state` / `restore_training_state`: a checkpoint of the model, optimiser, scheduler, RNG
+  and the engine's state, and its restore (under fsdp2 a sharded one every process writes, with a
+  consolidated Hugging Face `model/` folder inside; restored at any world size and strategy);
 - `ReferencePolicy`: π_ref, the policy as RL starts, frozen (optim.kl_beta > 0).
 """
 
@@ -12,17 +19,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from torch import Tensor
 
 from contract.protocol import CHECKPOINTS_DIR
 from contract.spec import TrainSpec
 from contract.storage import storage_writes
 from trainer import checkpoints
+from trainer.distributed import export_hf_folder, generation_context, load_sharded, save_sharded, wrap_model
+from trainer.distributed.checkpoint import SHARDS_DIR
+from trainer.distributed.fsdp import base_model, fsdp_units, model_state_bytes
+from trainer.distributed.runtime import Runtime
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.rollout import Rollout
 from trainer.scoring import align_tensors, micro_batches, response_stats
@@ -55,50 +66,113 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def wrap_for_training(accelerator: Accelerator, model: Any, spec: TrainSpec) -> tuple[Any, Any, Any]:
-    """(wrapped model, optimiser, unwrapped model): AdamW over the trainable parameters, and the model
-    wrapped for the process group. The unwrapped model is what generation and saving use."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def wrap_for_training(runtime: Runtime, model: Any, spec: TrainSpec) -> tuple[Any, Any, Any]:
+    """(wrapped model, optimiser, unwrapped model): the model wrapped for the process group under
+    spec.distributed, then AdamW over its trainable parameters (under fsdp2 their shards: the optimiser
+    state is sharded with them). The unwrapped model is what generation and saving use (under fsdp2 the
+    model itself: fully_shard wraps in place)."""
+    dist = spec.distributed
+    if dist.strategy == "ddp" and dist.mixed_precision.param_dtype == "bfloat16":
+        _autocast_forward(base_model(model), runtime.device)
+    wrapped = wrap_model(model, dist, runtime.device)
+    params = [p for p in wrapped.parameters() if p.requires_grad]
     o = spec.optim
     # fused: one kernel per parameter instead of ~10 elementwise passes over it (docs/BENCHMARKS.md).
     # Deterministic run to run like the single-tensor loop, so resumed runs stay bit-exact; its rounding
-    # differs from that loop's in the last bits.
+    # differs from that loop's in the last bits. It runs on DTensor shards too.
     optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=True)
-    wrapped, optimizer = accelerator.prepare(model, optimizer)
-    # unwrap_model has a cost per call: taken once.
-    return wrapped, optimizer, accelerator.unwrap_model(wrapped)
+    return wrapped, optimizer, runtime.unwrap_model(wrapped)
+
+
+def _autocast_forward(hf_model: Any, device: torch.device) -> None:
+    """ddp with mixed_precision.param_dtype bfloat16: the forward (training passes and generate's) runs
+    under bfloat16 autocast; the weights, their gradients (so DDP's all-reduce) and AdamW stay float32."""
+    forward = hf_model.forward
+    hf_model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(forward)
+
+
+def is_sharded(model: Any) -> bool:
+    return bool(fsdp_units(model))
+
+
+@contextlib.contextmanager
+def unsharded(model: Any) -> Iterator[Any]:
+    """The module to run no-grad forwards and generate on, with full weights in every process while the
+    block runs (trainer.distributed.generation_context); the model itself when it is not sharded."""
+    if not is_sharded(model):
+        yield model
+        return
+    with generation_context(model) as full:
+        yield full
+
+
+def held_bytes(model: Any, optimizer: Any, reduce: Any) -> dict[str, float]:
+    """The step's memory/ metrics: the parameter, gradient and optimizer bytes this process holds (its
+    local shards under fsdp2), and their sum over the processes (`reduce`: collective)."""
+    mine = float(sum(model_state_bytes(model, optimizer).values()))
+    total = float(reduce(mine, "sum", torch.float64))
+    return {"memory/model_state_bytes": mine, "memory/model_state_bytes_all": total}
 
 
 def save_training_state(
     out: Path,
     step: int,
     *,
-    accelerator: Accelerator,
+    runtime: Runtime,
     model: Any,
     tokenizer: Any,
     optimizer: Any,
     scheduler: Any,
     state: dict[str, Any],
     spec: TrainSpec,
-) -> Path:
-    """Writes OUT/checkpoints/step-N (main process only; the caller waits for the others)."""
-    lora = spec.model.lora
-    return checkpoints.save_checkpoint(
-        out / CHECKPOINTS_DIR,
-        step,
-        model=accelerator.unwrap_model(model),
-        tokenizer=tokenizer,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        state=state,
-        is_lora=lora is not None,
-        merge_lora=lora is not None and lora.merge_on_save,
-    )
+) -> Path | None:
+    """Writes OUT/checkpoints/step-N. Collective: every process calls it. Unsharded: the main process
+    writes the checkpoint (returns its path; None elsewhere), the others wait. fsdp2: every process writes
+    its shards (trainer.distributed.save_sharded) and the consolidated HF folder `model/` is exported into
+    the checkpoint before it is committed, so a step-* folder always holds a loadable model/."""
+    if is_sharded(model):
+        folder = checkpoints.checkpoint_dir(out / CHECKPOINTS_DIR, step)
+
+        def export(tmp: Path) -> None:
+            export_hf_folder(model, tmp / "model", tokenizer=tokenizer)
+
+        save_sharded(
+            folder, model, optimizer, {**state, "step": step}, scheduler=scheduler, before_commit=export
+        )
+        return folder if runtime.is_main_process else None
+    path = None
+    if runtime.is_main_process:
+        lora = spec.model.lora
+        path = checkpoints.save_checkpoint(
+            out / CHECKPOINTS_DIR,
+            step,
+            model=runtime.unwrap_model(model),
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            state=state,
+            is_lora=lora is not None,
+            merge_lora=lora is not None and lora.merge_on_save,
+        )
+    runtime.wait_for_everyone()
+    return path
 
 
-def restore_training_state(path: Path, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Loads the optimiser, scheduler and RNG states of the checkpoint at `path` (the weights were loaded
-    by `load_policy`); returns the engine's state (state.json)."""
+def restore_training_state(path: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Restores the optimiser, scheduler and RNG states of the checkpoint at `path` and returns the
+    engine's state (state.json). A sharded checkpoint (any world size, any strategy) also restores the
+    weights, into whatever `model` is (sharded or not: collective); an unsharded one's weights were loaded
+    by `load_policy`, and its optimiser state is positional, so it loads only into an unsharded model."""
+    if (path / SHARDS_DIR).is_dir():
+        state = load_sharded(path, model, optimizer, scheduler=scheduler)
+        if int(state["step"]) == 0:  # saved before any update: its moments are save_sharded's placeholders
+            optimizer.state.clear()
+        return state
+    if is_sharded(model):
+        raise ValueError(
+            f"{path.name}: a ddp checkpoint does not resume under distributed.strategy 'fsdp2' "
+            "(its optimizer state is not keyed by parameter)"
+        )
     state, trainer_state = checkpoints.load_state(path)
     optimizer.load_state_dict(trainer_state["optimizer"])
     scheduler.load_state_dict(trainer_state["scheduler"])
@@ -114,7 +188,7 @@ class ReferencePolicy:
     adapters start at exactly 0, so π_ref is the policy with its adapters off.
     """
 
-    def __init__(self, policy: Any, spec: TrainSpec, out: Path, accelerator: Accelerator, *, resumed: bool):
+    def __init__(self, policy: Any, spec: TrainSpec, out: Path, runtime: Runtime, *, resumed: bool):
         self.policy, self.spec = policy, spec
         self.model: Any = None
         self.adapters_off = spec.model.lora is not None and (spec.sft is None or spec.sft.steps == 0)
@@ -123,34 +197,57 @@ class ReferencePolicy:
         from safetensors.torch import load_model, save_model
 
         path = out / REFERENCE_FILE
-        reference = copy.deepcopy(policy)
+        sharded = is_sharded(policy)
+        # A sharded policy is not deep-copied (its parameters are DTensor shards tied to FSDP's state): π_ref
+        # is a fresh model built from the gathered full weights (LoRA merged), sharded below like the policy.
+        reference = _full_copy(policy) if sharded else copy.deepcopy(policy)
         if resumed:
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: the KL reference policy of this run is missing")
-            load_model(reference, str(path), device=str(accelerator.device))
-        elif accelerator.is_main_process:
+            load_model(reference, str(path), device=str(next(reference.parameters()).device))
+        elif runtime.is_main_process:
             tmp = path.with_suffix(".tmp")
             with storage_writes(tmp):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 save_model(reference, str(tmp))
                 os.replace(tmp, path)
-        accelerator.wait_for_everyone()
+        runtime.wait_for_everyone()
         align_tensors(reference)
         reference.eval()
         reference.requires_grad_(False)
+        if sharded:
+            no_checkpointing = spec.distributed.model_copy(update={"activation_checkpointing": False})
+            reference = wrap_model(reference, no_checkpointing, runtime.device)
         self.model = reference
 
     def logprob(self, batch: Rollout) -> Tensor:
-        """log π_ref of every response token (B, R), without autograd."""
+        """log π_ref of every response token (B, R), without autograd (full weights while it runs)."""
         if self.adapters_off:
             model, off = self.policy, self.policy.disable_adapter()
         else:
             model, off = self.model, contextlib.nullcontext()
         spec = self.spec
-        with torch.no_grad(), off:
+        with torch.no_grad(), off, unsharded(model) as full:
             return torch.cat(
                 [
-                    response_stats(model, batch, idx, spec.sampling.temperature, with_entropy=False)[0]
+                    response_stats(full, batch, idx, spec.sampling.temperature, with_entropy=False)[0]
                     for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
                 ]
             )
+
+
+def _full_copy(model: Any) -> Any:
+    """A plain (unsharded, unwrapped) HF model with `model`'s full weights, LoRA adapters merged, on the
+    CPU. Collective under fsdp2: every process gathers the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from trainer.distributed.checkpoint import build_model, peft_config_of
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    hf_model = base_model(model)
+    copy_: Any = build_model(hf_model.config, peft_config_of(model))
+    copy_.load_state_dict({name: torch.as_tensor(t).cpu() for name, t in full.items()}, strict=True)
+    if peft_config_of(model) is not None:
+        copy_ = copy_.merge_and_unload()
+    copy_.generation_config = hf_model.generation_config
+    return copy_.to(next(iter(model.parameters())).dtype)

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from torch import Tensor
 
 from contract.protocol import EventType
 from contract.spec import SftSpec, TrainSpec
+from trainer.distributed.runtime import Collective
 from trainer.tasks import Example, render_prompt
 
 SFT_SCHEDULES = ("constant", "cosine")
@@ -46,7 +46,7 @@ def sft_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
 def run_sft(
     model: torch.nn.Module,
     tokenizer: Any,
-    accelerator: Accelerator,
+    accelerator: Collective,
     spec: TrainSpec,
     examples: list[Example],
     emit: Callable[[dict[str, Any]], None],
@@ -84,7 +84,7 @@ def run_sft(
         opt.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         if sft.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, sft.grad_clip)
+            accelerator.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
         for group in opt.param_groups:
             group["lr"] = sft.lr * sft_lr_factor(sft, i)
         opt.step()

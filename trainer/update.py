@@ -19,16 +19,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from torch import Tensor
 
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
+from trainer.distributed.runtime import Collective
 from trainer.rollout import Rollout
 from trainer.scoring import micro_batches, response_stats
 
@@ -85,7 +86,7 @@ class LossSetup:
 
 def policy_update(
     model: torch.nn.Module,
-    accelerator: Accelerator,
+    accelerator: Collective,
     batch: StepBatch,
     loss: LossSetup,
     *,
@@ -142,7 +143,7 @@ def policy_update(
 
 def _micro_batch(
     model: torch.nn.Module,
-    accelerator: Accelerator,
+    accelerator: Collective,
     batch: StepBatch,
     loss_setup: LossSetup,
     idx: Tensor,
@@ -163,7 +164,11 @@ def _micro_batch(
             entropy_grad=loss_setup.entropy_grad,
         )  # fmt: skip
     logprob, entropy, _ = stats
-    mask = r.response_mask[idx] * (0.0 if padding else 1.0)
+    # A padding micro-batch (a process with fewer rows than another) computes a real row's loss and then
+    # scales it by 0: its backward has the graph of any other micro-batch, so every process runs the same
+    # collectives (DDP's bucket all-reduces, FSDP2's per-layer all-gathers and reduce-scatters), with zero
+    # gradients. (A zeroed mask instead left FSDP2's backward on the two processes out of step: a hang.)
+    mask = r.response_mask[idx]
     old = batch.old_logprob[idx] if batch.old_logprob is not None else logprob.detach()
     inputs = PolicyLossInputs(
         logprob=logprob,
@@ -180,6 +185,8 @@ def _micro_batch(
     loss, metrics = compute_policy_loss(
         loss_setup.name, inputs, loss_setup.params, control=loss_setup.control
     )
+    if padding:
+        loss = loss * 0.0
     if nan_injection:
         loss = loss * float("nan")
     if not torch.isfinite(loss):
@@ -262,13 +269,17 @@ def measure_old_policy(
     n_micro: int,
     deterministic: bool,
     entropy_grad: bool,
+    full_weights: Callable[[torch.nn.Module], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> OldPolicy:
     """π_old on the step batch, before the update, where something reads it then: a controller (H̄) or
     STARE's step-scope ranking (the algorithm's registration says `measures_entropy_first`), or the ratio of
     an off-policy update (ppo_epochs > 1). Otherwise an empty OldPolicy, which the first training pass fills.
 
     The documented path is `no_grad_pass`; the one-pass path and the sampling record are optimisations
-    with the same numbers (see the module docstring), taken where they apply.
+    with the same numbers (see the module docstring), taken where they apply. `full_weights(model)`: the
+    context the no-grad pass runs in (placement.unsharded: under fsdp2, full weights, so that processes
+    with different numbers of micro-batches make no collective calls); the one-pass path is a training
+    forward and runs sharded, on every process alike.
     """
     on_policy = spec.optim.ppo_epochs == 1
     measures_first = algorithms.get(spec.algorithm.name).measures_entropy_first
@@ -281,7 +292,8 @@ def measure_old_policy(
         return OldPolicy()
     if on_policy and batch.has_sample_stats:
         return OldPolicy(batch.sample_logprob, batch.sample_entropy, batch.sample_correction)
-    return no_grad_pass(model, batch, temperature, spec.optim.micro_batch_size)
+    with full_weights(model) if full_weights is not None else contextlib.nullcontext(model) as full:
+        return no_grad_pass(full, batch, temperature, spec.optim.micro_batch_size)
 
 
 def one_pass(

@@ -1,7 +1,7 @@
 """Runs the trainer as a child process and turns its stdout event lines into Python dicts.
 
 The child is `python -m trainer run SPEC --out DIR --events-stdout [--resume]` (or the same under
-`accelerate launch` when the spec asks for several processes on one node, or the Ray driver
+`torchrun` when the spec asks for several processes on one node, or the Ray driver
 `python -m trainer.ray_launch run ...` for a job over several nodes). It gets SIGKILL if the worker process dies
 (PR_SET_PDEATHSIG), so a killed worker never leaves a trainer running behind a lost lease. Cooperative
 stop: SIGTERM makes the trainer checkpoint and exit 75.
@@ -109,7 +109,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-    os.setsid()  # own process group: signals reach accelerate's children too
+    os.setsid()  # own process group: signals reach torchrun's children too
 
 
 def trainer_command(
@@ -119,16 +119,17 @@ def trainer_command(
     if resume:
         args.append("--resume")
     if num_processes > 1:
+        # torchrun (torch's own launcher) on this node: the trainer's processes find each other through
+        # its local rendezvous (--standalone: a free port, no fixed address), one agent per job.
         return [
             python,
             "-m",
-            "accelerate.commands.launch",
-            "--num_processes",
-            str(num_processes),
-            "--num_machines",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
             "1",
-            "--dynamo_backend",
-            "no",
+            "--nproc-per-node",
+            str(num_processes),
             "-m",
             "trainer",
             *args,

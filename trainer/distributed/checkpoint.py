@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,13 @@ def save_sharded(
     extra_state: dict[str, Any],
     *,
     scheduler: Any = None,
+    before_commit: Callable[[Path], None] | None = None,
 ) -> Path:
     """Writes the checkpoint `folder` (e.g. trainer.checkpoints.checkpoint_dir(root, step)) from every
-    process; returns it once committed. Collective: every process calls it with its own model."""
+    process; returns it once committed. Collective: every process calls it with its own model.
+    `before_commit(tmp)` (collective, optional) adds to the temp folder after the shards are written and
+    before the commit (the engine exports the consolidated HF folder `model/` there); a failure in it on
+    any process aborts the checkpoint like a failed shard write."""
     folder = Path(folder)
     tmp = Path(str(broadcast_object(str(folder.parent / f".tmp-{folder.name}-{os.getpid()}"))))
     error: BaseException | None = None
@@ -86,6 +91,12 @@ def save_sharded(
     except Exception as err:  # reported to the other processes, then raised
         error = err
     _raise_if_any_failed(error, tmp)
+    if before_commit is not None:
+        try:
+            before_commit(tmp)
+        except Exception as err:
+            error = err
+        _raise_if_any_failed(error, tmp)
     if rank() == 0:
         try:
             with storage_writes(tmp):
@@ -100,7 +111,14 @@ def save_sharded(
 
 
 def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    fresh = not optimizer.state
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    if fresh:
+        # get_state_dict fills an empty optimizer's state by running a step at lr 0 (zero moments, and a
+        # step count of 1): left in place, the first real AdamW step would be counted as the second (bias
+        # correction off by one step: seen as a divergence from ddp after two updates). What was
+        # gathered for the file is kept; the live optimizer starts fresh again.
+        optimizer.state.clear()
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
@@ -128,12 +146,12 @@ def _save_model_config(model: nn.Module, out_dir: Path) -> None:
     generation_config = getattr(hf_model, "generation_config", None)
     if generation_config is not None:
         generation_config.save_pretrained(out_dir)
-    peft_config = _peft_config(model)
+    peft_config = peft_config_of(model)
     if peft_config is not None:
         peft_config.save_pretrained(out_dir)
 
 
-def _peft_config(model: nn.Module) -> Any:
+def peft_config_of(model: nn.Module) -> Any:
     unwrapped = getattr(model, "module", model)
     configs = getattr(unwrapped, "peft_config", None)
     if not configs:
@@ -198,7 +216,7 @@ def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any 
                     full,
                     hf_model.config,
                     hf_model.generation_config,
-                    _peft_config(source),
+                    peft_config_of(source),
                     tokenizer,
                 )
             except Exception as err:
@@ -223,14 +241,14 @@ def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
         from peft import PeftConfig
 
         peft_config = PeftConfig.from_pretrained(str(config_dir))
-    template = _build(config, peft_config).state_dict()
+    template = build_model(config, peft_config).state_dict()
     state: dict[str, Any] = {"model": template}
     dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR), no_dist=True)
     _write_hf_folder(out_dir, state["model"], config, generation_config, peft_config, tokenizer)
     return out_dir
 
 
-def _build(config: Any, peft_config: Any) -> nn.Module:
+def build_model(config: Any, peft_config: Any) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(config)
@@ -249,7 +267,7 @@ def _write_hf_folder(
     peft_config: Any,
     tokenizer: Any,
 ) -> None:
-    model = _build(config, peft_config)
+    model = build_model(config, peft_config)
     model.load_state_dict(full_state, strict=True)
     if peft_config is not None:
         model = model.merge_and_unload()  # type: ignore[operator]

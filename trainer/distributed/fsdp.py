@@ -154,15 +154,50 @@ def generation_context(model: nn.Module) -> Iterator[nn.Module]:
         yield model.module if isinstance(model, DistributedDataParallel) else model
         return
     policies = [_reshard_policy(unit) for unit in units]
+    marks: list[tuple[list[Any], int]] = []
     try:
         for unit in units:
             unit.set_reshard_after_forward(False, recurse=False)
             unit.unshard()
+        marks = _forward_records(units)
         yield model
     finally:
         for unit, policy in zip(units, policies, strict=True):
             unit.reshard()
             unit.set_reshard_after_forward(policy, recurse=False)
+        _forget_forwards_since(marks)
+
+
+def _forward_records(units: list[FSDPModule]) -> list[tuple[list[Any], int]]:
+    """FSDP2 records every forward of a unit, no-grad ones included, in lists that only a backward clears
+    (the order its backward prefetches all-gathers in). Forwards inside generation_context never get a
+    backward, and processes make different numbers of them (dynamic sampling, uneven shares): left in the
+    lists they would make the processes' next backwards prefetch in different orders, i.e. issue
+    mismatched collectives (a hang, seen in the engine). The lists and their lengths on entry, so the
+    context can drop what it added (torch-internal attributes: torch 2.11–2.13 checked)."""
+    records: list[tuple[list[Any], int]] = []
+    # The root's lazy initialisation (normally at its first forward) gives every unit the shared order list;
+    # units[0] is the root (modules() lists it before its layers).
+    units[0]._get_fsdp_state()._lazy_init()
+    for unit in units:
+        state = unit._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            single = getattr(state, "_fsdp_param_group", None)
+            groups = [single] if single is not None else []
+        for group in groups:
+            order = getattr(group.comm_ctx, "post_forward_order", None)
+            for record in (group._post_forward_indices, order):
+                if record is not None and not any(
+                    seen is record for seen, _ in records
+                ):  # one shared order list per model
+                    records.append((record, len(record)))
+    return records
+
+
+def _forget_forwards_since(records: list[tuple[list[Any], int]]) -> None:
+    for record, length in records:
+        del record[length:]
 
 
 def _reshard_policy(unit: FSDPModule) -> bool:
