@@ -445,7 +445,7 @@ def _conclude(
             recorder.finish("failed", JobError(ErrorCode.NON_FINITE, message, "user"))
             return "failed"
         if code == ExitCode.STORAGE or _is_storage_fault(recorder.last_error_event):
-            # Also without exit 74: under `accelerate launch` the launcher exits 1 when rank 0 exits 74.
+            # Also without exit 74: under torchrun (several processes) the launcher exits 1 when rank 0 exits 74.
             recorder.finish("failed", _storage_error(recorder.last_error_event, tail))
             return "failed"
         if stop_reason is not None:  # we asked it to stop and it died instead: still honour the request

@@ -103,8 +103,8 @@ def two_node_spec(steps: int, nodes: int) -> dict[str, Any]:
 
 
 def one_node_reference(h: Harness, job_id: str, out: Path) -> dict[int, dict[str, Any]]:
-    """The same resolved spec on one node in 2 processes under torchrun (not through the worker: its
-    one-node launcher, `accelerate launch`, starts a single process on a CPU machine); its step metrics."""
+    """The same resolved spec on one node in 2 processes under torchrun, as the worker's one-node launcher
+    runs it (here directly, outside a worker, to keep the test short); its step metrics."""
     spec = yaml.safe_load((h.run_dir(job_id) / "spec.yaml").read_text())
     spec["distributed"] = {**spec["distributed"], "nodes": 1, "processes_per_node": 2}
     out.mkdir(parents=True)
