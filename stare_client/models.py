@@ -190,6 +190,10 @@ class EntropyStatus(APIObject):
     state: Literal["in_band", "below", "above"] | None
     steps_out_of_band: int | None
     target: EntropyTarget | None = None
+    # Time to collapse and holding of the target (the service's contract/stability.py); null until known.
+    collapse_step: int | None = None
+    target_hold_fraction: float | None = None
+    post_gate_steps: int | None = None
 
 
 class LatestMetrics(APIObject):
