@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -73,7 +74,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as hf_out, tempfile.TemporaryDirectory() as vllm_out:
         hf = measure(args.model, "hf", args.repeats, hf_out)
+        print(json.dumps({"hf": hf}), file=sys.stderr, flush=True)  # progress: a long run keeps it
         fast = measure(args.model, "vllm", args.repeats, vllm_out)
+        print(json.dumps({"vllm": fast}), file=sys.stderr, flush=True)
     print(
         json.dumps(
             {

@@ -237,11 +237,12 @@ def generate_turn(
     max_new_tokens: int,
     greedy: bool = False,
     engine: RolloutEngine | None = None,
-) -> tuple[list[list[int]], list[bool]]:
+) -> tuple[list[list[int]], list[bool], list[list[float]] | None]:
     """One model turn for each context (token ids, unpadded): the sampled ids up to and including the first
-    EOS, and whether the turn hit max_new_tokens without EOS. The contexts go in as ids, left-padded, never
-    as text: the model sees exactly these tokens (token-in, token-out). `engine`: a rollout engine to
-    sample with (default: HF generate on `model`)."""
+    EOS, whether the turn hit max_new_tokens without EOS, and each sampled id's log-prob under the engine's
+    sampler where the engine records one (vLLM; None for HF generate, whose sampler is the trainer). The
+    contexts go in as ids, left-padded, never as text: the model sees exactly these tokens (token-in,
+    token-out). `engine`: a rollout engine to sample with (default: HF generate on `model`)."""
     width = max(len(c) for c in contexts)
     pad = tokenizer.pad_token_id
     ids = torch.full((len(contexts), width), pad, dtype=torch.long)
@@ -256,7 +257,10 @@ def generate_turn(
         )  # fmt: skip
         lengths = out.response_mask.sum(-1).long().tolist()
         turns = out.input_ids[:, out.prompt_length :].tolist()
-        return [row[:n] for row, n in zip(turns, lengths)], out.truncated.tolist()
+        logprobs = None
+        if out.sampler_logprob is not None:
+            logprobs = [row[:n] for row, n in zip(out.sampler_logprob.tolist(), lengths)]
+        return [row[:n] for row, n in zip(turns, lengths)], out.truncated.tolist(), logprobs
     device = model_device(model)
     eos, kwargs = generation_kwargs(
         model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p
@@ -266,7 +270,7 @@ def generate_turn(
     out = out.to("cpu", copy=True)[:, width:]
     response_mask, truncated = response_mask_from_eos(out, eos)
     lengths = response_mask.sum(-1).long().tolist()
-    return [row[:n] for row, n in zip(out.tolist(), lengths)], truncated.tolist()
+    return [row[:n] for row, n in zip(out.tolist(), lengths)], truncated.tolist(), None
 
 
 @dataclass
@@ -279,6 +283,9 @@ class Episodes:
     truncated: list[bool]  # the last model turn hit max_new_tokens without EOS
     seen: list[list[tuple[list[int], list[int]]]]  # per row and turn: (context given, ids sampled)
     envs: list[Any]
+    # Per row and model turn: each sampled id's log-prob under the engine's sampler (vLLM), in the order of
+    # the model pieces; None when some turn's engine recorded none (HF generate).
+    sampler_logprobs: list[list[list[float]]] | None = None
 
 
 def run_episodes(
@@ -317,10 +324,11 @@ def run_episodes(
     seen: list[list[tuple[list[int], list[int]]]] = [[] for _ in rows]
     answers = ["" for _ in rows]
     truncated = [False for _ in rows]
+    logprobs: list[list[list[float]]] | None = [[] for _ in rows]
     active = list(range(len(rows)))
     while active:
         contexts = [prompt_ids[i] + [t for ids, _ in pieces[i] for t in ids] for i in active]
-        turns, cut = generate_turn(
+        turns, cut, turn_logprobs = generate_turn(
             model,
             tokenizer,
             contexts,
@@ -330,6 +338,11 @@ def run_episodes(
             greedy=greedy,
             engine=engine,
         )
+        if logprobs is not None and turn_logprobs is not None:
+            for i, values in zip(active, turn_logprobs):
+                logprobs[i].append(values)
+        else:
+            logprobs = None
         still = []
         for i, context, turn, hit_budget in zip(active, contexts, turns, cut):
             seen[i].append((context, turn))
@@ -344,7 +357,7 @@ def run_episodes(
             pieces[i].append((result_ids[: env_spec.max_result_tokens], False))
             still.append(i)
         active = still
-    return Episodes(prompt_ids, pieces, answers, truncated, seen, envs)
+    return Episodes(prompt_ids, pieces, answers, truncated, seen, envs, logprobs)
 
 
 def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor, int, Tensor]:
@@ -387,6 +400,27 @@ def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, 
     return input_ids, attention_mask, response_mask, p_len, torch.tensor(counts, dtype=torch.float32)
 
 
+def episodes_sampler_logprob(episodes: Episodes, width: int) -> Tensor | None:
+    """(B, width) each response token's sampler log-prob, laid out as `episodes_to_rollout` lays out the
+    pieces: the model turns' values at their tokens, 0 on the tool results (not sampled: response_mask 0
+    there, so the mismatch metrics and the correction leave them out) and past the episode. None when the
+    episodes carry none (HF generate)."""
+    if episodes.sampler_logprobs is None:
+        return None
+    out = torch.zeros((len(episodes.pieces), width), dtype=torch.float32)
+    for i, (row, turn_values) in enumerate(zip(episodes.pieces, episodes.sampler_logprobs)):
+        values = iter(turn_values)
+        pos = 0
+        for ids, is_model in row:
+            if is_model:
+                turn = next(values)
+                if len(turn) != len(ids):
+                    raise ValueError(f"episode {i}: {len(turn)} sampler log-probs, {len(ids)} turn tokens")
+                out[i, pos : pos + len(ids)] = torch.tensor(turn, dtype=torch.float32)
+            pos += len(ids)
+    return out
+
+
 def group_id_rows(group_offset: int | list[int], n_examples: int, group_size: int) -> Tensor:
     """(n_examples · G,) the group id of each row, example-major."""
     if isinstance(group_offset, int):
@@ -417,9 +451,16 @@ def env_rollout(
         top_p=spec.sampling.top_p,
         engine=engine,
     )
-    input_ids, attention_mask, response_mask, p_len, counts = episodes_to_rollout(
-        episodes, tokenizer.pad_token_id
-    )
+    return episodes_rollout(episodes, examples, group_offset, spec, tokenizer.pad_token_id)
+
+
+def episodes_rollout(
+    episodes: Episodes, examples: list[Example], group_offset: int | list[int], spec: TrainSpec, pad_id: int
+) -> Rollout:
+    """The training batch of `run_episodes`' episodes (spec.sampling.group_size per example), scored on
+    their answers; with the engine's sampler log-probs where the episodes carry them."""
+    g = spec.sampling.group_size
+    input_ids, attention_mask, response_mask, p_len, counts = episodes_to_rollout(episodes, pad_id)
     correct, rewards = score_responses(episodes.answers, examples, response_mask, spec)
     return Rollout(
         input_ids=input_ids,
@@ -432,6 +473,7 @@ def env_rollout(
         truncated=torch.tensor(episodes.truncated, dtype=torch.bool),
         texts=episodes.answers,
         tool_counts=counts,
+        sampler_logprob=episodes_sampler_logprob(episodes, response_mask.shape[1]),
     )
 
 

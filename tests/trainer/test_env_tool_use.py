@@ -46,6 +46,7 @@ def test_rollout_is_token_in_token_out_with_tool_results_masked(engine: Engine, 
     column = {name: counts[:, i] for i, name in enumerate(COUNT_FIELDS)}
     assert float(column["token_mismatches"].sum()) == 0.0
     assert float(column["calls"].sum()) > 0  # the warm-started model calls the calculator
+    assert batch.sampler_logprob is None  # HF generate samples from the trainer: no second record
     assert torch.equal(column["turns"], column["calls"] + 1)  # one answer turn after the calls
     resp = batch.input_ids[:, batch.prompt_length :]
     attn = batch.attention_mask[:, batch.prompt_length :]
@@ -142,6 +143,7 @@ def test_a_train_step_emits_every_tool_metric(engine: Engine) -> None:
     # an episode has exactly one turn more than it has calls.
     assert metrics["tool/turns_per_episode"] == pytest.approx(metrics["tool/calls_per_response"] + 1.0)
     assert torch.isfinite(torch.tensor(metrics["loss/policy"]))
+    assert not [key for key in metrics if key.startswith(("rollout/mismatch", "rollout/tis"))]
 
 
 def test_sft_transcripts_call_the_calculator_and_label_model_turns_only(engine: Engine) -> None:

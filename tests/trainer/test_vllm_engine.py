@@ -1,15 +1,18 @@
 """vLLM as the rollout engine (trainer.vllm_engine), on the tiny model after the tool-use spec's SFT
 warm-start: greedy rollouts equal HF generate's token for token; groups, temperature and top-p, the
 token budget and EOS; after an optimiser step and its weight push the engine's log-probs equal the
-trainer's (and differ without the push); tool-use episodes are token-in, token-out; dynamic sampling and
-evaluation run on it. One engine (one vLLM start) serves the whole module.
+trainer's (and differ without the push); tool-use episodes are token-in, token-out and carry the
+sampler's log-probs of their sampled tokens only (the mismatch metrics at every training step, the
+truncated IS correction against a turn-by-turn oracle); dynamic sampling and evaluation run on it. One engine (one vLLM start) serves the whole module.
 
 These tests need vLLM in the interpreter (`make install` builds .venv-vllm; `make test` runs them there).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -17,11 +20,14 @@ import torch
 
 from contract.spec import load_spec
 from tests.conftest import REAL_COMPONENT_MISSING
+from trainer.algos import compute_policy_loss, make_loss_params
+from trainer.algos.surrogate import PolicyLossInputs
 from trainer.data import collect
 from trainer.engine import Engine
 from trainer.evaluation import evaluate
 from trainer.generation import HFGenerate
-from trainer.rollout import Rollout
+from trainer.mismatch import corrected_advantages, step_mismatch_metrics, truncated_is_weights
+from trainer.rollout import Episodes, Rollout, episodes_rollout, run_episodes
 from trainer.scoring import response_stats
 
 pytestmark = [
@@ -41,11 +47,13 @@ PROMPTS = ["47*86=", "12*34=", "5*6=", "99*10="]
 # two orders of magnitude for a CPU's kernel choices; one optimiser step at lr 1e-2 moves log-probs by
 # ~0.1 nats, far above it, so a skipped push cannot pass.
 LOGPROB_TOLERANCE = 1e-3
+TIS_CAP = 1.5
+MISMATCH_KEYS = ("rollout/mismatch_abs_mean", "rollout/mismatch_abs_max", "rollout/mismatch_kl")
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    spec = load_spec(SPEC).model_copy(update={"rollout": {"engine": "vllm"}})
+    spec = load_spec(SPEC).model_copy(update={"rollout": {"engine": "vllm", "tis_cap": TIS_CAP}})
     spec = type(spec).model_validate(spec.model_dump())
     engine = Engine(spec, tmp_path_factory.mktemp("vllm"), progress=False)
     engine.setup()
@@ -165,12 +173,93 @@ def test_logprobs_match_the_trainer_after_each_step_and_a_skipped_push_shows(eng
         assert fresh < LOGPROB_TOLERANCE, f"step {step}: {fresh} nats after the push (stale: {stale})"
 
 
-def test_train_steps_keep_tool_tokens_exact(engine: Engine) -> None:
-    for _ in range(2):
+def test_train_steps_keep_tool_tokens_exact_and_report_the_mismatch(engine: Engine) -> None:
+    for step in range(3):
         metrics = engine.train_step()
-        assert metrics["tool/token_mismatches"] == 0.0
-        # Multi-turn episodes carry no sampler log-probs yet (docs/ROLLOUTS.md): no mismatch metrics.
-        assert "rollout/mismatch_kl" not in metrics
+        assert metrics["tool/token_mismatches"] == 0.0, step
+        assert metrics["tool/calls_per_response"] > 0.0, step  # episodes with tool results in them
+        # The episodes carry vLLM's log-probs of their sampled tokens: sampler and trainer agree after
+        # every push, and the correction's weights are 1 on them.
+        assert set(MISMATCH_KEYS) <= set(metrics), (step, sorted(metrics))
+        assert 0.0 <= metrics["rollout/mismatch_abs_mean"] <= metrics["rollout/mismatch_abs_max"], step
+        assert metrics["rollout/mismatch_abs_max"] < LOGPROB_TOLERANCE, (step, metrics)
+        assert 0.0 <= metrics["rollout/mismatch_kl"] < LOGPROB_TOLERANCE**2, (step, metrics)
+        assert metrics["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=LOGPROB_TOLERANCE), step
+        assert metrics["rollout/tis_capped_fraction"] == 0.0, step
+
+
+def _turn_logprobs(model: torch.nn.Module, context: list[int], turn: list[int]) -> list[float]:
+    """The model's log-probs (temperature 1) of one turn's ids after its context, scored on their own
+    (unpadded, one row): the oracle the laid-out batch is checked against."""
+    ids = torch.tensor([context + turn])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(context) - 1 : len(ids[0]) - 1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(turn)[:, None]).squeeze(-1).tolist()
+
+
+def _tool_episodes(engine: Engine) -> tuple[Episodes, Rollout]:
+    model = engine._unwrapped_model
+    examples = engine.prompts.examples[:4]
+    model.eval()
+    torch.manual_seed(5)
+    episodes = run_episodes(
+        model, engine.tokenizer, examples, engine.spec, num_samples=4, temperature=1.0, top_p=1.0,
+        engine=engine.rollout_engine,
+    )  # fmt: skip
+    model.train()
+    return episodes, episodes_rollout(episodes, examples, 0, engine.spec, engine.tokenizer.pad_token_id)
+
+
+def test_the_correction_on_tool_episodes_weights_the_sampled_tokens_only(engine: Engine) -> None:
+    episodes, batch = _tool_episodes(engine)
+    assert batch.sampler_logprob is not None and episodes.sampler_logprobs is not None
+    sampled = batch.response_mask.bool()
+    tool = batch.attention_mask[:, batch.prompt_length :].bool() & ~sampled
+    assert int(tool.sum()) > 0  # tool results inside the episodes
+    assert float(batch.sampler_logprob[~sampled].abs().max()) == 0.0  # no sampler value off the samples
+    # A trainer that differs from the sampler: the policy with perturbed weights (the engine keeps its own).
+    trainer = copy.deepcopy(engine._unwrapped_model).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in trainer.parameters():
+            param.add_(0.03 * torch.randn(param.shape, generator=generator))
+    with torch.no_grad():
+        trainer_lp, _, _ = response_stats(trainer, batch, torch.arange(batch.size), 1.0, with_entropy=False)
+    # The oracle, turn by turn in sampling order: w = min(π_trainer/π_sampler, C) from each turn's own
+    # context and the sampler's values for that turn as vLLM returned them. C near 1: the warm-started
+    # policy is confident (π_sampler near 1 on most tokens), so few ratios reach a larger cap.
+    advantages, cap = torch.linspace(-1.0, 1.0, batch.size), 1.05
+    expected_w, expected_adv = [], []
+    for row, (seen, sampler_turns) in enumerate(zip(episodes.seen, episodes.sampler_logprobs)):
+        for (context, turn), sampler in zip(seen, sampler_turns):
+            for lt, ls in zip(_turn_logprobs(trainer, context, turn), sampler):
+                expected_w.append(min(math.exp(lt - ls), cap))
+                expected_adv.append(float(advantages[row]) * expected_w[-1])
+    assert len(expected_w) == int(sampled.sum())
+    capped = sum(w == cap for w in expected_w)
+    assert 0 < capped < len(expected_w)  # the perturbation puts tokens on both sides of the cap
+    metrics = step_mismatch_metrics(batch, trainer_lp, _identity_reduce, cap)
+    assert metrics["rollout/tis_weight_mean"] == pytest.approx(sum(expected_w) / len(expected_w), abs=1e-4)
+    assert abs(metrics["rollout/tis_capped_fraction"] * len(expected_w) - capped) <= 1  # a token at the cap
+    corrected = corrected_advantages(advantages, batch.sampler_logprob, trainer_lp, cap)
+    # The mask's positions, row-major, are the tokens in sampling order.
+    assert torch.allclose(corrected[sampled], torch.tensor(expected_adv), atol=1e-4)
+    # Had the tool tokens been counted, the weights' mean would move ten times that tolerance or more ...
+    with_tools = truncated_is_weights(trainer_lp, batch.sampler_logprob, cap)[sampled | tool]
+    assert abs(float(with_tools.mean()) - metrics["rollout/tis_weight_mean"]) > 1e-3
+    # ... and the loss reads no advantage at a tool token: any value there leaves it unchanged.
+    losses = []
+    for at_tools in (0.0, 1e3):
+        inputs = PolicyLossInputs(
+            logprob=trainer_lp, old_logprob=trainer_lp, advantages=corrected.masked_fill(tool, at_tools),
+            response_mask=batch.response_mask, global_token_count=float(sampled.sum()),
+        )  # fmt: skip
+        losses.append(compute_policy_loss("grpo", inputs, make_loss_params("grpo"))[0].item())
+    assert losses[0] == losses[1]
+
+
+def _identity_reduce(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
 
 
 def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> None:
