@@ -191,8 +191,14 @@ def test_memory_per_device_is_reported_and_refused_when_no_class_has_it(
         client,
         fleet_tenant,
         "/v1/jobs/estimate",
-        {**fits, "distributed": {"strategy": "fsdp2", "processes_per_node": 2}},
+        # fsdp2 over 2 processes runs one micro-batch per process (contract/spec.py): 2 prompts × 8 → 8 rows each.
+        {
+            **fits,
+            "optim": {**fits["optim"], "prompts_per_step": 2},
+            "distributed": {"strategy": "fsdp2", "processes_per_node": 2},
+        },
     )
+    assert sharded.status_code == 200, sharded.text
     assert sharded.json()["memory_per_device"]["parameters_bytes"] == 2 * 494_976
     assert sharded.json()["memory_per_device"]["gathered_bytes"] > 0
     smol = {**fits, "model": {"name": "smollm2-135m-instruct"}}
