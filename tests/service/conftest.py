@@ -8,6 +8,7 @@ temp directory. Each test makes its own tenants, so tests share the database wit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import uuid
@@ -70,16 +71,23 @@ def postgres() -> Postgres:
     return Postgres(user)
 
 
-@pytest.fixture(scope="session")
-def pg_url(postgres: Postgres) -> Iterator[str]:
-    """A fresh database for this test session, at the latest migration."""
-    name = postgres.create()
+@contextlib.contextmanager
+def migrated_database(postgres: Postgres, *prefix: str) -> Iterator[str]:
+    """The URL of a fresh database at the latest migration, dropped on exit."""
+    name = postgres.create(*prefix)
     url = postgres.url(name)
     try:
         migrate.upgrade(url)
         yield url
     finally:
         postgres.drop(name)
+
+
+@pytest.fixture(scope="session")
+def pg_url(postgres: Postgres) -> Iterator[str]:
+    """A fresh database for this test session, at the latest migration."""
+    with migrated_database(postgres) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from service.settings import Settings
 from store import migrate, repository
 from store.database import Database
-from tests.service.conftest import REDIS_URL, Postgres, TenantKey
+from tests.service.conftest import REDIS_URL, Postgres, TenantKey, migrated_database
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, upload
 
 GIB = 1024**3
@@ -52,13 +52,8 @@ CLASSES = [
 
 @pytest.fixture(scope="module")
 def fleet_url(postgres: Postgres) -> Iterator[str]:
-    name = postgres.create("stare_fleet_test")
-    url = postgres.url(name)
-    try:
-        migrate.upgrade(url)
+    with migrated_database(postgres, "stare_fleet_test") as url:
         yield url
-    finally:
-        postgres.drop(name)
 
 
 @pytest.fixture(scope="module")
