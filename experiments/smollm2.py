@@ -103,19 +103,21 @@ def smollm2_suites(
     methods: tuple[str, ...] = METHODS,
 ) -> list[Any]:
     """One suite per learning rate (the headline rate first); within it the headline pair over every seed
-    first, then STARE's recommended setting (RECOMMENDED_ARMS), then the other methods seed by seed, so the
-    most informative runs finish first. No SFT: every run starts from the pretrained weights."""
+    first, then STARE's recommended settings (RECOMMENDED_ARMS) over every seed, then the other methods seed
+    by seed, so the most informative runs finish first. No SFT: every run starts from the pretrained weights."""
     from experiments.plan import HEADLINE, Run, Suite
 
     ordered = sorted(lrs, key=lambda lr: lr != HEADLINE_LR)
-    arms = [m for m in methods if m in HEADLINE] + [a for a in RECOMMENDED_ARMS if methods == METHODS]
-    arms += [m for m in methods if m not in HEADLINE]
+    headline = [m for m in methods if m in HEADLINE]
+    recommended = [a for a in RECOMMENDED_ARMS if methods == METHODS]
+    others = [m for m in methods if m not in HEADLINE]
+    arms = headline + recommended + others
     suites = []
     for lr in ordered:
         name = f"{SUITE}-lr{lr_label(lr)}" if steps == STEPS else f"{SUITE}-quick"
         base = base_spec(lr, steps)
         runs = []
-        for group in (arms[:2], arms[2:]):
+        for group in (headline, recommended, others):
             for seed in range(seeds):
                 for arm in group:
                     spec = _arm_spec(base, arm, seed, f"{name}-{arm}-seed{seed}")
