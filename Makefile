@@ -47,7 +47,7 @@ demo-engine: install
 # STARE_REQUIRE_REAL_COMPONENTS=1: a test skipped because Prometheus, chromium or bubblewrap is missing
 # fails instead (tests/conftest.py), so a green run cannot hide a real part that never ran.
 test: install
-	STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m "not vllm"
+	STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q --durations=25 -m "not vllm"
 	STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/trainer/test_vllm_engine.py
 
 test-fast: install
