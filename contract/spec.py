@@ -413,15 +413,6 @@ class TrainSpec(_Strict):
                 "rollout.engine: vllm is fed the policy's full weights from one process; "
                 "distributed.strategy 'fsdp2' rolls out with HF generate (rollout.engine hf)"
             )
-        dist = self.distributed
-        if dist.strategy == "fsdp2" and dist.world_size > 1:
-            rows = -(-self.optim.prompts_per_step // dist.world_size) * self.sampling.group_size
-            if self.optim.micro_batch_size < rows:
-                raise ValueError(
-                    f"optim.micro_batch_size: distributed.strategy 'fsdp2' over {dist.world_size} processes "
-                    f"runs one micro-batch per process and step for now: set it to at least {rows} "
-                    "(the rows of the process with the most prompts)"
-                )
         if self.environment is not None and self.distributed.world_size > 1:
             raise ValueError(
                 "environment: tool-use rollouts run in one process (distributed: one node, one process)"

@@ -57,7 +57,7 @@ from trainer.events import EventCallback, EventLog, _now, stop_signals
 from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
-from trainer.scoring import forward_is_deterministic, micro_batches
+from trainer.scoring import forward_is_deterministic
 from trainer.sft import run_sft, sft_transcripts
 from trainer.tasks import Example
 from trainer.update import (
@@ -68,6 +68,7 @@ from trainer.update import (
     check_finite_entropy,
     lr_factor,
     measure_old_policy,
+    micro_batch_plan,
     no_grad_pass,
     policy_update,
     reads_sample_stats,
@@ -283,16 +284,15 @@ class Engine:
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
         counts = self._reduce([batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64)
         global_tokens, global_sequences = float(counts[0]), float(counts[1])  # 2
-        n_micro = int(
-            self._reduce(len(micro_batches(batch.size, spec.optim.micro_batch_size)), "max", torch.int64)
-        )
+        sharded = self.world > 1 and placement.is_sharded(self.model)
+        n_micro, share = micro_batch_plan(batch, spec.optim.micro_batch_size, self._reduce, sharded=sharded)
         skip_rows = zero_advantage_skip(advantages) if self.skip_zero_advantage else None
 
         t_old = time.perf_counter()
         old = measure_old_policy(
             self.model, batch, skip_rows, spec=spec, n_micro=n_micro,
             deterministic=self._forward_is_deterministic, entropy_grad=self.algorithm.differentiable_entropy,
-            full_weights=placement.unsharded,
+            full_weights=placement.unsharded, share_prompts=share,
         )  # 3  # fmt: skip
         if spec.rollout.tis_cap is not None and old.logprob is None and batch.size:
             old = no_grad_pass(self.model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
@@ -304,7 +304,7 @@ class Engine:
         reference = self.reference.logprob(batch) if self.reference is not None and batch.size else None
         step_batch = StepBatch(
             batch, corrected_advantages(advantages, batch.sampler_logprob, old.logprob, spec.rollout.tis_cap),
-            old.ratio_logprob, reference, token_weights, global_tokens, global_sequences, skip_rows,
+            old.ratio_logprob, reference, token_weights, global_tokens, global_sequences, skip_rows, share,
         )  # fmt: skip
         t1 = t_old if old.first_pass is not None else time.perf_counter()
         _inject_crash(step)

@@ -25,6 +25,7 @@ def response_stats(
     with_entropy: bool,
     skip_rows: Tensor | None = None,
     entropy_grad: bool = False,
+    share_prompts: bool | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-prob (grad if enabled), entropy and C of each response token of the rows `index`. (b, R).
 
@@ -33,6 +34,7 @@ def response_stats(
     at all), else from a second forward without autograd. The values are the same up to float rounding
     (other matmul shapes).
     entropy_grad: the entropy carries its gradient too (a loss with an entropy term); needs every row.
+    share_prompts: passed to `response_logits` (None: each call decides by its rows).
     """
     if skip_rows is not None and torch.is_grad_enabled() and bool(skip_rows.any()):
         keep = (~skip_rows).nonzero().squeeze(-1)
@@ -61,8 +63,9 @@ def response_stats(
         return joined[0], joined[1], joined[2]
     input_ids = batch.input_ids[index]
     logits = response_logits(
-        model, input_ids, batch.attention_mask[index], batch.position_ids()[index], batch.prompt_length
-    )
+        model, input_ids, batch.attention_mask[index], batch.position_ids()[index], batch.prompt_length,
+        share_prompts=share_prompts,
+    )  # fmt: skip
     stats = token_stats_from_logits(
         logits,
         input_ids[:, batch.prompt_length :],
@@ -78,7 +81,13 @@ def response_stats(
 
 
 def response_logits(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, p_len: int
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    p_len: int,
+    *,
+    share_prompts: bool | None = None,
 ) -> Tensor:
     """(b, R, V) logits of rows (b, P + R): position t predicts response token t.
 
@@ -86,15 +95,24 @@ def response_logits(
     fills a KV cache (and gives the logits for response token 0), the cache is gathered back to the rows
     and the responses run on top of it. Same values as one forward over the whole rows up to float rounding
     (the matmuls have other shapes); the gradient reaches the shared prompt through the gather. The last
-    response token only ever serves as a target, so it is not run. One process only: under DDP every
-    forward call syncs buffers, so all ranks must make the same number of calls, whatever their prompts.
+    response token only ever serves as a target, so it is not run.
+
+    The shared-prompt path makes two forward calls, the full forward one. Where the processes meet in every
+    forward call, each process must make the same calls whatever its rows: under DDP (each call syncs
+    buffers) every call is the full forward; in an FSDP2 training forward each call all-gathers every
+    layer (and its backward reduce-scatters), so the caller passes `share_prompts`, agreed over the
+    processes for the step (trainer.update.micro_batch_plan): True takes the shared-prompt path even where
+    the rows share no prompt, False never. None: by the rows (one process, or full weights).
     """
     b, width = input_ids.shape
     r_len = width - p_len
     prompts = torch.cat([input_ids[:, :p_len], attention_mask[:, :p_len]], dim=1)  # (b, 2P)
     distinct, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    if ddp or distinct.shape[0] == b or p_len < 1 or r_len < 2:
+    if share_prompts is None:
+        share_prompts = distinct.shape[0] < b and prompts_shareable(p_len, width)
+    elif share_prompts and not prompts_shareable(p_len, width):
+        raise ValueError(f"share_prompts: rows of {p_len} prompt and {r_len} response tokens cannot share")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not share_prompts:
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -127,6 +145,12 @@ def response_logits(
         **{cache_kw: cache},
     )
     return torch.cat([head.logits[inverse], tail.logits], dim=1)
+
+
+def prompts_shareable(p_len: int, width: int) -> bool:
+    """Whether rows of `width` tokens, `p_len` of them prompt, can take response_logits' shared-prompt path:
+    a prompt to cache, and a response of two tokens at least (the last one is never run)."""
+    return p_len >= 1 and width - p_len >= 2
 
 
 def align_tensors(model: torch.nn.Module, alignment: int = 64) -> None:

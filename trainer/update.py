@@ -31,7 +31,7 @@ from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
 from trainer.distributed.runtime import Collective
 from trainer.rollout import Rollout
-from trainer.scoring import micro_batches, response_stats
+from trainer.scoring import micro_batches, prompts_shareable, response_stats
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 Stats = tuple[Tensor, Tensor | None, Tensor | None]
@@ -70,6 +70,7 @@ class StepBatch:
     global_tokens: float
     global_sequences: float
     skip_rows: Tensor | None = None  # (B,) bool: the zero-advantage skip's rows (None: none)
+    share_prompts: bool | None = None  # the forward path of every micro-batch (micro_batch_plan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +102,8 @@ def policy_update(
     """Forward/backward over micro-batches with step-global normalisers; no optimiser step here.
 
     Returns (token-weighted metrics, logprob, entropy, correction) of the training pass. Every process runs
-    the same number of micro-batches (padded with zero-weight ones) so gradient synchronisation never hangs.
+    the same number of micro-batches (padded with zero-weight ones), each with the same forward calls
+    (`batch.share_prompts`), so gradient synchronisation never hangs (`micro_batch_plan`).
     `first_pass`: response_stats of micro-batch 0, already run with grad (the one-pass path).
     """
     r = batch.rollout
@@ -161,7 +163,7 @@ def _micro_batch(
         skip_rows = batch.skip_rows[idx] if batch.skip_rows is not None else None
         stats = response_stats(
             model, r, idx, temperature, with_entropy=True, skip_rows=skip_rows,
-            entropy_grad=loss_setup.entropy_grad,
+            entropy_grad=loss_setup.entropy_grad, share_prompts=batch.share_prompts,
         )  # fmt: skip
     logprob, entropy, _ = stats
     # A padding micro-batch (a process with fewer rows than another) computes a real row's loss and then
@@ -196,6 +198,28 @@ def _micro_batch(
     if loss.requires_grad:
         accelerator.backward(loss * accelerator.num_processes)
     return stats, metrics
+
+
+def micro_batch_plan(
+    batch: Rollout, micro_batch_size: int, reduce: Callable[..., Tensor], *, sharded: bool
+) -> tuple[int, bool | None]:
+    """(micro-batches, share_prompts): how the update runs on this process, the same on every process (one
+    all-reduce of host numbers: `reduce(values, "max", dtype)`).
+
+    Micro-batches: the most of any process; a process with fewer rows pads with zero-weight micro-batches.
+    share_prompts, where the model is sharded (FSDP2 over several processes; None otherwise): each forward
+    call of a sharded layer all-gathers its weights and its backward reduce-scatters the gradients, so every
+    process must make the same forward calls in each micro-batch. `response_logits` left to itself runs a
+    group's shared prompt once (two calls) only where the micro-batch's rows share one: a padding
+    micro-batch (one row: one call) or rows of distinct prompts then met another process's two calls, and
+    the processes' backwards went out of step (the hang of fsdp2 over more than one micro-batch). So under
+    sharding every micro-batch takes the shared-prompt path, or, where some process's batch has no room for
+    it (scoring.prompts_shareable), none does.
+    """
+    width = batch.input_ids.shape[1]
+    unshareable = not prompts_shareable(batch.prompt_length, width)
+    plan = reduce([len(micro_batches(batch.size, micro_batch_size)), int(unshareable)], "max", torch.int64)
+    return int(plan[0]), (not bool(plan[1])) if sharded else None
 
 
 # ------------------------------------------------------------------------------------------ π_old
@@ -270,6 +294,7 @@ def measure_old_policy(
     deterministic: bool,
     entropy_grad: bool,
     full_weights: Callable[[torch.nn.Module], contextlib.AbstractContextManager[Any]] | None = None,
+    share_prompts: bool | None = None,
 ) -> OldPolicy:
     """π_old on the step batch, before the update, where something reads it then: a controller (H̄) or
     STARE's step-scope ranking (the algorithm's registration says `measures_entropy_first`), or the ratio of
@@ -279,7 +304,7 @@ def measure_old_policy(
     with the same numbers (see the module docstring), taken where they apply. `full_weights(model)`: the
     context the no-grad pass runs in (placement.unsharded: under fsdp2, full weights, so that processes
     with different numbers of micro-batches make no collective calls); the one-pass path is a training
-    forward and runs sharded, on every process alike.
+    forward and runs sharded, on every process alike (`share_prompts`: its forward path, micro_batch_plan).
     """
     on_policy = spec.optim.ppo_epochs == 1
     measures_first = algorithms.get(spec.algorithm.name).measures_entropy_first
@@ -287,7 +312,9 @@ def measure_old_policy(
         return OldPolicy()
     temperature = spec.sampling.temperature
     if measures_first and on_policy and n_micro == 1 and deterministic:
-        return one_pass(model, batch, skip_rows, temperature, entropy_grad=entropy_grad)
+        return one_pass(
+            model, batch, skip_rows, temperature, entropy_grad=entropy_grad, share_prompts=share_prompts
+        )
     if not batch.size:
         return OldPolicy()
     if on_policy and batch.has_sample_stats:
@@ -303,6 +330,7 @@ def one_pass(
     temperature: float,
     *,
     entropy_grad: bool,
+    share_prompts: bool | None = None,
 ) -> OldPolicy:
     """The training forward over the whole batch (one micro-batch), with grad: π_old, and the update's first
     pass on the same graph."""
@@ -314,6 +342,7 @@ def one_pass(
         with_entropy=True,
         skip_rows=skip_rows,
         entropy_grad=entropy_grad,
+        share_prompts=share_prompts,
     )
     entropy = first[1].detach() if first[1] is not None else None
     return OldPolicy(first[0].detach(), entropy, first[2], first_pass=first)

@@ -186,7 +186,7 @@ def test_memory_per_device_is_reported_and_refused_when_no_class_has_it(
         client,
         fleet_tenant,
         "/v1/jobs/estimate",
-        # fsdp2 over 2 processes runs one micro-batch per process (contract/spec.py): 2 prompts × 8 → 8 rows each.
+        # fsdp2 over 2 processes: 2 prompts × 8 → 8 rows each, one micro-batch of 8.
         {
             **fits,
             "optim": {**fits["optim"], "prompts_per_step": 2},

@@ -1,16 +1,19 @@
 """π_old's optimisations give its documented path's numbers (docs/ALGORITHMS.md §4.14), on fixed inputs:
 the one-pass path bit for bit; the sampling record up to float rounding (generation runs other matmul
-shapes, with a KV cache)."""
+shapes, with a KV cache). And the update's micro-batch plan: under sharding every micro-batch makes the
+same forward calls, whatever its rows, with the numbers of the path the rows would have chosen."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from contract.spec import TrainSpec
 from trainer.data import load_examples
 from trainer.models import load_model_and_tokenizer
 from trainer.rollout import rollout
-from trainer.update import measure_old_policy, no_grad_pass, one_pass
+from trainer.scoring import prompts_shareable, response_logits, response_stats
+from trainer.update import measure_old_policy, micro_batch_plan, no_grad_pass, one_pass
 
 
 def _spec(**optim: object) -> TrainSpec:
@@ -74,3 +77,46 @@ def test_off_policy_reads_the_documented_pass() -> None:
     )
     reference = no_grad_pass(model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
     assert chosen.ratio_logprob is not None and torch.equal(chosen.ratio_logprob, reference.logprob)
+
+
+def _max_with(other: list[int]):  # type: ignore[no-untyped-def]
+    """A `reduce` as over two processes, the other one's values being `other` (max only)."""
+
+    def reduce(values: list[int], reduction: str, dtype: torch.dtype) -> torch.Tensor:
+        assert reduction == "max"
+        return torch.maximum(torch.tensor(values, dtype=dtype), torch.tensor(other, dtype=dtype))
+
+    return reduce
+
+
+def test_the_micro_batch_plan_is_agreed_and_fixes_the_forward_calls() -> None:
+    spec = _spec()
+    model, batch = _batch(spec, sample_stats=False)  # 3 prompts × 3 rows
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+
+    def forwards(index: list[int], share: bool | None) -> tuple[int, torch.Tensor]:
+        calls.clear()
+        with torch.no_grad():
+            logprob = response_stats(
+                model, batch, torch.tensor(index), 1.0, with_entropy=False, share_prompts=share
+            )[0]
+        return len(calls), logprob
+
+    assert prompts_shareable(batch.prompt_length, batch.input_ids.shape[1])
+    assert micro_batch_plan(batch, 2, _max_with([0, 0]), sharded=False) == (5, None)
+    assert micro_batch_plan(batch, 2, _max_with([7, 0]), sharded=True) == (7, True)
+    assert micro_batch_plan(batch, 2, _max_with([1, 1]), sharded=True) == (5, False)  # the other can't
+    # By the rows: a padding micro-batch (one row) or distinct prompts run the full forward (one call),
+    # rows of one group the shared-prompt path (two calls). Agreed: the same calls whatever the rows.
+    for index in ([0], [0, 3, 6], [0, 1, 2]):
+        full, plain = forwards(index, False)
+        shared, split = forwards(index, True)
+        assert (full, shared) == (1, 2), index
+        torch.testing.assert_close(split, plain, rtol=1e-5, atol=1e-6)
+    assert [forwards(index, None)[0] for index in ([0], [0, 3, 6], [0, 1, 2])] == [1, 1, 2]
+    p_len = batch.prompt_length
+    one_token = [t[:, : p_len + 1] for t in (batch.input_ids, batch.attention_mask, batch.position_ids())]
+    assert not prompts_shareable(p_len, p_len + 1)  # a one-token response: no tail to run on the cache
+    with pytest.raises(ValueError, match="cannot share"):
+        response_logits(model, *one_token, p_len, share_prompts=True)
