@@ -5,13 +5,19 @@
 - events: one JSON object per line in DIR/events.jsonl and, with --events-stdout, on stdout as
   `@@event <json>` (EVENT_PREFIX); `EventType` names them and EVENT_FIELDS lists each one's fields;
 - checkpoints: DIR/checkpoints/step-000050 (`checkpoint_name`, `checkpoint_step`), a folder that exists
-  only once complete.
+  only once complete;
+- under torchrun, which exits 1 whenever one of its processes fails, whatever that process's code: each
+  failing process also writes an exit report (`exit_report`) to the file torchrun names in its
+  TORCHELASTIC_ERROR_FILE (`ERROR_FILE_ENV`), in torch's error-file format. torchrun copies the first
+  failure's report into its own error file, with that process's exit code as `errorCode`; the worker reads
+  the code and the reason back there (`read_exit_report`).
 Standard library only.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any
@@ -181,3 +187,50 @@ def checkpoint_step(name: str) -> int | None:
     if not digits.isascii() or not digits.isdigit():
         return None
     return int(digits)
+
+
+# --- exit reports under torchrun ---------------------------------------------------------------------------
+
+# torch.distributed.elastic's error file: torchrun sets it per process (where that process reports a failure)
+# and reads it for itself (where it copies the first failure's report, with its exit code, when it ends).
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """What a failed process of a torchrun launch reported: its exit code, why, and (a crash) its traceback."""
+
+    code: int
+    message: str
+    callstack: str = ""
+
+    @property
+    def text(self) -> str:
+        """The reason as a stderr tail reads: the message, or the traceback it ends."""
+        return self.callstack.rstrip() or self.message
+
+
+def exit_report(message: str, callstack: str = "") -> str:
+    """A process's report (JSON) in the format of torch's ErrorHandler.record_exception, which torchrun's
+    agent parses (the timestamp picks the first failure) and copies, adding the process's exit code.
+    Without a traceback the message stands in its place: torchrun's failure summary on stderr shows it."""
+    info = {"py_callstack": callstack or message, "timestamp": str(int(time.time()))}
+    return json.dumps({"message": {"message": message, "extraInfo": info}})
+
+
+def read_exit_report(text: str) -> ExitReport | None:
+    """The report in torchrun's own error file, or None when it holds none with an exit code (torchrun
+    recorded its own failure, e.g. the SIGTERM of a cooperative stop, or the text is not a report)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    body = data.get("message") if isinstance(data, dict) else None
+    if not isinstance(body, dict):
+        return None
+    code, message = body.get("errorCode"), body.get("message")
+    if isinstance(code, bool) or not isinstance(code, int) or not isinstance(message, str):
+        return None
+    extra = body.get("extraInfo")
+    callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    return ExitReport(code, message, callstack if isinstance(callstack, str) else "")

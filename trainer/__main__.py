@@ -2,20 +2,32 @@
 
 Exit codes are contract.protocol.ExitCode (0 ok, 2 user error, 3 non-finite, 74 a write to the run folder
 failed (contract.storage), 75 interrupted after a checkpoint, 1 other failure); --events-stdout prints
-each event as contract.protocol.format_event_line does.
+each event as contract.protocol.format_event_line does. Under torchrun (TORCHELASTIC_ERROR_FILE set) a
+failing process also writes its exit report, so that torchrun's own exit 1 can be traced back to it
+(contract.protocol.exit_report).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from contract.protocol import EVENT_PREFIX, EVENTS_FILE, ExitCode, format_event_line
+from contract.protocol import (
+    ERROR_FILE_ENV,
+    EVENT_PREFIX,
+    EVENTS_FILE,
+    ExitCode,
+    exit_report,
+    format_event_line,
+)
 from contract.spec import TrainSpec, load_spec
 
 
@@ -32,18 +44,44 @@ def _format_validation(err: ValidationError) -> str:
     return "invalid job spec:\n" + "\n".join(lines)
 
 
+class Refused(Exception):
+    """The job cannot run as given (exit 2); the message says why."""
+
+
 def _load(path: str) -> TrainSpec:
     try:
         return load_spec(path)
     except ValidationError as err:
-        print(_format_validation(err), file=sys.stderr)
-        raise SystemExit(ExitCode.USER_ERROR) from None
+        raise Refused(_format_validation(err)) from None
     except (OSError, ValueError) as err:
-        print(f"cannot read job spec: {err}", file=sys.stderr)
-        raise SystemExit(ExitCode.USER_ERROR) from None
+        raise Refused(f"cannot read job spec: {err}") from None
+
+
+def _report_exit(message: str, callstack: str = "") -> None:
+    """Under torchrun: this process's exit report, where torchrun looks for it (contract.protocol)."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "w") as fh:  # never in the way of the exit code
+            fh.write(exit_report(message, callstack))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code. A process that fails reports why (`_report_exit`)."""
+    try:
+        code = _main(argv)
+    except Refused as err:
+        print(err, file=sys.stderr)
+        _report_exit(str(err))
+        return ExitCode.USER_ERROR
+    except Exception as err:  # a crash: exit 1 with its traceback, on stderr and in the report
+        _report_exit(f"{type(err).__name__}: {err}", traceback.format_exc())
+        raise
+    if code != ExitCode.OK:
+        _report_exit(f"the trainer exited with code {code} ({ExitCode(code).name})")
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer", description="Entropy-stable RL fine-tuning engine"
     )
@@ -83,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = engine.run()
     except ValueError as err:  # bad task data or parameters discovered at load time
-        print(f"error: {err}", file=sys.stderr)
-        return ExitCode.USER_ERROR
+        raise Refused(f"error: {err}") from None
     return int(code)
 
 

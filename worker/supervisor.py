@@ -12,6 +12,16 @@ service's keys and anything else secret in the worker's environment stay out of 
 tools could ever print. It gets the process basics (PATH, HOME, locale, TMPDIR), Python's own variables,
 the thread, GPU and Hugging Face cache/offline settings, and the STARE_* variables the trainer reads.
 
+Exit codes under torchrun: torchrun exits 1 whenever one of its processes fails, so a 2 (user error), 3
+(non-finite) or 75 (stopped) of the trainer would read as a crash. Its first failed process's code comes back
+through torch's own error files instead (contract.protocol: each failing trainer process writes its exit
+report where torchrun tells it to, torchrun copies the first one into the file named by the
+TORCHELASTIC_ERROR_FILE we give it, adding that process's exit code), and `TrainerProcess.wait` returns that
+code for torchrun's 1. The first failure is the cause: torchrun stops the other processes the moment one
+fails, so theirs are mostly its SIGTERM. torchrun waits `--shutdown-timeout` for its processes after a
+SIGTERM of its own (the cooperative stop reaches it too) before it SIGKILLs them: the stop grace, so a
+checkpoint in progress is not cut short before the worker itself would give up on it.
+
 The trainer's stderr comes through a pipe: a thread copies it to the attempt's log file (best effort: a
 full or read-only disk stops the copy, never the trainer) and keeps its last lines in memory, so a crash
 message can quote the trainer's last error lines even when the log file could not be written or read.
@@ -22,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import queue
 import signal
@@ -33,7 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from contract.protocol import parse_event_line
+from contract.protocol import ERROR_FILE_ENV, ExitCode, ExitReport, parse_event_line, read_exit_report
 from contract.storage import storage_writes
 
 logger = logging.getLogger(__name__)
@@ -112,9 +123,20 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()  # own process group: signals reach torchrun's children too
 
 
+TORCHRUN = "torch.distributed.run"
+
+
 def trainer_command(
-    python: str, spec_path: Path, out_dir: Path, *, resume: bool, num_processes: int
+    python: str,
+    spec_path: Path,
+    out_dir: Path,
+    *,
+    resume: bool,
+    num_processes: int,
+    stop_grace_s: float = 30.0,
 ) -> list[str]:
+    """The trainer's command line; above one process under torchrun, which waits stop_grace_s for its
+    processes to stop after a SIGTERM before it SIGKILLs them."""
     args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
     if resume:
         args.append("--resume")
@@ -124,17 +146,30 @@ def trainer_command(
         return [
             python,
             "-m",
-            "torch.distributed.run",
+            TORCHRUN,
             "--standalone",
             "--nnodes",
             "1",
             "--nproc-per-node",
             str(num_processes),
+            "--shutdown-timeout",
+            str(math.ceil(stop_grace_s)),
             "-m",
             "trainer",
             *args,
         ]
     return [python, "-m", "trainer", *args]
+
+
+def runs_torchrun(command: list[str]) -> bool:
+    return command[1:3] == ["-m", TORCHRUN]
+
+
+def launched_exit_code(code: int, report: ExitReport | None) -> int:
+    """The trainer's exit code: torchrun's own, except its 1 when its first failed process reported a code."""
+    if code == ExitCode.FAILED and report is not None and report.code > 0:
+        return report.code
+    return code
 
 
 def ray_command(
@@ -193,11 +228,26 @@ class TrainerProcess:
 
     Opening the log file is a storage write: a failure raises contract.storage.StorageError before anything
     is started. OSError from starting the process (no such interpreter) is raised as is.
+
+    `error_file` (a torchrun command): where torchrun writes its first failed process's exit report; `wait`
+    then returns that process's code for torchrun's 1, and `exit_report` holds the report.
     """
 
-    def __init__(self, command: list[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        error_file: Path | None = None,
+    ) -> None:
+        self.error_file = error_file
+        self.exit_report: ExitReport | None = None
         with storage_writes(log_path):
             log_path.parent.mkdir(parents=True, exist_ok=True)
+            if error_file is not None:
+                error_file.unlink(missing_ok=True)  # an earlier launch's
+                env = {**(env or {}), ERROR_FILE_ENV: str(error_file)}
             self._log: BinaryIO | None = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
         self.log_path = log_path
         self.log_error: OSError | None = None  # why the copy to the log stopped, if it did
@@ -269,11 +319,15 @@ class TrainerProcess:
         return self.proc.poll()
 
     def wait(self, timeout: float | None = None) -> int:
+        """The trainer's exit code (under torchrun: see `launched_exit_code`)."""
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=5)
         self._stderr_reader.join(timeout=5)
         self._close_log()
-        return code
+        if self.error_file is not None:
+            with contextlib.suppress(OSError):
+                self.exit_report = read_exit_report(self.error_file.read_text(errors="replace"))
+        return launched_exit_code(code, self.exit_report)
 
 
 def log_tail(path: Path, limit: int = 2000) -> str:

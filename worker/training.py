@@ -20,6 +20,8 @@ How the run ends, by the trainer's exit code (contract.protocol.ExitCode):
   twice in a row without getting past a step (`crash_loop`, after 2 attempts): then failed (system). The
   budget arithmetic is repository.retry_job's. A crash message quotes the trainer's last stderr lines (kept
   in memory by the supervisor), never an empty string.
+Under torchrun (a one-node job over several processes) these are the trainer's codes too: torchrun's own
+exit 1 is mapped back to its first failed process's code (worker/supervisor.py).
 The Ray driver of a multi-node job (docs/DISTRIBUTED.md) adds two: 69 → failed (system, `ray_unavailable`:
 the cluster did not answer, had no room, or went away; not retried, the next attempt would meet the same
 cluster); 76 → `ray_worker_lost` (a training process or its Ray node died), on the lost-worker budget like
@@ -72,7 +74,7 @@ from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 from store.repository import Claim, JobError
 from worker.settings import WorkerSettings
-from worker.supervisor import TrainerProcess, log_tail, ray_command, trainer_command
+from worker.supervisor import TrainerProcess, log_tail, ray_command, runs_torchrun, trainer_command
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -293,12 +295,19 @@ class NoCluster(Exception):
 def job_command(
     claim: Claim, settings: WorkerSettings, spec_path: Path, out_dir: Path, *, resume: bool
 ) -> list[str]:
-    """The child to supervise: the trainer on this host (accelerate above one process) for a one-node job,
+    """The child to supervise: the trainer on this host (torchrun above one process) for a one-node job,
     the Ray driver for a job over several nodes. Raises NoCluster for the latter without STARE_RAY_ADDRESS."""
     dist = TrainSpec.model_validate(claim.resolved_spec).distributed
     python = trainer_python(claim.resolved_spec, settings)
     if dist.nodes == 1:
-        return trainer_command(python, spec_path, out_dir, resume=resume, num_processes=dist.world_size)
+        return trainer_command(
+            python,
+            spec_path,
+            out_dir,
+            resume=resume,
+            num_processes=dist.world_size,
+            stop_grace_s=settings.cancel_grace_s,
+        )
     if not settings.ray_address:
         raise NoCluster(
             f"the job asks for distributed.nodes = {dist.nodes} and this worker serves no Ray cluster "
@@ -317,7 +326,13 @@ def run_claimed(
         spec_path, out_dir, resume = prepare_run(claim, storage)
         command = job_command(claim, settings, spec_path, out_dir, resume=resume)
         log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
-        child = TrainerProcess(command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"})
+        # torchrun's error file: its first failed process's exit code and reason (worker/supervisor.py)
+        error_file = (
+            out_dir / f"trainer-attempt-{claim.attempt}.error.json" if runs_torchrun(command) else None
+        )
+        child = TrainerProcess(
+            command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"}, error_file=error_file
+        )
     except StorageError as err:  # our own write failed: the trainer would meet the same disk
         logger.error("job %s: %s", claim.job_id, err)
         return _finish(recorder, "failed", JobError(err.code, str(err)[:1000], "system"))
@@ -365,9 +380,10 @@ def run_claimed(
         child.wait(timeout=60)
         raise
 
-    return _conclude(
-        recorder, claim, code, stop_reason, child.stderr_tail.text() or log_tail(log_path), resend
-    )
+    # Under torchrun its stderr ends with its own failure summary: the failed process's report says why.
+    report = child.exit_report
+    tail = report.text if report is not None else child.stderr_tail.text() or log_tail(log_path)
+    return _conclude(recorder, claim, code, stop_reason, tail, resend)
 
 
 def _next_events(child: TrainerProcess, wait_s: float) -> tuple[list[dict[str, Any]], bool]:
@@ -445,7 +461,8 @@ def _conclude(
             recorder.finish("failed", JobError(ErrorCode.NON_FINITE, message, "user"))
             return "failed"
         if code == ExitCode.STORAGE or _is_storage_fault(recorder.last_error_event):
-            # Also without exit 74: under torchrun (several processes) the launcher exits 1 when rank 0 exits 74.
+            # Also without exit 74: under torchrun a process that failed because another one's disk was full
+            # (save_sharded raises on every process) can be the first to exit, with 1.
             recorder.finish("failed", _storage_error(recorder.last_error_event, tail))
             return "failed"
         if stop_reason is not None:  # we asked it to stop and it died instead: still honour the request

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
 
 import pytest
@@ -61,3 +62,23 @@ def test_non_finite_loss_fails_as_user_error_and_keeps_its_checkpoint(harness: H
         last_checkpoint_step=last["step"],
         archive_bytes=len(body),
     )
+
+
+def test_non_finite_loss_under_torchrun_fails_as_user_error(harness: Harness) -> None:
+    """The same over 2 processes: torchrun exits 1 when its processes exit 3; the worker reads their code
+    back from torchrun's error file (worker/supervisor.py), so the job is not taken for a crash and retried."""
+    h = harness
+    h.start_worker(env={"STARE_INJECT_NAN_STEP": str(NAN_STEP), "STARE_WORKER_PROCESSES_PER_NODE": "2"})
+    job_id = h.post_job(tiny_spec(6, INTERVAL, distributed={"processes_per_node": 2}))
+    h.wait_status(job_id, ("failed", "succeeded", "cancelled"), timeout=240)
+    context = h.diagnostics(job_id)
+
+    job = h.job(job_id)
+    assert job["status"] == "failed", context
+    error = job["error"]
+    assert (error["category"], error["code"]) == ("user", "non_finite"), context
+    assert f"step {NAN_STEP}" in error["message"], context
+    assert job["attempt"] == 1, f"a user error is never retried\n{context}"
+    assert [s for s, _, _ in h.metric_rows(job_id)] == list(range(1, NAN_STEP)), context
+    report = json.loads((h.run_dir(job_id) / "trainer-attempt-1.error.json").read_text())
+    assert report["message"]["errorCode"] == 3, report
