@@ -31,7 +31,7 @@ def test_the_full_suite_has_every_method_two_rates_three_seeds_headline_first() 
         # The headline pair over every seed starts first; every run is one thread, checkpoints pruned.
         assert {r.arm for r in suite.runs[:6]} == {"grpo_ds", "stare_o1"}
         # Then STARE at the drift analysis's recommended settings, over every seed.
-        assert {r.arm for r in suite.runs[6:12]} == {"stare_w3", "stare_adaptive_fast"}
+        assert {r.arm for r in suite.runs[6:12]} == {"stare_w4", "stare_adaptive_fast"}
         assert all(r.threads == 1 and not r.keep_checkpoints for r in suite.runs)
         specs = [r.spec for r in suite.runs]
         # The arms differ in their algorithm section alone.
