@@ -17,6 +17,7 @@ line on stderr.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -31,6 +32,9 @@ from contract.protocol import ExitCode, format_event_line
 from contract.spec import TrainSpec
 
 POLL_S = 0.2
+LOSS_POLL_S = 0.5  # how often a failed attempt asks the cluster whether one of its nodes died
+# How long past --connect-timeout-s the GIL-free watchdog in `connect` waits before it ends the driver.
+CONNECT_BACKSTOP_S = 5.0
 # What the training processes get of the driver's environment: the trainer's own variables and thread counts.
 WORKER_ENV_PREFIXES = ("STARE_", "OMP_", "MKL_", "TOKENIZERS_", "HF_", "TRANSFORMERS_")
 
@@ -67,9 +71,25 @@ def _fail(code: int, message: str) -> NoReturn:
 
 
 def connect(address: str, timeout_s: float) -> None:
-    """ray.init within timeout_s, or exit CLUSTER_UNAVAILABLE (ray.init itself may wait far longer)."""
+    """ray.init within timeout_s, or exit CLUSTER_UNAVAILABLE (ray.init itself may wait far longer).
+
+    ray.init can also block inside Ray's core while it holds the GIL, and then the timeout below never
+    runs: the first driver on a raylet waits for that raylet's prestarted workers to register, forever if
+    one of them is too slow to start (ray-project/ray#40131; seen on this 2-core machine under load).
+    faulthandler's watchdog is a C thread that needs no GIL: CONNECT_BACKSTOP_S after the timeout it prints
+    every thread's stack and exits 1, a crash the worker retries (the next driver is not that raylet's first).
+    """
     import ray
 
+    print(f"ray driver: connecting to {address} (at most {timeout_s:g} s)", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(timeout_s + CONNECT_BACKSTOP_S, exit=True)
+    try:
+        _connect(ray, address, timeout_s)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _connect(ray: Any, address: str, timeout_s: float) -> None:
     outcome: dict[str, BaseException | None] = {}
 
     def init() -> None:
@@ -113,14 +133,19 @@ def scaling(spec: TrainSpec, cpus: float, gpus: float) -> Any:
     )
 
 
+def per_node(started: dict[int, dict[str, Any]]) -> list[int]:
+    """How many of the started workers each node holds, most first."""
+    counts: dict[str, int] = {}
+    for info in started.values():
+        counts[info["node_id"]] = counts.get(info["node_id"], 0) + 1
+    return sorted(counts.values(), reverse=True)
+
+
 def check_layout(spec: TrainSpec, started: dict[int, dict[str, Any]]) -> str | None:
     """Why the placed workers are not nodes × processes_per_node (None when they are)."""
-    per_node: dict[str, int] = {}
-    for info in started.values():
-        per_node[info["node_id"]] = per_node.get(info["node_id"], 0) + 1
+    counts = per_node(started)
     dist = spec.distributed
-    if len(per_node) != dist.nodes or any(n != dist.processes_per_node for n in per_node.values()):
-        counts = sorted(per_node.values(), reverse=True)
+    if len(counts) != dist.nodes or any(n != dist.processes_per_node for n in counts):
         return f"the cluster placed the workers {counts} per node, the spec asks for {dist.nodes} × {dist.processes_per_node}"
     return None
 
@@ -210,6 +235,12 @@ class Driver:
                     placed = True
                     if (why := check_layout(self.spec, started)) is not None:
                         _fail(ExitCode.CLUSTER_UNAVAILABLE, f"ray_unavailable: {why}")
+                    counts = per_node(started)
+                    print(
+                        f"ray driver: {len(started)} training processes placed, {counts} per node",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 elif time.monotonic() > started_by:
                     _fail(ExitCode.CLUSTER_UNAVAILABLE, self._not_placed(len(started)))
         self.relay_events()
@@ -232,7 +263,7 @@ class Driver:
                 return ExitCode.FAILED
             codes = [exits[rank] for rank in sorted(exits)]
             return next((code for code in codes if code != ExitCode.OK), ExitCode.OK)  # rank 0's first
-        if lost := lost_workers(self.fit_error, state["started"]):
+        if lost := settled_loss(self.fit_error, state["started"], self.args.health_timeout_s):
             print(f"error: ray_worker_lost: {lost}", file=sys.stderr, flush=True)
             return ExitCode.WORKER_LOST
         print(
@@ -241,6 +272,21 @@ class Driver:
             flush=True,
         )
         return ExitCode.FAILED
+
+
+def settled_loss(error: BaseException, started: dict[int, dict[str, Any]], timeout_s: float) -> str | None:
+    """`lost_workers`, given up to timeout_s for the cluster to see a node of ours die.
+
+    When a node dies, its peers on the surviving nodes fail at once in their next collective (gloo:
+    "Connection closed by peer"), and Ray Train can end the run on those errors alone, before its health
+    check or the cluster has noticed the dead node: the failure then reads as the trainer's own error. The
+    cluster marks the node dead within its raylet health check (5 checks 3 s apart by default), so an
+    unexplained failure waits that long before it counts as a crash; a trainer's own error pays the wait.
+    """
+    deadline = time.monotonic() + timeout_s
+    while (lost := lost_workers(error, started)) is None and time.monotonic() < deadline:
+        time.sleep(LOSS_POLL_S)
+    return lost
 
 
 def lost_workers(error: BaseException, started: dict[int, dict[str, Any]]) -> str | None:
@@ -289,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     connect(args.address, args.connect_timeout_s)
+    # ray.init installs its own C-level handler for SIGTERM (a stack dump, then an abort 3 s later: no
+    # time for a cooperative stop, which must finish the step and write its checkpoint); ours replaces it.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     driver = Driver(args, spec)
     driver.stop = pending[0] if pending else None
     driver.start()

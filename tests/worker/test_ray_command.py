@@ -1,17 +1,25 @@
 """Fast checks of the worker's choice of child for a job (no Ray needed): one node → the trainer, several
 nodes → the Ray driver with the worker's Ray settings, several nodes without a cluster → refused; and the
-quoting of the driver's own reason out of a stderr tail that Ray's log lines follow."""
+quoting of the driver's own reason out of a stderr tail that Ray's log lines follow; and the driver's end when
+ray.init blocks holding the GIL (a stand-in `ray` whose init never returns)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from contract.protocol import ExitCode
 from contract.spec import TrainSpec
 from store.repository import Claim
-from tests.worker.harness import tiny_spec
+from tests.worker.harness import REPO_ROOT, tiny_spec
+from trainer.ray_launch import CONNECT_BACKSTOP_S
 from worker.settings import WorkerSettings
 from worker.training import NoCluster, _marked_line, job_command
 
@@ -48,3 +56,24 @@ def test_the_drivers_reason_is_quoted_even_with_ray_lines_after_it() -> None:
     tail = "ray driver: connected\nerror: ray_unavailable: no Ray cluster answered at X\n(global lru) num evictions: 0"
     assert _marked_line(tail, "ray_unavailable") == "no Ray cluster answered at X"
     assert _marked_line(tail, "ray_worker_lost") == ""
+
+
+@pytest.mark.slow  # a driver subprocess that waits out its backstop: about 7 s
+def test_a_driver_stuck_in_ray_init_holding_the_gil_still_ends(tmp_path: Path) -> None:
+    """ray.init that blocks while it holds the GIL (ray-project/ray#40131) defeats the connect thread's
+    timeout; the driver's GIL-free watchdog still ends it, with every thread's stack on stderr."""
+    fake = tmp_path / "fake" / "ray"
+    fake.mkdir(parents=True)
+    # ctypes.PyDLL keeps the GIL during the call: no Python thread runs until it returns (a minute)
+    (fake / "__init__.py").write_text("import ctypes\n\ndef init(**_):\n    ctypes.PyDLL(None).sleep(60)\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec(4, distributed={"nodes": 2, "processes_per_node": 1})))
+    command = [sys.executable, "-m", "trainer.ray_launch", "run", str(spec), "--out", str(tmp_path / "run")]
+    command += ["--address", "127.0.0.1:1", "--connect-timeout-s", "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), str(REPO_ROOT)])}
+    started = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    took = time.monotonic() - started
+    assert done.returncode == ExitCode.FAILED, done.stderr[-2000:]
+    assert took < 1 + CONNECT_BACKSTOP_S + 10, took  # not the minute the fake init blocks for
+    assert "Timeout" in done.stderr and "in connect" in done.stderr, done.stderr[-2000:]
