@@ -91,6 +91,10 @@ def run_sft(
         loss_value = float(loss.detach())
         if (i + 1) % 100 == 0 or i + 1 == sft.steps:
             emit({"type": EventType.SFT, "step": i + 1, "total": sft.steps, "loss": loss_value})
+    # The RL update accumulates into .grad (its optimiser zeroes after each step, not before the first):
+    # left in place, the last SFT step's gradient would be added to RL step 1's (seen: a step-1 gradient
+    # norm of 1.19 on a batch whose advantages were all 0).
+    opt.zero_grad(set_to_none=True)
 
 
 def sft_batch(tokenizer: Any, spec: TrainSpec, exs: list[Example]) -> tuple[Tensor, Tensor, Tensor]:

@@ -48,3 +48,17 @@ def test_sft_label_smoothing_is_cross_entropy_against_the_smoothed_target() -> N
     assert_close(sft_loss(logits, labels, eps), torch.stack(terms).mean())
     plain = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7), labels[:, 1:].reshape(-1))
     assert_close(sft_loss(logits, labels, 0.0), plain)
+
+
+def test_sft_leaves_no_gradient_for_the_first_rl_step(tmp_path) -> None:
+    """The RL update accumulates into .grad; the SFT warm-start's last gradient must not be part of RL step 1's."""
+    from contract.spec import TrainSpec
+    from tests.trainer.test_engine import small_spec
+    from trainer.engine import Engine
+
+    engine = Engine(TrainSpec.model_validate(small_spec(sft={"steps": 2, "batch_size": 8})), tmp_path)
+    engine.setup()
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    engine._sft()
+    assert any(not torch.equal(a, p) for a, p in zip(before, engine.model.parameters()))  # SFT trained
+    assert [n for n, p in engine.model.named_parameters() if p.grad is not None] == []
