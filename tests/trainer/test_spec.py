@@ -89,6 +89,19 @@ def test_cross_field_rules():
         TrainSpec.model_validate({"task": {"prompt_template": "no placeholder"}})
 
 
+def test_lora_under_fsdp2_must_say_its_checkpoints_are_merged():
+    # fsdp2 consolidates the shards into one merged model/, never an adapter/: the default would be ignored.
+    fsdp2 = {"strategy": "fsdp2", "processes_per_node": 2}
+    with pytest.raises(ValidationError, match=r"model\.lora\.merge_on_save"):
+        TrainSpec.model_validate({"model": {"lora": {"r": 4}}, "distributed": fsdp2})
+    merged = TrainSpec.model_validate(
+        {"model": {"lora": {"r": 4, "merge_on_save": True}}, "distributed": fsdp2}
+    )
+    assert merged.model.lora is not None and merged.model.lora.merge_on_save
+    ddp = TrainSpec.model_validate({"model": {"lora": {"r": 4}}, "distributed": {"processes_per_node": 2}})
+    assert ddp.model.lora is not None and not ddp.model.lora.merge_on_save
+
+
 def test_demo_spec_is_valid():
     spec = load_spec(ROOT / "trainer" / "specs" / "demo.yaml")
     assert spec.algorithm.name == "stare"
