@@ -34,20 +34,16 @@ Tolerances.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import read_events, small_spec, step_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
 SEED = 9  # step 1: mixed rewards in all three groups (see the module docstring)
 TOL = 1e-4
 BF16_REL = 4 * 2**-8
@@ -80,15 +76,7 @@ def _spec(strategy: str, *, lora_sft: bool = False, bf16: bool = False) -> dict[
 
 
 def _launch(tmp: Path, name: str, spec: dict[str, Any]) -> Path:
-    spec_path = tmp / f"{name}.json"
-    spec_path.write_text(json.dumps(spec))
-    out = tmp / name
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    args = ["-m", "trainer", "run", str(spec_path), "--out", str(out), "--no-progress"]
-    done = subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    return run_trainer(tmp, name, spec)
 
 
 @pytest.fixture(scope="module")

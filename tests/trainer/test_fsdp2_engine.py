@@ -31,18 +31,14 @@ entropy 0.2 % apart, rollouts diverged), which no float tolerance covers: the te
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import small_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-4
 COMPARED = ("loss/policy", "entropy/mean", "reward/mean", "actor/grad_norm", "actor/lr")
 MICRO_BATCH = 3  # rows; small_spec: 3 prompts × 4 samples, i.e. 8 and 4 rows on the 2 processes
@@ -63,21 +59,7 @@ def _run(
         optim={"steps": 2, "micro_batch_size": micro_batch_size, "grad_clip": 1.0},
         checkpoint={"interval": 1, "keep_last": 5},
     )
-    spec_path = tmp / f"{name}.json"
-    spec_path.write_text(json.dumps(spec))
-    out = tmp / name
-    args = ["run", str(spec_path), "--out", str(out), "--no-progress"]
-    if resume_from is not None:
-        shutil.copytree(resume_from, out)
-        shutil.rmtree(out / "checkpoints" / "step-000002")
-        args.append("--resume")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*cmd, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    return run_trainer(tmp, name, spec, resume_from=resume_from)
 
 
 def _steps(out: Path) -> dict[int, dict[str, float]]:

@@ -24,20 +24,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from contract.spec import TrainSpec
+from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import small_spec
 from trainer.update import lr_factor
 
-ROOT = Path(__file__).resolve().parents[2]
 WARMUP_STEPS = 3  # the lr still changes between the steps, so its position is observable
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
 
@@ -55,23 +51,7 @@ def _spec(processes: int) -> dict:
 def _run(tmp: Path, name: str, processes: int, *, resume_from: Path | None = None) -> Path:
     """`python -m trainer run` in `processes` processes (torchrun above one); resume_from: a finished
     run's folder, copied without its step-2 checkpoint and resumed."""
-    spec_path = tmp / f"{name}.json"
-    spec_path.write_text(json.dumps(_spec(processes)))
-    out = tmp / name
-    args = ["run", str(spec_path), "--out", str(out), "--no-progress"]
-    if resume_from is not None:
-        shutil.copytree(resume_from, out)
-        shutil.rmtree(out / "checkpoints" / "step-000002")
-        args.append("--resume")
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [*launcher, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
+    return run_trainer(tmp, name, _spec(processes), processes=processes, resume_from=resume_from, timeout=300)
 
 
 def _events(out: Path) -> list[dict]:
