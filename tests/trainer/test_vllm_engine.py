@@ -144,6 +144,20 @@ def test_groups_budget_eos_and_top_p(engine: Engine) -> None:
 
 
 def test_logprobs_match_the_trainer_after_each_step_and_a_skipped_push_shows(engine: Engine) -> None:
+    # Its probe updates are undone at the end: the module's later tests train the SFT'd policy itself.
+    model = engine._unwrapped_model
+    saved = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    try:
+        _probe_updates(engine)
+    finally:
+        model.load_state_dict(saved)
+        from trainer.vllm_engine import after_optimizer_step
+
+        after_optimizer_step(engine.rollout_engine, model)
+    assert _max_mismatch(engine) < LOGPROB_TOLERANCE  # the restored weights reached vLLM too
+
+
+def _probe_updates(engine: Engine) -> None:
     assert _max_mismatch(engine) < LOGPROB_TOLERANCE
     params = [p for p in engine._unwrapped_model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=1e-3)
