@@ -21,6 +21,9 @@ PAIRED_METRICS = {
     "hold_fraction": "post-gate steps within ±25 % of target",
     "collapse_or_end": "time to collapse (steps; not collapsed = run length + 1)",
 }
+# A method held the target on a suite when, on every seed, it did not collapse and at least this share of its
+# post-gate steps had entropy within ±25 % of the target.
+HELD_SHARE = 0.5
 
 
 def _f(x: float | None, digits: int = 3) -> str:
@@ -104,28 +107,37 @@ def _value(s: an.RunSummary, metric: str) -> float | None:
     return None if value is None else float(value)
 
 
-def paired_against_control(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
-    """Every method minus grpo_ds, paired by seed, with a 95 % t interval."""
+def paired_diffs(suite: Suite, runs: list[dict[str, Any]]) -> dict[str, dict[str, an.PairedDiff]]:
+    """Per method (not the control) and metric: method minus grpo_ds over the seeds both have finished."""
     control = {s.seed: s for s in _finished(runs, CONTROL)}
-    rows = []
+    out: dict[str, dict[str, an.PairedDiff]] = {}
     for arm in suite.arms:
         if arm == CONTROL:
             continue
         treated = {s.seed: s for s in _finished(runs, arm)}
-        for metric, label in PAIRED_METRICS.items():
+        for metric in PAIRED_METRICS:
             pairs = [
                 (t, c)
                 for seed in sorted(set(treated) & set(control))
                 for t, c in [(_value(treated[seed], metric), _value(control[seed], metric))]
                 if t is not None and c is not None
             ]
-            if not pairs:
-                continue
-            d = an.paired_difference(metric, pairs)
+            if pairs:
+                out.setdefault(arm, {})[metric] = an.paired_difference(metric, pairs)
+    return out
+
+
+def paired_against_control(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
+    """Every method minus grpo_ds, paired by seed, with a 95 % t interval."""
+    rows = []
+    for arm, diffs in paired_diffs(suite, runs).items():
+        for metric, d in diffs.items():
             verdict = "significant" if d.significant else "not significant"
             if d.n < 3:
                 verdict += f" (n = {d.n} < 3)"
-            rows.append([arm, label, _f(d.mean), f"[{_f(d.low)}, {_f(d.high)}]", str(d.n), verdict])
+            rows.append(
+                [arm, PAIRED_METRICS[metric], _f(d.mean), f"[{_f(d.low)}, {_f(d.high)}]", str(d.n), verdict]
+            )
     if not rows:
         return []
     return [
@@ -133,6 +145,81 @@ def paired_against_control(suite: Suite, runs: list[dict[str, Any]]) -> list[str
         f"**Every method − {CONTROL}, paired by seed** (95 % t interval; significant only with ≥ 3 seeds):",
         "",
         _table(["method", "metric", "mean difference", "95 % interval", "seeds", "verdict"], rows),
+    ]
+
+
+def held_target(sums: list[an.RunSummary]) -> bool:
+    """Held the target: on every seed no collapse and at least HELD_SHARE of the post-gate steps in the band."""
+    return bool(sums) and all(
+        s.collapse_time is None and s.hold_fraction is not None and s.hold_fraction >= HELD_SHARE
+        for s in sums
+    )
+
+
+def _effects(diffs: dict[str, an.PairedDiff]) -> str:
+    """The significant differences from the control, in words; the rest is said to be indistinguishable."""
+    words = {
+        "final_avg": ("accuracy higher", "accuracy lower"),
+        "entropy_last": ("last entropy higher", "last entropy lower"),
+        "hold_fraction": ("more steps in the band", "fewer steps in the band"),
+        "collapse_or_end": ("collapse later", "collapse earlier"),
+    }
+    parts = []
+    for metric, d in diffs.items():
+        if d.significant and d.mean is not None:
+            digits = 1 if metric == "collapse_or_end" else 3
+            up, down = words[metric]
+            parts.append(
+                f"{up if d.mean > 0 else down} ({d.mean:+.{digits}f}, [{_f(d.low, digits)}, {_f(d.high, digits)}])"
+            )
+    if parts:
+        return "; ".join(parts)
+    n = max((d.n for d in diffs.values()), default=0)
+    return "none significant (cannot be told from grpo_ds)" if n >= 3 else f"– ({n} paired seed(s); 3 needed)"
+
+
+def verdict_lines(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
+    """Per method, the guidance a user acts on: did it hold the target, and what differed from grpo_ds."""
+    diffs = paired_diffs(suite, runs)
+    seeds = {arm: sum(1 for r in suite.runs if r.arm == arm) for arm in suite.arms}
+    rows = []
+    for arm in suite.arms:
+        sums = _finished(runs, arm)
+        if not sums:
+            continue
+        shares = [s.hold_fraction for s in sums if s.hold_fraction is not None]
+        collapsed = sum(s.collapse_time is not None for s in sums)
+        if len(sums) < seeds[arm]:
+            held = f"not yet known ({len(sums)} of {seeds[arm]} seeds)"
+        else:
+            held = "**yes**" if held_target(sums) else "no"
+        rows.append(
+            [
+                arm,
+                held,
+                f"{_f(min(shares), 2)}–{_f(max(shares), 2)}" if shares else "–",
+                f"{collapsed}/{len(sums)}",
+                "(the control)" if arm == CONTROL else _effects(diffs.get(arm, {})),
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        f"**Which setting held the target** (held: on every seed no collapse and at least {100 * HELD_SHARE:.0f} % of "
+        "the post-gate steps within ±25 % of the target; differences: the significant ones of the paired "
+        "table, 95 % interval):",
+        "",
+        _table(
+            [
+                "method",
+                "held the target",
+                "held share (seeds' range)",
+                "collapsed",
+                "significant differences from grpo_ds",
+            ],
+            rows,
+        ),
     ]
 
 
@@ -175,6 +262,7 @@ def suite_markdown(entry: dict[str, Any]) -> str:
     parts = [f"### {suite.title}", "", suite.description, ""]
     parts += progress_lines(suite, runs)
     parts += ["", stability_table(suite, runs)]
+    parts += verdict_lines(suite, runs)
     parts += paired_against_control(suite, runs)
     parts += drift_lines(suite, runs)
     parts.append("")
