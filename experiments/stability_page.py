@@ -192,7 +192,7 @@ def verdict_lines(suite: Suite, runs: list[dict[str, Any]]) -> list[str]:
         if len(sums) < seeds[arm]:
             held = f"not yet known ({len(sums)} of {seeds[arm]} seeds)"
         else:
-            held = "**yes**" if held_target(sums) else "no"
+            held = "yes" if held_target(sums) else "no"
         rows.append(
             [
                 arm,

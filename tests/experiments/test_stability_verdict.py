@@ -56,7 +56,7 @@ def test_the_verdict_names_the_significant_differences_with_their_sign() -> None
     rows = _rows(suite, runs)
     assert rows["grpo_ds"][:3] == ["no", "0.00–0.00", "3/3"]
     held, share, collapsed, effects = rows["holder"]
-    assert (held, share, collapsed) == ("**yes**", "0.70–0.80", "0/3")
+    assert (held, share, collapsed) == ("yes", "0.70–0.80", "0/3")
     assert "collapse later (+90.0" in effects  # 101 (never collapsed) − 10..12
     assert "accuracy lower (-0.090" in effects  # 0.70..0.74 − 0.80..0.82
     assert "more steps in the band" in effects
