@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +17,7 @@ from experiments import stability_page
 from experiments.plan import HEADLINE, Suite
 from experiments.runner import RESULT_FILE, events_of, read_json, run_dir
 from experiments.system import cpu_info, cpu_label
-from trainer.report import _CSS, BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILION, Band, Trace, line_chart_svg
+from trainer.report import BLUE, CSS_FILE, GREEN, GREY, ORANGE, PURPLE, VERMILION, Band, Trace, line_chart_svg
 
 ARM_COLORS = {
     "grpo_ds": GREY,
@@ -484,6 +485,12 @@ def _md_to_html(md: str) -> str:
     return "".join(out)
 
 
+def stylesheet_href(html_path: Path) -> str:
+    """The report's stylesheet (trainer/report/report.css), relative to the page's folder: the pages link the
+    one stylesheet instead of carrying a copy each."""
+    return Path(os.path.relpath(CSS_FILE.resolve(), html_path.resolve().parent)).as_posix()
+
+
 def write_page(
     root: Path, plan: Sequence[Suite], md_path: Path, html_path: Path, *, header: str, footer: str
 ) -> dict[str, Any]:
@@ -495,7 +502,8 @@ def write_page(
     md_path.write_text(md)
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>stare-rl results</title>'
-        f"<style>{_CSS} table{{font-size:13px}} figure{{margin:12px 0}}</style></head><body><main>"
+        f'<link rel="stylesheet" href="{html.escape(stylesheet_href(html_path))}">'
+        "<style>table{font-size:13px} figure{margin:12px 0}</style></head><body><main>"
         f"<section class='card'><h1>stare-rl: results</h1><p>{html.escape(machine)}</p>"
         "<p>Tables and definitions: docs/RESULTS.md. Solid lines: mean over seeds; dashed: seed min and max.</p></section>"
         + "".join(suite_html(e) for e in data["suites"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from experiments import analysis as an
 from experiments.page import arm_rows, collect, paired, write_page
 from experiments.plan import SFT_REF, Run, Suite, comparison_suite
 from experiments.runner import Runner, events_of, is_finished, run_dir
+from trainer.report import CSS_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,6 +172,9 @@ def test_the_table_equals_what_the_events_say(finished_root: Path, tmp_path: Pat
     ]
     assert f"mean_weight {sum(on) / len(on):.4f} (seeds: 1)" in text
     assert page.read_text().count("<svg") >= 5
+    # the page links the report's stylesheet (one copy in the repository) by a path that resolves from it
+    (href,) = re.findall(r'<link rel="stylesheet" href="([^"]+)">', page.read_text())
+    assert (page.parent / href).resolve() == CSS_FILE.resolve()
     assert {r["arm"] for r in summary["reduced"]} == {None, "grpo_ds", "stare_o1"}
 
 

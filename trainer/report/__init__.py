@@ -14,11 +14,12 @@ This package imports only the standard library: the HTTP service serves these fi
 
 from trainer.report.charts import BLUE, GREEN, GREY, ORANGE, PURPLE, VERMILION, Band, Trace, line_chart_svg
 from trainer.report.files import load_events, write_report
-from trainer.report.page import _CSS, render_html
+from trainer.report.page import _CSS, CSS_FILE, render_html
 from trainer.report.summary import REPORT_VERSION, SERIES_METRICS, build_report
 
 __all__ = [
     "BLUE",
+    "CSS_FILE",
     "GREEN",
     "GREY",
     "ORANGE",

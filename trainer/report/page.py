@@ -6,6 +6,7 @@ import html
 import math
 from collections.abc import Iterable, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from trainer.report.charts import (
@@ -425,55 +426,10 @@ def _history_html(report: Mapping[str, Any]) -> str:
     )
 
 
-_CSS = """
-:root{--fg:#111827;--muted:#6B7280;--line:#E5E7EB;--card:#fff;--bg:#F5F6F8;--accent:#0072B2}
-*{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--fg);font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,
-"Helvetica Neue",Arial,sans-serif}
-main{max-width:1080px;margin:0 auto;padding:28px 20px 40px}
-header{margin-bottom:18px}
-.kicker{text-transform:uppercase;letter-spacing:.08em;font-size:12px;color:var(--muted);font-weight:600}
-h1{font-size:26px;margin:2px 0 4px;word-break:break-word}
-h2{font-size:16px;margin:0 0 10px}
-h3{font-size:14px;margin:16px 0 6px}
-.sub{margin:0;color:var(--muted)}
-.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:16px 18px;
-margin-bottom:16px;box-shadow:0 1px 2px rgba(16,24,40,.04)}
-.cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:16px;margin-bottom:16px}
-.cols .card{margin-bottom:0}
-.cols table.kv th{width:52%}
-.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;margin-bottom:16px}
-.tile{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:12px 14px}
-.tile-label{font-size:12px;color:var(--muted)}
-.tile-value{font-size:24px;font-weight:650;font-variant-numeric:tabular-nums}
-.tile-note{font-size:12px;color:var(--muted)}
-table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
-th,td{padding:5px 8px;border-bottom:1px solid #F0F1F4;text-align:left;vertical-align:top}
-table.kv th{width:38%;color:var(--muted);font-weight:500}
-table.num td{text-align:right}
-table.num thead th{text-align:right;color:var(--muted);font-weight:500;font-size:12px}
-table.num thead th:first-child{text-align:left}
-table.grid td:first-child{text-align:left}
-tfoot th,tfoot td{border-bottom:0;font-weight:600}
-code{font-size:12px;background:#F3F4F6;padding:1px 4px;border-radius:4px;word-break:break-all}
-.muted{color:var(--muted)}
-.note{color:var(--muted);font-size:13px;margin:10px 0 0}
-.delta{font-weight:600}.delta.good{color:#047857}.delta.bad{color:#B91C1C}.delta.flat{color:#374151}
-.status{display:inline-block;padding:1px 8px;border-radius:999px;font-size:12px;font-weight:600;
-background:#E5E7EB;color:#374151}
-.status-succeeded{background:#D1FAE5;color:#065F46}.status-failed{background:#FEE2E2;color:#991B1B}
-.status-running{background:#DBEAFE;color:#1E40AF}
-.status-cancelled,.status-interrupted{background:#FEF3C7;color:#92400E}
-.error{color:#991B1B;white-space:pre-wrap}
-.bar{display:inline-block;width:120px;height:6px;background:#E5E7EB;border-radius:3px;margin-left:8px;
-vertical-align:middle;overflow:hidden}
-.bar span{display:block;height:100%;background:var(--accent)}
-figure{margin:0}
-figcaption{color:var(--muted);font-size:13px;margin:-4px 0 6px}
-svg.chart{display:block;width:100%;height:auto}
-footer{color:var(--muted);font-size:12px;text-align:center;margin-top:8px}
-@media print{body{background:#fff}.card,.tile{box-shadow:none;break-inside:avoid}}
-"""
+# The stylesheet stands in one place, report.css beside this module: inlined into every report (a report is
+# one self-contained file) and linked by the results pages (experiments/page.py).
+CSS_FILE = Path(__file__).with_name("report.css")
+_CSS = CSS_FILE.read_text(encoding="utf-8")
 
 
 def render_html(report: Mapping[str, Any]) -> str:
