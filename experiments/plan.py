@@ -15,96 +15,27 @@ torch thread counts: the robustness check of the main job (each run does its own
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from contract import algorithms
-from contract.protocol import CHECKPOINTS_DIR, checkpoint_name
+from experiments.smollm2 import HEADLINE_LR, LRS, SUITE, lr_label, smollm2_suites
+
+# The plan's building blocks live in experiments.suites (below this module and experiments.smollm2); the
+# names stay importable from here.
+from experiments.suites import ARMS, HEADLINE, SFT_REF, Run, Suite, merge, own_target_section
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
 TOOL_USE_SPEC = REPO / "trainer" / "specs" / "tool_use.yaml"
-SFT_REF = "@sft:"  # model.name placeholder: the step-0 model of the named run
-
-# Arm name → algorithm section of the spec (every other setting is the suite's).
-ARMS: dict[str, dict[str, Any]] = {
-    "grpo_ds": {"name": "grpo_ds"},
-    "stare_o1": {"name": "stare", "params": {"variant": "O1"}},
-    "stare_c2": {"name": "stare", "params": {"variant": "C2"}},
-    "adaptive_entropy": {"name": "adaptive_entropy"},
-    "rsi_s": {"name": "rsi_s"},
-    "dapo": {"name": "dapo"},
-    "forking_8020": {"name": "forking_8020"},
-    "clip_cov": {"name": "clip_cov"},
-    "kl_cov": {"name": "kl_cov"},
-}
-HEADLINE = ("grpo_ds", "stare_o1")
-
-
-@dataclass(frozen=True)
-class Run:
-    suite: str
-    name: str  # within the suite: "sft/seed0", "grpo_ds/seed3", "seed2-t1"
-    spec: dict[str, Any]
-    threads: int = 1
-    needs: tuple[str, ...] = ()
-    arm: str | None = None
-    seed: int = 0
-    # False: the run's checkpoints are deleted once it has finished (a SmolLM2 run's are ~1.6 GB each;
-    # its events are what the page reads).
-    keep_checkpoints: bool = True
-
-    @property
-    def id(self) -> str:
-        return f"{self.suite}/{self.name}"
-
-    def resolve_spec(self, folder_of: Callable[[str], Path]) -> dict[str, Any]:
-        """The spec with placeholders replaced: an `@sft:<run id>` model is that run's step-0 model."""
-        spec = copy.deepcopy(self.spec)
-        name = spec.get("model", {}).get("name", "")
-        if isinstance(name, str) and name.startswith(SFT_REF):
-            spec["model"]["name"] = str(
-                folder_of(name[len(SFT_REF) :]) / CHECKPOINTS_DIR / checkpoint_name(0) / "model"
-            )
-        return spec
-
-
-@dataclass(frozen=True)
-class Suite:
-    name: str
-    title: str
-    description: str
-    runs: tuple[Run, ...]
-    arms: tuple[str, ...] = ()
-    collapse_steps: int = 10  # "collapse": entropy below entropy_band.low for this many consecutive steps
-    warmup_steps: int = 10  # steps left out of "fraction in band" (the RL warm-up)
-    # A robustness suite: one spec over seeds and thread counts, each run with its own SFT, judged per run
-    # by the demo's acceptance (avg@k gain, gate on) instead of compared arm against arm.
-    robustness: bool = False
-    # A stability suite (the SmolLM2 suites): its section is experiments/stability_page.py's (time to
-    # collapse, holding, every method paired with grpo_ds, the drift analysis, what is still running).
-    stability: bool = False
 
 
 def demo_spec() -> dict[str, Any]:
     data = yaml.safe_load(DEMO_SPEC.read_text())
     assert isinstance(data, dict)
     return data
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def comparison_suite(
@@ -132,7 +63,7 @@ def comparison_suite(
         model = rl["model"]
         sft_suite = sft_from or name
         if sft_section and sft_from is None:
-            sft_spec = _merge(
+            sft_spec = merge(
                 rl,
                 {
                     "name": f"{name}-sft-seed{seed}",
@@ -150,40 +81,28 @@ def comparison_suite(
         for arm in arms:
             if seed >= (headline_seeds if arm in HEADLINE else seeds):
                 continue
-            spec = _merge(rl, {"name": f"{name}-{arm}-seed{seed}", "seed": seed, "model": model})
+            spec = merge(rl, {"name": f"{name}-{arm}-seed{seed}", "seed": seed, "model": model})
             # The suite's algorithm section holds the shared target (in STARE's gate section); the arm
             # adds its loss and parameters, and an arm whose controller has its own section gets the target
-            # there (`_own_target_section`).
-            spec["algorithm"] = _own_target_section(_merge(spec.get("algorithm", {}), ARMS[arm]))
+            # there (`own_target_section`).
+            spec["algorithm"] = own_target_section(merge(spec.get("algorithm", {}), ARMS[arm]))
             needs = (f"{sft_suite}/sft/seed{seed}",) if sft_section else ()
             runs.append(Run(name, f"{arm}/seed{seed}", spec, needs=needs, arm=arm, seed=seed))
     return Suite(name, title, description, tuple(runs), arms=arms, collapse_steps=collapse_steps)
-
-
-def _own_target_section(algorithm: dict[str, Any]) -> dict[str, Any]:
-    """The algorithm section with the shared gate's target moved to the arm's own controller section
-    (adaptive_entropy: algorithm.entropy_control), so every arm is compared at one target."""
-    info = algorithms.get(algorithm.get("name", "stare")).controller_info
-    if info is None or info.section == "gate":
-        return algorithm
-    rest = {k: v for k, v in algorithm.items() if k != "gate"}
-    target = (algorithm.get("gate") or {}).get("target_entropy")
-    own = {"target_entropy": target} if target is not None else {}
-    return {**rest, info.section: {**own, **rest.get(info.section, {})}}
 
 
 def _rl_base(overrides: dict[str, Any]) -> dict[str, Any]:
     """The demo's task, model, SFT and budget, with the algorithm section reduced to the shared gate."""
     base = demo_spec()
     base["algorithm"] = {"gate": base["algorithm"].get("gate", {})}
-    return _merge(base, overrides)
+    return merge(base, overrides)
 
 
 def demo_suite(seeds: tuple[int, ...], threads: tuple[int, ...]) -> Suite:
     runs = []
     for seed in seeds:
         for t in threads:
-            spec = _merge(demo_spec(), {"seed": seed})
+            spec = merge(demo_spec(), {"seed": seed})
             runs.append(Run("demo", f"seed{seed}-t{t}", spec, threads=t, seed=seed, arm="stare_o1"))
     return Suite(
         "demo",
@@ -201,7 +120,7 @@ def tool_use_suite(*, seeds: int, steps: int | None = None) -> Suite:
     base = yaml.safe_load(TOOL_USE_SPEC.read_text())
     base["algorithm"] = {"gate": base["algorithm"].get("gate", {})}
     if steps is not None:
-        base = _merge(base, {"optim": {"steps": steps}, "evaluation": {"interval": steps // 2}})
+        base = merge(base, {"optim": {"steps": steps}, "evaluation": {"interval": steps // 2}})
     return comparison_suite(
         "tool-use",
         "Multi-turn tool use: two-digit products with the calculator, tiny-arith",
@@ -219,9 +138,9 @@ def tool_use_seeds_suite(seeds: tuple[int, ...], threads: tuple[int, ...], steps
     runs = []
     for seed in seeds:
         for t in threads:
-            spec = _merge(yaml.safe_load(TOOL_USE_SPEC.read_text()), {"seed": seed})
+            spec = merge(yaml.safe_load(TOOL_USE_SPEC.read_text()), {"seed": seed})
             if steps is not None:
-                spec = _merge(spec, {"optim": {"steps": steps}, "evaluation": {"interval": steps // 2}})
+                spec = merge(spec, {"optim": {"steps": steps}, "evaluation": {"interval": steps // 2}})
             runs.append(Run("tool-use-seeds", f"seed{seed}-t{t}", spec, threads=t, seed=seed, arm="stare_o1"))
     return Suite(
         "tool-use-seeds",
@@ -365,14 +284,10 @@ def smollm2_suite() -> Suite:
 
 
 def _smollm2_add(index: int) -> Callable[[], Suite]:
-    from experiments.smollm2 import smollm2_suites
-
     return lambda: smollm2_suites()[index]
 
 
 def smollm2_add_names() -> list[str]:
-    from experiments.smollm2 import HEADLINE_LR, LRS, SUITE, lr_label
-
     return [f"{SUITE}-lr{lr_label(lr)}" for lr in sorted(LRS, key=lambda lr: lr != HEADLINE_LR)]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from experiments.suites import ARMS, HEADLINE, Run, Suite, merge, own_target_section
+
 SUITE = "smollm2-add"
 # The task chosen (docs/RESULTS.md "How the task was chosen"): a+b with a, b in min..max.
 SMOLLM2_TASK: dict[str, Any] = {"label": "add0-20", "min": 0, "max": 20}
@@ -83,11 +85,9 @@ def base_spec(lr: float, steps: int = STEPS) -> dict[str, Any]:
 
 
 def _arm_spec(base: dict[str, Any], arm: str, seed: int, name: str) -> dict[str, Any]:
-    from experiments.plan import ARMS, _merge, _own_target_section
-
-    spec = _merge(base, {"name": name, "seed": seed})
+    spec = merge(base, {"name": name, "seed": seed})
     arms = {**ARMS, **EXTRA_ARMS, **RECOMMENDED_ARMS}
-    spec["algorithm"] = _own_target_section(_merge(spec.get("algorithm", {}), arms[arm]))
+    spec["algorithm"] = own_target_section(merge(spec.get("algorithm", {}), arms[arm]))
     return spec
 
 
@@ -101,12 +101,10 @@ def smollm2_suites(
     seeds: int = SEEDS,
     steps: int = STEPS,
     methods: tuple[str, ...] = METHODS,
-) -> list[Any]:
+) -> list[Suite]:
     """One suite per learning rate (the headline rate first); within it the headline pair over every seed
     first, then STARE's recommended settings (RECOMMENDED_ARMS) over every seed, then the other methods seed
     by seed, so the most informative runs finish first. No SFT: every run starts from the pretrained weights."""
-    from experiments.plan import HEADLINE, Run, Suite
-
     ordered = sorted(lrs, key=lambda lr: lr != HEADLINE_LR)
     headline = [m for m in methods if m in HEADLINE]
     recommended = [a for a in RECOMMENDED_ARMS if methods == METHODS]
