@@ -37,3 +37,16 @@ def machine(*packages: str, torch_threads: int | None = None) -> dict[str, Any]:
         "cuda": torch.cuda.is_available(),
         **{pkg: md.version(pkg) for pkg in packages},
     }
+
+
+SMOKE_HELP = (
+    "a smoke run: the smallest sizes and one or two steps, seconds to a minute; it checks that the script "
+    "still runs against the code (tests/bench/test_bench_smoke.py runs it in `make test`), not a measurement"
+)
+
+
+def apply_smoke(args: Any, **values: Any) -> None:
+    """Under --smoke (args.smoke), set these attributes of the parsed arguments: the script's smoke sizes."""
+    if getattr(args, "smoke", False):
+        for name, value in values.items():
+            setattr(args, name, value)

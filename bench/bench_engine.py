@@ -212,7 +212,7 @@ class OurSide:
         self.engine = Engine(spec, scratch, progress=False)
         seed_everything(spec.seed)
         self.engine.setup()
-        model = self.engine.accelerator.unwrap_model(self.engine.model)
+        model = self.engine.runtime.unwrap_model(self.engine.model)
         model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, see the docstring
         model.train()
 
@@ -626,7 +626,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="tiny-arith,smollm2-135m-instruct",
         help="comma-separated models to include (tiny-arith, smollm2-135m-instruct)",
     )
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     return parser.parse_args(argv)
+
+
+def smoke_cases(trl_cases: list[Case], stare_cases: list[Case]) -> tuple[list[Case], list[Case]]:
+    """--smoke: tiny-arith only, one untimed and one timed step, our shipped side against TRL's."""
+    tiny = [replace(c, warmup=1, steps=1) for c in trl_cases if c.model == "tiny-arith"]
+    return [replace(c, variants=("ours", "trl")) for c in tiny], [
+        replace(c, warmup=1, steps=1) for c in stare_cases if c.model == "tiny-arith"
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -636,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     models = {m.strip() for m in args.models.split(",") if m.strip()}
     trl_cases, stare_cases = default_cases(args.quick)
+    if args.smoke:
+        trl_cases, stare_cases = smoke_cases(trl_cases, stare_cases)
     if args.steps is not None:
         trl_cases = [replace(c, steps=args.steps) for c in trl_cases]
         stare_cases = [replace(c, steps=args.steps) for c in stare_cases]
@@ -698,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": "engine",
                 "command": " ".join(sys.argv),
                 "quick": args.quick,
+                "smoke": args.smoke,
                 "machine": info,
                 "targets": {"speedup_vs_trl": TARGET_VS_TRL, "stare_overhead_max": STARE_OVERHEAD_TARGET},
                 "vs_trl": vs_trl,

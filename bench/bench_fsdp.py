@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -112,10 +111,11 @@ def launch(args: argparse.Namespace, strategy: str, folder: Path) -> list[dict[s
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     out = folder / f"{strategy}.json"
-    cmd = [
-        torchrun,
+    cmd = [  # torchrun, as this interpreter's module (a venv's bin/ need not be on PATH)
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         "--nnodes",
         "1",
         "--nproc-per-node",
@@ -178,7 +178,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--child", choices=STRATEGIES, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args()
+    _common.apply_smoke(args, rows=2, length=16, steps=1, warmup=0, rounds=1)
     if args.child:
         child(args)
         return

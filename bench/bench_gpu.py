@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _common  # noqa: F401  (puts the repository root on sys.path)
+import _common  # puts the repository root on sys.path
 import torch
 from bench_kernels import naive_token_stats
 from bench_stare_overhead import VARIANTS, Settings, make_batch
@@ -527,7 +527,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; CPU works)")
     parser.add_argument("--sections", default="matmul,kernels,stare_overhead,engine")
     parser.add_argument("--algorithms", default="grpo_ds:torch,grpo_ds:triton,stare:triton")
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args(argv)
+    # The Triton kernels need a GPU (CPU tests reach them through Triton's interpreter, not this bench): on a
+    # machine without one the smoke run's engine section runs STARE on the torch kernels.
+    _common.apply_smoke(
+        args,
+        quick=True,
+        algorithms=args.algorithms if torch.cuda.is_available() else "stare:torch",
+    )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = Timer(device)
     quick = args.quick

@@ -640,6 +640,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
     parser.add_argument(
+        "--smoke", action="store_true", help=_common.SMOKE_HELP + " (N 128, V 4096, float32 rows, no sweep)"
+    )
+    parser.add_argument(
         "--json", default=str(_common.ROOT / "bench" / "results" / "kernels.json"), help="output path"
     )
     parser.add_argument(
@@ -674,6 +677,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    _common.apply_smoke(
+        args,
+        quick=True,
+        no_sweep=True,
+        tokens=128,
+        vocab=4096,
+        repeats=1,
+        naive_repeats=1,
+        only_rows="float32",
+    )
     if args.worker is not None:
         worker_case = Case(**json.loads(args.worker))
         print(json.dumps(run_sweep_case(worker_case) if worker_case.sweep_chunks else run_case(worker_case)))

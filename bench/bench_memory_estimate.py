@@ -90,7 +90,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args()
+    _common.apply_smoke(args, model="tiny-arith", rows=1, length=16, steps=1, threads=1)
     if args.child:
         Path(args.child).write_text(json.dumps(child(args)))
         return 0

@@ -68,7 +68,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-arith")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the result here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a smoke run: one timing per engine (tests/bench runs it)"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     torch.manual_seed(0)
     import tempfile
 
@@ -77,18 +83,18 @@ def main() -> None:
         print(json.dumps({"hf": hf}), file=sys.stderr, flush=True)  # progress: a long run keeps it
         fast = measure(args.model, "vllm", args.repeats, vllm_out)
         print(json.dumps({"vllm": fast}), file=sys.stderr, flush=True)
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "shape": f"{PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} tokens",
-                "hf": hf,
-                "vllm": fast,
-                "rollout_tokens_per_s_ratio": fast["rollout_tokens_per_s"] / hf["rollout_tokens_per_s"],
-                "step_time_ratio": fast["step_s"] / hf["step_s"],
-            }
-        )
-    )
+    result = {
+        "model": args.model,
+        "shape": f"{PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} tokens",
+        "hf": hf,
+        "vllm": fast,
+        "rollout_tokens_per_s_ratio": fast["rollout_tokens_per_s"] / hf["rollout_tokens_per_s"],
+        "step_time_ratio": fast["step_s"] / hf["step_s"],
+    }
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common  # noqa: F401  (puts the repository root on sys.path)
+import _common  # puts the repository root on sys.path
 import torch
 from bench_engine import default_cases, train_spec
 
@@ -44,7 +44,7 @@ def engine_for(algorithm: str, micro_batch: int | None) -> Any:
     engine = Engine(spec, tempfile.mkdtemp(prefix="bench-sample-stats-"), progress=False)
     seed_everything(spec.seed)
     engine.setup()
-    model = engine.accelerator.unwrap_model(engine.model)
+    model = engine.runtime.unwrap_model(engine.model)
     model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, as in bench_engine
     model.train()
     assert engine.record_sample_stats, "this configuration does not record sampling statistics"
@@ -89,7 +89,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args()
+    _common.apply_smoke(args, rounds=2, warmup=0)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     results = [

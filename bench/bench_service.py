@@ -69,6 +69,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+# As a package module: uvicorn imports this file as bench.bench_service (cwd = the repository root).
+from bench import _common  # noqa: E402
+
 SPEC = {
     "name": "bench",
     "model": {"name": "tiny-arith"},
@@ -689,7 +692,19 @@ def main() -> None:
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args()
+    _common.apply_smoke(
+        args,
+        rounds=1,
+        concurrency=4,
+        duration=0.5,
+        max_requests=200,
+        rates=[50.0],
+        open_duration=0.5,
+        common_rate=50.0,
+        grace=0.5,
+    )
     if args.command == "load":
         load_main(args)
     else:

@@ -235,6 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=151936, help="vocabulary of the kernel reference")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP + " (--quick, one call)")
     parser.add_argument(
         "--json", default=str(_common.ROOT / "bench" / "results" / "stare_overhead.json"), help="output path"
     )
@@ -243,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    _common.apply_smoke(args, quick=True, repeats=1, warmup=0)
     if args.threads:
         torch.set_num_threads(args.threads)
     quick = args.quick

@@ -117,7 +117,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "streaming.json"))
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args()
+    _common.apply_smoke(args, rounds=1, steps=WARMUP_STEPS + 2)
 
     name = f"stare_bench_stream_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(host="127.0.0.1", dbname="postgres", autocommit=True) as conn:
