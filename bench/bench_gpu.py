@@ -527,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; CPU works)")
     parser.add_argument("--sections", default="matmul,kernels,stare_overhead,engine")
     parser.add_argument("--algorithms", default="grpo_ds:torch,grpo_ds:triton,stare:triton")
+    parser.add_argument("--matmul-size", type=int, default=None, help="square matmul side (8192; quick 1024)")
     parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args(argv)
     # The Triton kernels need a GPU (CPU tests reach them through Triton's interpreter, not this bench): on a
@@ -534,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     _common.apply_smoke(
         args,
         quick=True,
+        matmul_size=256,  # bfloat16 matmuls without AVX-512 BF16 on the CPU: 1024 takes a minute
         algorithms=args.algorithms if torch.cuda.is_available() else "stare:torch",
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -549,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     save()
     sections = args.sections.split(",")
     plan: dict[str, Callable[[], dict[str, Any]]] = {
-        "matmul": lambda: section_matmul(device, timer, 1024 if quick else 8192),
+        "matmul": lambda: section_matmul(device, timer, args.matmul_size or (1024 if quick else 8192)),
         "kernels": lambda: section_kernels(
             device,
             timer,
