@@ -210,11 +210,33 @@ def test_reasoning_gym_extraction_modes():
 
 
 def test_reasoning_gym_meta_from_a_jsonl_line_scores_too():
-    # A file can carry the entry itself (e.g. exported from reasoning-gym) under meta.reasoning_gym.
-    generated = make_examples("reasoning_gym", name="countdown", size=1, seed=5)[0]
+    # A file carries what rebuilds the entry ({task, config, seed, size, index}) under meta.reasoning_gym.
+    generated = make_examples("reasoning_gym", name="basic_arithmetic", size=3, seed=5)[2]
     meta = json.loads(json.dumps(generated.meta))
+    assert meta["reasoning_gym"] == {
+        "task": "basic_arithmetic",
+        "config": {},
+        "seed": 5,
+        "size": 3,
+        "index": 2,
+    }
     from_file = Example(generated.prompt, generated.answer, meta)
     assert score("reasoning_gym", generated.answer, from_file) == 1.0
+
+
+def test_reasoning_gym_refuses_an_entry_in_meta():
+    # N5: the entry was taken from the file and bitwise_arithmetic eval()'d its metadata.problem.
+    generated = make_examples("reasoning_gym", name="bitwise_arithmetic", size=1, seed=0)[0]
+    meta = {**generated.meta["reasoning_gym"], "entry": {"answer": "7", "metadata": {"problem": "7"}}}
+    with pytest.raises(VerifierError, match=r"meta\.reasoning_gym\.entry is not accepted"):
+        score("reasoning_gym", "7", Example("q", "7", {"reasoning_gym": meta}))
+
+
+def test_reasoning_gym_refuses_scorers_that_evaluate_the_answer():
+    # Generating countdown is fine; its scorer parse_expr()s the completion, so scoring it is refused.
+    generated = make_examples("reasoning_gym", name="countdown", size=1, seed=5)[0]
+    with pytest.raises(VerifierError, match="reasoning-gym task 'countdown' cannot be scored here"):
+        score("reasoning_gym", generated.answer, generated)
 
 
 # --- shared behaviour -------------------------------------------------------------------------------------
