@@ -132,17 +132,28 @@ def parse_number(text: str) -> float | None:
     match = _NUMBER_OR_FRACTION_RE.fullmatch(text)
     if match is None:
         return None
-    numerator, denominator = (
-        _to_fraction(match.group(1)),
-        _to_fraction(match.group(2)) if match.group(2) else Fraction(1),
-    )
-    if denominator == 0:
+    try:  # a 5000-digit number passes the pattern but not int() (4300 digits), a huge ratio not float()
+        numerator, denominator = (
+            _to_fraction(match.group(1)),
+            _to_fraction(match.group(2)) if match.group(2) else Fraction(1),
+        )
+        if denominator == 0:
+            return None
+        return float(numerator / denominator)
+    except (ValueError, OverflowError):
         return None
-    return float(numerator / denominator)
+
+
+_MAX_DECIMAL_EXPONENT = 400  # past float's range either way; Fraction("1e999999999") builds 10**999999999
+_EXPONENT_RE = re.compile(r"[eE]([-+]?\d+)$")
 
 
 def _to_fraction(text: str) -> Fraction:
-    return Fraction(text.replace(",", "").replace("−", "-"))
+    text = text.replace(",", "").replace("−", "-")
+    exponent = _EXPONENT_RE.search(text)
+    if exponent is not None and abs(int(exponent.group(1))) > _MAX_DECIMAL_EXPONENT:
+        raise OverflowError(f"exponent of {text[:20]!r} is out of range")
+    return Fraction(text)
 
 
 def extract_answer(completion: str, mode: str) -> str | None:
@@ -312,7 +323,10 @@ def _reasoning_gym(completion: str, example: Example, *, extract: str) -> float:
         predicted = extract_answer(completion, extract)
     if predicted is None:
         return 0.0
-    return float(dataset.score_answer(predicted.strip(), entry))
+    try:
+        return float(dataset.score_answer(predicted.strip(), entry))
+    except Exception:  # the task's scorer failing on a completion (deep nesting: RecursionError) scores 0
+        return 0.0
 
 
 _SCORERS: dict[str, Callable[..., float]] = {

@@ -17,6 +17,7 @@ from trainer.verifiers import (
     VerifierError,
     extract_answer,
     get_verifier,
+    parse_number,
     score,
     shape_reward,
     validate_params,
@@ -269,3 +270,21 @@ def test_shape_reward():
         shape_reward(1.0, "sigmoid")
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         shape_reward(1.5, "binary")
+
+
+def test_numbers_past_the_range_of_a_float_score_zero_quickly():
+    # Found by the hostile-completion suite: Fraction("1e999999999") built 10**999999999 (minutes), and a
+    # 5000-digit number raised past int()'s 4300-digit limit, which crashed the training step.
+    start = time.perf_counter()
+    assert parse_number("1e999999999") is None and parse_number("1e" + "0" * 30 + "99999999") is None
+    assert score("numeric", "9" * 5000, Example("q", "9")) == 0.0
+    assert score("numeric", "\\boxed{1e999999999}", Example("q", "9")) == 0.0
+    assert parse_number("2.5e3") == 2500.0
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_reasoning_gym_scorer_failing_on_a_completion_scores_zero():
+    # propositional_logic's own parser recursed past Python's limit on deep parentheses; that crashed the
+    # training step instead of scoring the completion 0.
+    example = make_examples("reasoning_gym", name="propositional_logic", size=1, seed=0)[0]
+    assert score("reasoning_gym", "(" * 3000 + "P" + ")" * 3000, example) == 0.0
