@@ -38,7 +38,8 @@ UPLOAD_BODY = {
                     "file": {
                         "type": "string",
                         "format": "binary",
-                        "description": 'JSONL: one {"prompt": str, "answer": str, "meta"?: object} per line.',
+                        "description": 'JSONL: one {"prompt": str, "answer": str, "meta"?: object} per line; '
+                        'a reasoning-gym meta is {"reasoning_gym": {task, config, seed, size, index}}.',
                     },
                     "purpose": {"type": "string", "enum": list(FILE_PURPOSES), "default": "rl_train"},
                 },
