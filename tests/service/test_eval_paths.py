@@ -116,6 +116,37 @@ def test_n5_an_uploaded_line_carrying_an_entry_is_refused_naming_the_field(
     assert not marker.exists()
 
 
+def test_an_uploaded_config_that_does_not_generate_is_a_line_error(
+    make_client: Callable[..., TestClient], tenant: TenantKey
+) -> None:
+    # The trainer rebuilds every entry from the line's task and config: a config that raises or exhausts
+    # memory is refused at upload (generated once per distinct config, in the API's child processes).
+    client = make_client(task_check_seconds=BUDGET_S, task_check_memory_mb=512)
+
+    def line(task: str, config: dict[str, Any]) -> dict[str, Any]:
+        meta = {"task": task, "config": config, "seed": 0, "size": 1, "index": 0}
+        return {"prompt": "p", "answer": "a", "meta": {"reasoning_gym": meta}}
+
+    lines = [
+        line("chain_sum", {}),
+        line("word_ladder", {"min_chain_length": 200, "max_chain_length": 200}),  # IndexError
+        line("count_primes", {"max_n": 10_000_000_000}),  # MemoryError
+        line("no_such_task", {}),
+        line("chain_sum", {}),
+    ]
+    content = "\n".join(json.dumps(item) for item in lines).encode()
+    response = upload(client, tenant.headers, content)
+    assert response.status_code == 422, response.text
+    errors = {(e["line"], e["code"], e["param"]) for e in response.json()["error"]["details"]}
+    assert errors == {
+        (2, "invalid_meta", "meta.reasoning_gym.config"),
+        (3, "invalid_meta", "meta.reasoning_gym.config"),
+        (4, "invalid_meta", "meta.reasoning_gym.task"),
+    }
+    good = "\n".join(json.dumps(item) for item in (lines[0], lines[4])).encode()
+    assert upload(client, tenant.headers, good).status_code == 201
+
+
 # --- N6 and N7 --------------------------------------------------------------------------------------------
 
 
