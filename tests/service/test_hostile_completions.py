@@ -50,6 +50,8 @@ def test_no_hostile_completion_runs_code_in_the_dry_run(
     client = make_client(task_check_seconds=BUDGET_S)
     name, example, params = CASES[case]
     marker = tmp_path / "ran"
+    warm = {"verifier": {"name": name, "params": params}, "completion": "1", "example": example}
+    assert client.post("/v1/verifiers/test", json=warm, headers=tenant.headers).status_code == 200  # spawned
     problems = []
     for label, completion in hostile_completions(str(marker)).items():
         body = {"verifier": {"name": name, "params": params}, "completion": completion, "example": example}
