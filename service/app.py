@@ -221,6 +221,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # requests. Unfrozen at shutdown, so a test process that builds many apps can collect the old ones.
         gc.collect()
         gc.freeze()
+        if settings.task_check_prewarm:
+            services.offload.prewarm()
         try:
             yield
         finally:

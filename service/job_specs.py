@@ -2,7 +2,8 @@
 
 The spec is validated by the model the trainer runs it with (contract.spec.TrainSpec), then checked against
 what this server offers: the model must be in the catalogue (a user cannot point the worker at a path or a
-hub id), the verifier and its params must exist, the task must exist and generate with its params, and a
+hub id), the verifier and its params must exist, the task must exist, its scorer must evaluate no answer
+(trainer/rg_safety.py) and it must generate with its params (`check_generation`, in a child process), and a
 JSONL task must come from an uploaded file (`training_file`): `task.path` is set by the service, never by
 the user, and is a key relative to the artifact root.
 """
@@ -21,8 +22,9 @@ from contract import verifiers
 from contract.catalog import BUILTIN_MODELS
 from contract.spec import TrainSpec
 from service.errors import Unprocessable
+from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool
 from store.models import File
-from trainer import tasks
+from trainer import rg_safety, tasks
 
 
 def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
@@ -132,7 +134,7 @@ def _precheck_verifier(verifier: Any) -> None:
 
 
 def _check_task(spec: TrainSpec) -> None:
-    """The task exists and its params generate examples (so a bad task is a 422 now, not a failed job)."""
+    """The task exists and its scorer evaluates no answer (generating it is `check_generation`)."""
     task = spec.task
     try:
         tasks.validate_template(task.prompt_template)
@@ -151,10 +153,29 @@ def _check_task(spec: TrainSpec) -> None:
             ) from None
         except ValueError as err:
             raise Unprocessable(str(err), param="spec.task.name", code="unknown_task") from None
+        refused = rg_safety.refusal(task.name or "")
+        if refused is not None and spec.verifier.name == "reasoning_gym":
+            raise Unprocessable(refused, param="spec.task.name", code="unsafe_task")
+
+
+async def check_generation(spec: TrainSpec, pool: ChildPool) -> None:
+    """The task's params generate an example (so a bad task is a 422 now, not a failed job), in a child
+    process within its budget (service/offload.py): any exception, a budget overrun or a crash of the
+    generator is a 422 naming spec.task.params."""
+    task = spec.task
+    if task.source == "jsonl":
+        return
+    args = (task.source, task.name, spec.seed, dict(task.params))
     try:
-        tasks.make_examples(task.source, name=task.name, size=1, seed=spec.seed, params=dict(task.params))
-    except (ValueError, TypeError) as err:
+        await pool.run("generate", *args, phase="spec.task.params")
+    except CallError as err:
         raise Unprocessable(str(err), param="spec.task.params", code="invalid_spec") from None
+    except BudgetExceeded as err:
+        message = f"generating task {task.name or task.source!r} with these params: {err}"
+        raise Unprocessable(message, param="spec.task.params", code="budget_exceeded") from None
+    except ChildFailed as err:
+        message = f"generating task {task.name or task.source!r} with these params failed: {err}"
+        raise Unprocessable(message, param="spec.task.params", code="invalid_spec") from None
 
 
 def spec_error(err: ValidationError, *, prefix: str) -> Unprocessable:

@@ -188,7 +188,9 @@ class ExampleIn(_Request):
     prompt: Annotated[str, StringConstraints(max_length=100_000)] = ""
     answer: Annotated[str, StringConstraints(max_length=100_000)]
     meta: dict[str, Any] = Field(
-        default_factory=dict, description="What the verifier needs beyond the answer."
+        default_factory=dict,
+        description='What the verifier needs beyond the answer. reasoning_gym: {"reasoning_gym": {task, '
+        "config, seed, size, index}} (the entry is rebuilt by the server; an `entry` is refused).",
     )
 
 

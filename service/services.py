@@ -1,4 +1,5 @@
-"""What one API process holds: settings, database, artifact storage, job queue, rate limiter, telemetry.
+"""What one API process holds: settings, database, artifact storage, job queue, rate limiter, telemetry, and
+the child processes that generate tasks and dry-run verifiers (service/offload.py).
 
 Built by create_app from a Settings object (nothing is built at import time) and closed on shutdown.
 """
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from service.fleet import Fleet
 from service.job_specs import model_catalogue
+from service.offload import ChildPool
 from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
 from service.ratelimit import RateLimiter, RedisTokenBucketLimiter, TokenBucketLimiter
@@ -29,6 +31,7 @@ class Services:
     telemetry: Telemetry
     models: dict[str, tuple[str, bool]]
     fleet: Fleet  # the worker classes placement chooses from (service/fleet.py)
+    offload: ChildPool  # task generation and verifier dry runs, off the event loop and out of this process
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -53,6 +56,11 @@ class Services:
             telemetry=Telemetry(db),
             models=model_catalogue(settings.extra_models),
             fleet=Fleet(settings, db),
+            offload=ChildPool(
+                workers=settings.task_check_processes,
+                seconds=settings.task_check_seconds,
+                memory_mb=settings.task_check_memory_mb,
+            ),
         )
 
     def enqueue(self, job_id: str, queue: str) -> bool:
@@ -75,6 +83,7 @@ class Services:
         await self.db.aclose()
 
     def close(self) -> None:
+        self.offload.close()
         self.queue.close()
         self.db.dispose()
 

@@ -69,6 +69,14 @@ class Settings(SharedSettings):
     tool_max_output_bytes: Annotated[int, Field(ge=16, le=16 * MIB)] = 64 * 1024
     tool_max_turns: Annotated[int, Field(ge=1, le=32)] = 8
 
+    # Task generation and verifier dry runs (service/offload.py) run in child processes, at most
+    # task_check_processes at once, each call within a wall clock and an address-space limit; past either
+    # is a 422 naming the field. Prewarm starts the children with the app (tests turn it off).
+    task_check_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
+    task_check_memory_mb: Annotated[int, Field(ge=256, le=65_536)] = 1024
+    task_check_processes: Annotated[int, Field(ge=1, le=64)] = 2
+    task_check_prewarm: bool = True
+
     def tool_limits(self) -> dict[str, float]:
         """environment field (dotted after spec.environment) -> the most this deployment allows."""
         return {

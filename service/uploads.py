@@ -3,29 +3,39 @@
 The body is parsed as it arrives (python-multipart's push parser), so an oversize upload is cut off at the
 limit with 413 and never held in memory or written past the limit. The staged file is then checked with
 trainer.tasks.validate_jsonl_lines (the same check the trainer runs when it loads the file), reading one
-line at a time with a cap on line length. Nothing is stored unless every check passes: the staged file is
-removed on any rejection, and the route inserts the row only after the file was moved into place.
+line at a time with a cap on line length. A reasoning-gym meta names a task and config the trainer will
+generate from: each distinct (task, config) is generated once, in the API's child processes within their
+budget (`check_reasoning_gym_configs`), so a config that fails or never ends is a line error now, not a hung
+job. Nothing is stored unless every check passes: the staged file is removed on any rejection, and the
+route inserts the row only after the file was moved into place.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import anyio.to_thread
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from contract import safejson
 from service.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool
 from store.models import FILE_PURPOSES
+from trainer import tasks
 from trainer.tasks import LineError, validate_jsonl_lines
 
 MAX_FIELD_BYTES = 1024
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # headers and boundaries around the file part
 ERRORS_IN_MESSAGE = 5
+MAX_REASONING_GYM_CONFIGS = 16  # distinct (task, config) pairs one file may name
+_CONFIG_FIELD = "meta.reasoning_gym.config"
 _UNSAFE_FILENAME = re.compile(r"[\x00-\x1f\x7f/\\]")
 
 
@@ -243,3 +253,55 @@ def invalid_file(errors: list[LineError]) -> Unprocessable:
         code="invalid_file",
         details=[{"line": e.line, "code": e.code, "message": e.message, "param": e.field} for e in errors],
     )
+
+
+def reasoning_gym_configs(
+    path: Path, *, max_line_bytes: int
+) -> tuple[list[tuple[int, str, Any]], list[LineError]]:
+    """(first line, task, config) of each distinct reasoning-gym (task, config) in a valid staged file, and
+    line errors for unknown task names."""
+    found: dict[tuple[str, str], tuple[int, str, Any]] = {}
+    errors = []
+    with path.open("rb") as fh:
+        for number, raw in enumerate(_capped_lines(fh, max_line_bytes, []), start=1):
+            if tasks.REASONING_GYM_META_KEY.encode() not in raw:
+                continue
+            record = safejson.loads(raw.decode("utf-8").removeprefix("\ufeff"))
+            meta = record.get("meta", {}).get(tasks.REASONING_GYM_META_KEY)
+            if meta is None:
+                continue
+            config = meta.get("config") or {}
+            key = (meta["task"], json.dumps(config, sort_keys=True))
+            if key in found:
+                continue
+            try:
+                tasks.check_reasoning_gym_task(meta["task"])
+            except ValueError as err:
+                errors.append(LineError(number, "invalid_meta", str(err), "meta.reasoning_gym.task"))
+                continue
+            found[key] = (number, meta["task"], config)
+    return list(found.values()), errors
+
+
+async def check_reasoning_gym_configs(path: Path, pool: ChildPool, *, max_line_bytes: int) -> list[LineError]:
+    """Line errors for the reasoning-gym configs of a valid staged file that do not generate within the
+    budget (service/offload.py); [] when all do or the file names none."""
+    configs, errors = await anyio.to_thread.run_sync(
+        lambda: reasoning_gym_configs(path, max_line_bytes=max_line_bytes)
+    )
+    if len(configs) > MAX_REASONING_GYM_CONFIGS:
+        number = configs[MAX_REASONING_GYM_CONFIGS][0]
+        message = (
+            f"more than {MAX_REASONING_GYM_CONFIGS} distinct reasoning-gym (task, config) pairs in one file"
+        )
+        return [*errors, LineError(number, "too_many_configs", message, _CONFIG_FIELD)]
+    for number, task, config in configs:
+        try:
+            await pool.run("generate", "reasoning_gym", task, 0, config, phase=_CONFIG_FIELD)
+        except BudgetExceeded as err:
+            errors.append(
+                LineError(number, "budget_exceeded", f"task {task!r} with this config: {err}", _CONFIG_FIELD)
+            )
+        except (CallError, ChildFailed) as err:
+            errors.append(LineError(number, "invalid_meta", str(err), _CONFIG_FIELD))
+    return sorted(errors, key=lambda error: error.line)

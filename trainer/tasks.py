@@ -3,8 +3,9 @@
 Three sources, one `Example` type:
 
 - "arithmetic": our own generator of "12+34=" → "46" prompts (operations, operand range, seed).
-- "reasoning_gym": any reasoning-gym procedural task by name; the generated entry rides along in
-  `Example.meta["reasoning_gym"]` so the "reasoning_gym" verifier can score with the task's own score_answer.
+- "reasoning_gym": any reasoning-gym procedural task by name; `Example.meta["reasoning_gym"]` carries what
+  rebuilds its entry ({task, config, seed, size, index}, trainer/rg_safety.py), never the entry itself, so
+  the "reasoning_gym" verifier can score with the task's own score_answer on an entry no tenant wrote.
 - "jsonl": a file of {"prompt", "answer"[, "meta"]} objects, one per line, checked line by line first.
 
 This module imports neither torch nor transformers (the service validates uploads and specs with it), and it
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import safejson
+from trainer import rg_safety
 
 __all__ = [
     "ARITHMETIC_OPERATIONS",
@@ -50,7 +52,7 @@ __all__ = [
 
 TASK_SOURCES = ("arithmetic", "reasoning_gym", "jsonl")
 DEFAULT_TEMPLATE = "{prompt}"
-REASONING_GYM_META_KEY = "reasoning_gym"
+REASONING_GYM_META_KEY = rg_safety.META_KEY
 
 
 @dataclass(frozen=True)
@@ -153,20 +155,21 @@ def generate_reasoning_gym(
     reserved = sorted({"size", "seed"} & set(config))
     if reserved:
         raise ValueError(f"reasoning-gym params may not set {reserved}; use the task's size and seed")
-    try:
-        dataset = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
-    except (TypeError, AssertionError, ValueError) as exc:
-        raise ValueError(f"bad params for reasoning-gym task {name!r}: {exc}") from exc
     examples = []
-    for entry in dataset:
-        answer = entry.get("answer")
-        examples.append(
-            Example(
-                prompt=str(entry["question"]),
-                answer="" if answer is None else str(answer),
-                meta={REASONING_GYM_META_KEY: {"task": name, "config": config, "entry": entry}},
+    try:  # reasoning-gym raises all kinds on bad params (AttributeError, IndexError, MemoryError, ...)
+        dataset = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
+        for index, entry in enumerate(dataset):
+            answer = entry.get("answer")
+            meta = {"task": name, "config": config, "seed": seed, "size": size, "index": index}
+            examples.append(
+                Example(
+                    prompt=str(entry["question"]),
+                    answer="" if answer is None else str(answer),
+                    meta={REASONING_GYM_META_KEY: meta},
+                )
             )
-        )
+    except Exception as exc:
+        raise ValueError(f"bad params for reasoning-gym task {name!r}: {type(exc).__name__}: {exc}") from exc
     return examples
 
 
@@ -179,7 +182,8 @@ class LineError:
 
     line: int
     # not_utf8 | invalid_json | not_object | missing_field | wrong_type | empty_field | empty_file, or one of
-    # contract.safejson's: nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep
+    # contract.safejson's: nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep,
+    # or of a reasoning-gym meta (rg_safety.MetaError): invalid_meta | forbidden_field | unsafe_task
     code: str
     message: str
     field: str | None = None
@@ -237,6 +241,11 @@ def _parse_line(number: int, raw: bytes) -> tuple[dict[str, Any] | None, list[Li
     if "meta" in record and not isinstance(record["meta"], dict):
         kind = type(record["meta"]).__name__
         errors.append(LineError(number, "wrong_type", f"field 'meta' must be an object, got {kind}", "meta"))
+    elif REASONING_GYM_META_KEY in record.get("meta", {}):
+        try:  # a reasoning-gym entry is rebuilt by our generator, never read from the file
+            rg_safety.check_meta(record["meta"][REASONING_GYM_META_KEY])
+        except rg_safety.MetaError as exc:
+            errors.append(LineError(number, exc.code, str(exc), exc.field))
     return (None, errors) if errors else (record, [])
 
 

@@ -7,7 +7,9 @@ the training loop call.
 - exact: the extracted answer equals the reference after stripping whitespace (case-insensitive by default).
 - numeric: the \\boxed{} content, else the last number, equals the reference within rel_tol / abs_tol.
 - math_verify: HF Math-Verify equivalence (sympy) of the \\boxed{} content, else the last number.
-- reasoning_gym: the task's own score_answer on the entry kept in Example.meta["reasoning_gym"].
+- reasoning_gym: the task's own score_answer on the entry our generator rebuilds from
+  Example.meta["reasoning_gym"] = {task, config, seed, size, index} (trainer/rg_safety.py); a meta holding an
+  entry, and the tasks whose scorers evaluate the answer as code (rg_safety.REFUSED_SCORERS), are refused.
 
 A completion is first cut at the first end-of-text marker (`STOP_MARKERS`) in case it was decoded with
 special tokens. A verifier raises VerifierError (a ValueError) when the *example* cannot be scored (a reference
@@ -30,7 +32,6 @@ This module imports neither torch nor transformers; math_verify and reasoning_gy
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import re
@@ -48,6 +49,7 @@ from contract.verifiers import (
     get_params,
     validate_params,
 )
+from trainer import rg_safety
 from trainer.tasks import REASONING_GYM_META_KEY, Example
 
 __all__ = [
@@ -130,17 +132,28 @@ def parse_number(text: str) -> float | None:
     match = _NUMBER_OR_FRACTION_RE.fullmatch(text)
     if match is None:
         return None
-    numerator, denominator = (
-        _to_fraction(match.group(1)),
-        _to_fraction(match.group(2)) if match.group(2) else Fraction(1),
-    )
-    if denominator == 0:
+    try:  # a 5000-digit number passes the pattern but not int() (4300 digits), a huge ratio not float()
+        numerator, denominator = (
+            _to_fraction(match.group(1)),
+            _to_fraction(match.group(2)) if match.group(2) else Fraction(1),
+        )
+        if denominator == 0:
+            return None
+        return float(numerator / denominator)
+    except (ValueError, OverflowError):
         return None
-    return float(numerator / denominator)
+
+
+_MAX_DECIMAL_EXPONENT = 400  # past float's range either way; Fraction("1e999999999") builds 10**999999999
+_EXPONENT_RE = re.compile(r"[eE]([-+]?\d+)$")
 
 
 def _to_fraction(text: str) -> Fraction:
-    return Fraction(text.replace(",", "").replace("−", "-"))
+    text = text.replace(",", "").replace("−", "-")
+    exponent = _EXPONENT_RE.search(text)
+    if exponent is not None and abs(int(exponent.group(1))) > _MAX_DECIMAL_EXPONENT:
+        raise OverflowError(f"exponent of {text[:20]!r} is out of range")
+    return Fraction(text)
 
 
 def extract_answer(completion: str, mode: str) -> str | None:
@@ -286,27 +299,19 @@ def _math_verify_score(completion: str, example: Example, *, max_chars: int) -> 
     return float(_math_verify().verify(gold, predicted, timeout_seconds=None))
 
 
-@functools.lru_cache(maxsize=32)
-def _reasoning_gym_dataset(task: str, config_json: str) -> Any:
-    import reasoning_gym
-
-    return reasoning_gym.create_dataset(task, **json.loads(config_json))
-
-
 def _reasoning_gym(completion: str, example: Example, *, extract: str) -> float:
     info = example.meta.get(REASONING_GYM_META_KEY)
-    if not isinstance(info, Mapping) or "task" not in info or not isinstance(info.get("entry"), Mapping):
+    if info is None:
         raise VerifierError(
-            "the reasoning_gym verifier needs example.meta['reasoning_gym'] = {'task': ..., 'entry': ...}, "
-            "which reasoning-gym task sources provide; this example has none (a JSONL file must carry it in "
-            "each line's 'meta')"
+            "the reasoning_gym verifier needs example.meta['reasoning_gym'] = {'task', 'config', 'seed', "
+            "'size', 'index'}, which reasoning-gym task sources provide; this example has none (a JSONL file "
+            "must carry it in each line's 'meta')"
         )
-    task, entry = str(info["task"]), dict(info["entry"])
-    try:
-        # The task's config can change how it scores, so rebuild the dataset with it (cached).
-        dataset = _reasoning_gym_dataset(task, json.dumps(info.get("config") or {}, sort_keys=True))
-    except (TypeError, AssertionError, ValueError) as exc:
-        raise VerifierError(f"cannot rebuild reasoning-gym task {task!r} for scoring: {exc}") from exc
+    try:  # never the tenant's entry, never a scorer that evaluates the answer
+        meta = rg_safety.check_meta(info)
+        dataset, entry = rg_safety.rebuild_entry(meta)
+    except ValueError as exc:
+        raise VerifierError(str(exc)) from exc
     if extract == "auto":
         text = strip_stop_markers(completion)
         predicted = extract_answer(text, "answer_tag")
@@ -318,7 +323,10 @@ def _reasoning_gym(completion: str, example: Example, *, extract: str) -> float:
         predicted = extract_answer(completion, extract)
     if predicted is None:
         return 0.0
-    return float(dataset.score_answer(predicted.strip(), entry))
+    try:
+        return float(dataset.score_answer(predicted.strip(), entry))
+    except Exception:  # the task's scorer failing on a completion (deep nesting: RecursionError) scores 0
+        return 0.0
 
 
 _SCORERS: dict[str, Callable[..., float]] = {

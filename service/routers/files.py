@@ -16,6 +16,7 @@ from service.services import Services
 from service.storage import attachment, stored_bytes
 from service.uploads import (
     check_declared_length,
+    check_reasoning_gym_configs,
     invalid_file,
     multipart_boundary,
     receive_upload,
@@ -38,7 +39,8 @@ UPLOAD_BODY = {
                     "file": {
                         "type": "string",
                         "format": "binary",
-                        "description": 'JSONL: one {"prompt": str, "answer": str, "meta"?: object} per line.',
+                        "description": 'JSONL: one {"prompt": str, "answer": str, "meta"?: object} per line; '
+                        'a reasoning-gym meta is {"reasoning_gym": {task, config, seed, size, index}}.',
                     },
                     "purpose": {"type": "string", "enum": list(FILE_PURPOSES), "default": "rl_train"},
                 },
@@ -78,6 +80,11 @@ async def upload_file(
             staged,
             max_line_bytes=settings.max_line_bytes,
             max_errors=settings.max_file_errors,
+        )
+        if problems:
+            raise invalid_file(problems)
+        problems = await check_reasoning_gym_configs(
+            staged, services.offload, max_line_bytes=settings.max_line_bytes
         )
         if problems:
             raise invalid_file(problems)

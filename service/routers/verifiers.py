@@ -1,14 +1,14 @@
-"""The fixed registry of answer verifiers, and a dry run of one on a sample."""
+"""The fixed registry of answer verifiers, and a dry run of one on a sample (in a child process)."""
 
 from __future__ import annotations
 
 import logging
-import time
 
 from fastapi import APIRouter
 
-from service.dependencies import CurrentTenant
+from service.dependencies import CurrentTenant, ServicesDep
 from service.errors import Unprocessable
+from service.offload import BudgetExceeded, CallError, ChildFailed
 from service.schemas import (
     AUTHENTICATED_ERRORS,
     VerifierList,
@@ -17,8 +17,8 @@ from service.schemas import (
     VerifierTestError,
     VerifierTestResult,
 )
-from trainer import verifiers
-from trainer.tasks import Example
+from trainer import rg_safety, verifiers
+from trainer.tasks import REASONING_GYM_META_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +37,12 @@ def list_verifiers(_: CurrentTenant) -> VerifierList:
 
 
 @router.post("/test", summary="Dry-run a verifier", response_model=VerifierTestResult)
-def test_verifier(body: VerifierTest, _: CurrentTenant) -> VerifierTestResult:
-    """Score one completion against one example, exactly as training would. An example the verifier cannot
-    score (e.g. a non-numeric reference for `numeric`) is reported in `error`, not as a reward of 0."""
+async def test_verifier(body: VerifierTest, _: CurrentTenant, services: ServicesDep) -> VerifierTestResult:
+    """Score one completion against one example, exactly as training would, in a child process within a
+    time and memory budget (422 `budget_exceeded` naming the field past it). An example the verifier cannot
+    score (e.g. a non-numeric reference for `numeric`) is reported in `error`, not as a reward of 0. A
+    reasoning-gym example carries `meta.reasoning_gym = {task, config, seed, size, index}`: the entry is
+    rebuilt by the server's generator, never taken from the request (422 naming `entry`)."""
     name = body.verifier.name
     if name not in verifiers.VERIFIERS:
         raise Unprocessable(
@@ -51,19 +54,32 @@ def test_verifier(body: VerifierTest, _: CurrentTenant) -> VerifierTestResult:
         params = verifiers.validate_params(name, body.verifier.params)
     except ValueError as err:
         raise Unprocessable(str(err), param="verifier.params") from None
-    example = Example(prompt=body.example.prompt, answer=body.example.answer, meta=dict(body.example.meta))
-    start = time.perf_counter()
-    score: float | None = None
-    error = None
+    meta = dict(body.example.meta)
+    if REASONING_GYM_META_KEY in meta:
+        try:
+            rg_safety.check_meta(meta[REASONING_GYM_META_KEY], where="example.meta.reasoning_gym")
+        except rg_safety.MetaError as err:
+            raise Unprocessable(str(err), param=err.field, code=err.code) from None
+    example = {"prompt": body.example.prompt, "answer": body.example.answer, "meta": meta}
     try:
-        score = verifiers.score(name, body.completion, example, params)
-    except ValueError as err:  # VerifierError: this example cannot be scored by this verifier
-        error = VerifierTestError(code="example_not_scorable", message=str(err))
-    except Exception as err:  # a verifier's own failure on odd input: report it, as training would log it
-        logger.warning("verifier %s raised on a dry run", name, exc_info=True)
-        error = VerifierTestError(code="verifier_error", message=f"{type(err).__name__}: {err}")
-    latency_ms = (time.perf_counter() - start) * 1000
+        outcome = await services.offload.run(
+            "score", name, body.completion, example, params, phase="completion"
+        )
+    except (BudgetExceeded, ChildFailed) as err:
+        raise Unprocessable(
+            f"{err.phase}: scoring stopped: {err}", param=err.phase, code="budget_exceeded"
+        ) from None
+    except CallError as err:  # the scoring harness itself failed, not the verifier (that is `error` below)
+        logger.warning("verifier %s failed in its child process: %s", name, err)
+        raise Unprocessable(f"{err.phase}: {err}", param=err.phase, code="verifier_error") from None
+    score = outcome["score"]
+    error = VerifierTestError(**outcome["error"]) if outcome["error"] else None
     reward = verifiers.shape_reward(score, body.reward_style) if score is not None else None
     return VerifierTestResult(
-        verifier=name, params=params, score=score, reward=reward, latency_ms=latency_ms, error=error
+        verifier=name,
+        params=params,
+        score=score,
+        reward=reward,
+        latency_ms=outcome["latency_ms"],
+        error=error,
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import verifiers
+from trainer import rg_safety, verifiers
 from trainer.tasks import (
     Example,
     JsonlFormatError,
@@ -102,7 +102,7 @@ def test_make_examples_rejects_bad_sources_and_sizes(tmp_path):
 # --- reasoning-gym ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", ["countdown", "chain_sum"])
+@pytest.mark.parametrize("task", ["basic_arithmetic", "chain_sum"])
 def test_reasoning_gym_tasks_build_and_their_answers_score_one(task):
     examples = make_examples("reasoning_gym", name=task, size=4, seed=1)
     assert len(examples) == 4
@@ -112,7 +112,8 @@ def test_reasoning_gym_tasks_build_and_their_answers_score_one(task):
     for example in examples:
         assert example.prompt and example.answer
         assert example.meta["reasoning_gym"]["task"] == task
-        assert example.meta["reasoning_gym"]["entry"]["answer"] == example.answer
+        assert "entry" not in example.meta["reasoning_gym"]  # rebuilt for scoring, never carried
+        assert rg_safety.rebuild_entry(example.meta["reasoning_gym"])[1]["answer"] == example.answer
         assert verifiers.score("reasoning_gym", example.answer, example) == 1.0
         assert verifiers.score("reasoning_gym", f"<answer>{example.answer}</answer>", example) == 1.0
         assert verifiers.score("reasoning_gym", "no idea", example) < 1.0
@@ -123,7 +124,7 @@ def test_reasoning_gym_params_reach_the_task_config():
         "reasoning_gym", name="chain_sum", size=6, seed=2, params={"min_terms": 5, "max_terms": 5}
     )
     for example in examples:
-        assert example.meta["reasoning_gym"]["entry"]["metadata"]["num_terms"] == 5
+        assert rg_safety.rebuild_entry(example.meta["reasoning_gym"])[1]["metadata"]["num_terms"] == 5
         assert verifiers.score("reasoning_gym", example.answer, example) == 1.0
 
 
@@ -321,3 +322,52 @@ def test_tasks_verifiers_and_catalog_import_no_torch():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+# --- reasoning-gym meta in a file -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("meta", "code", "field"),
+    [
+        (
+            {"task": "chain_sum", "seed": 0, "size": 1, "index": 0, "entry": {"answer": "1"}},
+            "forbidden_field",
+            "meta.reasoning_gym.entry",
+        ),
+        (
+            {"task": "spiral_matrix", "seed": 0, "size": 1, "index": 0},
+            "unsafe_task",
+            "meta.reasoning_gym.task",
+        ),
+        ({"task": "chain_sum", "seed": 0, "size": 2, "index": 2}, "invalid_meta", "meta.reasoning_gym.index"),
+        ({"task": "chain_sum", "seed": 0, "size": 1}, "invalid_meta", "meta.reasoning_gym.index"),
+        (
+            {"task": "chain_sum", "seed": 0, "size": 1, "index": 0, "x": 1},
+            "invalid_meta",
+            "meta.reasoning_gym.x",
+        ),
+        ("chain_sum", "invalid_meta", "meta.reasoning_gym"),
+    ],
+)
+def test_a_lines_reasoning_gym_meta_is_checked_naming_the_field(meta, code, field, tmp_path):
+    line = json.dumps({"prompt": "p", "answer": "a", "meta": {"reasoning_gym": meta}}).encode()
+    [error] = validate_jsonl_lines([line])
+    assert (error.line, error.code, error.field) == (1, code, field)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(line + b"\n")
+    with pytest.raises(JsonlFormatError, match=re.escape(field)):
+        load_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    ("params", "kind"),
+    [
+        ({"datasets": "x"}, "AttributeError"),  # composite
+        ({"min_chain_length": 200, "max_chain_length": 200}, "IndexError"),  # word_ladder
+    ],
+)
+def test_any_exception_from_reasoning_gym_generation_is_a_value_error(params, kind):
+    name = "composite" if "datasets" in params else "word_ladder"
+    with pytest.raises(ValueError, match=f"bad params for reasoning-gym task {name!r}: {kind}"):
+        make_examples("reasoning_gym", name=name, size=1, seed=0, params=params)

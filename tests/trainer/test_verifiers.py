@@ -17,6 +17,7 @@ from trainer.verifiers import (
     VerifierError,
     extract_answer,
     get_verifier,
+    parse_number,
     score,
     shape_reward,
     validate_params,
@@ -210,11 +211,33 @@ def test_reasoning_gym_extraction_modes():
 
 
 def test_reasoning_gym_meta_from_a_jsonl_line_scores_too():
-    # A file can carry the entry itself (e.g. exported from reasoning-gym) under meta.reasoning_gym.
-    generated = make_examples("reasoning_gym", name="countdown", size=1, seed=5)[0]
+    # A file carries what rebuilds the entry ({task, config, seed, size, index}) under meta.reasoning_gym.
+    generated = make_examples("reasoning_gym", name="basic_arithmetic", size=3, seed=5)[2]
     meta = json.loads(json.dumps(generated.meta))
+    assert meta["reasoning_gym"] == {
+        "task": "basic_arithmetic",
+        "config": {},
+        "seed": 5,
+        "size": 3,
+        "index": 2,
+    }
     from_file = Example(generated.prompt, generated.answer, meta)
     assert score("reasoning_gym", generated.answer, from_file) == 1.0
+
+
+def test_reasoning_gym_refuses_an_entry_in_meta():
+    # N5: the entry was taken from the file and bitwise_arithmetic eval()'d its metadata.problem.
+    generated = make_examples("reasoning_gym", name="bitwise_arithmetic", size=1, seed=0)[0]
+    meta = {**generated.meta["reasoning_gym"], "entry": {"answer": "7", "metadata": {"problem": "7"}}}
+    with pytest.raises(VerifierError, match=r"meta\.reasoning_gym\.entry is not accepted"):
+        score("reasoning_gym", "7", Example("q", "7", {"reasoning_gym": meta}))
+
+
+def test_reasoning_gym_refuses_scorers_that_evaluate_the_answer():
+    # Generating countdown is fine; its scorer parse_expr()s the completion, so scoring it is refused.
+    generated = make_examples("reasoning_gym", name="countdown", size=1, seed=5)[0]
+    with pytest.raises(VerifierError, match="reasoning-gym task 'countdown' cannot be scored here"):
+        score("reasoning_gym", generated.answer, generated)
 
 
 # --- shared behaviour -------------------------------------------------------------------------------------
@@ -247,3 +270,21 @@ def test_shape_reward():
         shape_reward(1.0, "sigmoid")
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         shape_reward(1.5, "binary")
+
+
+def test_numbers_past_the_range_of_a_float_score_zero_quickly():
+    # Found by the hostile-completion suite: Fraction("1e999999999") built 10**999999999 (minutes), and a
+    # 5000-digit number raised past int()'s 4300-digit limit, which crashed the training step.
+    start = time.perf_counter()
+    assert parse_number("1e999999999") is None and parse_number("1e" + "0" * 30 + "99999999") is None
+    assert score("numeric", "9" * 5000, Example("q", "9")) == 0.0
+    assert score("numeric", "\\boxed{1e999999999}", Example("q", "9")) == 0.0
+    assert parse_number("2.5e3") == 2500.0
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_reasoning_gym_scorer_failing_on_a_completion_scores_zero():
+    # propositional_logic's own parser recursed past Python's limit on deep parentheses; that crashed the
+    # training step instead of scoring the completion 0.
+    example = make_examples("reasoning_gym", name="propositional_logic", size=1, seed=0)[0]
+    assert score("reasoning_gym", "(" * 3000 + "P" + ")" * 3000, example) == 0.0

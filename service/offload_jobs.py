@@ -1,0 +1,59 @@
+"""What the API's child processes run (service/offload.py): task generation for job validation and the
+verifier's dry run. Each function takes `report(phase)` first, to name the request field it works on, so a
+budget overrun names the field; its arguments and result are plain data."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainer import rg_safety, tasks, verifiers
+
+Report = Callable[[str], None]
+
+
+def warm() -> None:
+    """Import what the calls need once, at the child's start."""
+    import math_verify  # noqa: F401
+    import reasoning_gym  # noqa: F401
+
+    verifiers.get_verifier("math_verify")
+
+
+def generate(report: Report, source: str, name: str | None, seed: int, params: dict[str, Any]) -> int:
+    """One example of the task, as the trainer will make them: how many came out (a check, not the data)."""
+    return len(tasks.make_examples(source, name=name, size=1, seed=seed, params=params))
+
+
+def score(
+    report: Report,
+    name: str,
+    completion: str,
+    example: dict[str, Any],
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """verifiers.score on one example: {score, error: None | {code, message}, latency_ms}."""
+    built = tasks.Example(prompt=example["prompt"], answer=example["answer"], meta=example["meta"])
+    rg_meta = built.meta.get(tasks.REASONING_GYM_META_KEY)
+    if name == "reasoning_gym" and rg_meta is not None:
+        report("example.meta.reasoning_gym.config")  # rebuilding the entry (cached for the scoring below)
+        with contextlib.suppress(ValueError):  # the scorer reports it as the example's error, as in training
+            rg_safety.rebuild_entry(rg_safety.check_meta(rg_meta))
+    report("completion")
+    start = time.perf_counter()
+    value: float | None = None
+    error = None
+    try:
+        value = verifiers.score(name, completion, built, params)
+    except ValueError as err:  # VerifierError: this example cannot be scored by this verifier
+        error = {"code": "example_not_scorable", "message": str(err)}
+    except MemoryError:
+        raise
+    except Exception as err:  # a verifier's own failure on odd input: reported, as training would log it
+        error = {"code": "verifier_error", "message": f"{type(err).__name__}: {err}"}
+    return {"score": value, "error": error, "latency_ms": (time.perf_counter() - start) * 1000}
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {"generate": generate, "score": score}
