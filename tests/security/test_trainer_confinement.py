@@ -9,9 +9,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -196,3 +198,51 @@ def test_a_worker_without_bwrap_refuses_to_run_jobs_unless_told(tmp_path: Path) 
     finally:
         worker.kill()
         worker.wait(timeout=30)
+
+
+@requires_binary("bwrap", "prlimit")
+def test_the_python_tools_sandbox_nests_in_the_trainer_of_a_worker_that_is_not_root() -> None:
+    """The tool's own bwrap (user, PID and mount namespaces, a fresh /proc, the seccomp filter) starts
+    inside a confined trainer when the worker is not root (as the images run it): run here as 65534 when
+    the test runs as root."""
+    from contract.spec import ToolLimitsSpec
+    from trainer.envs import sandbox
+    from trainer.envs.seccomp import filter_program
+
+    uid = 65534 if os.geteuid() == 0 else None
+    folder = Path(tempfile.mkdtemp(prefix="stare-nested-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        job = folder / "artifacts" / "t" / "job"
+        job.mkdir(parents=True)
+        cache = folder / "cache"
+        cache.mkdir()
+        if uid is not None:
+            for path in (job, cache):
+                os.chown(path, uid, uid)
+        limits = ToolLimitsSpec(cpu_seconds=2, wall_seconds=10, memory_mb=64, processes=4, output_bytes=4096)
+        runtime = sandbox.python_runtime("/usr/bin/python3")
+        seccomp_read, seccomp_write = os.pipe()
+        os.write(seccomp_write, filter_program())
+        os.close(seccomp_write)
+        info_read, info_write = os.pipe()
+        inner = sandbox.bwrap_command(runtime, limits, seccomp_read)
+        confinement = Confinement(artifact_root=folder / "artifacts", job_dir=job)
+        outer = confined_command(inner, confinement, {"STARE_MODEL_CACHE": str(cache)}, info_write)
+        done = subprocess.run(
+            outer,
+            input="import os\nprint(6 * 7, os.getpid(), sorted(os.listdir('/proc'))[:1])",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            pass_fds=(seccomp_read, info_write),
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        for fd in (seccomp_read, info_read, info_write):
+            os.close(fd)
+        assert done.returncode == 0 and done.stdout.startswith("42 1 "), done.stderr[-2000:]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
