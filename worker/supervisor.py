@@ -22,6 +22,12 @@ fails, so theirs are mostly its SIGTERM. torchrun waits `--shutdown-timeout` for
 SIGTERM of its own (the cooperative stop reaches it too) before it SIGKILLs them: the stop grace, so a
 checkpoint in progress is not cut short before the worker itself would give up on it.
 
+Confined (the worker's default, worker/isolation.py), the child is bubblewrap around that command: the
+trainer (or torchrun, or the Ray driver) is pid 1 of its own PID namespace and leads its own session. bwrap's
+--info-fd gives its pid, held as a pidfd: the cooperative SIGTERM goes to its process group (the trainer and
+torchrun's processes, not bwrap's monitor), SIGKILL to it (the kernel then ends every process of the job),
+and bwrap's 128 + n for a death by signal n comes back as -n, as for an unconfined child.
+
 The trainer's stderr comes through a pipe: a thread copies it to the attempt's log file (best effort: a
 full or read-only disk stops the copy, never the trainer) and keeps its last lines in memory, so a crash
 message can quote the trainer's last error lines even when the log file could not be written or read.
