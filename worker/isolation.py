@@ -11,16 +11,19 @@ tenants. docs/SECURITY.md ("The trainer's confinement") states the boundary; in 
 - the file system: the host's root read-only, with a fresh /dev (no host /dev/shm: a private one; the
   GPU device nodes bound in), and empty tmpfs over the artifact root, /tmp, /var/tmp, /run and the
   worker's home; then bound back: this job's run folder (read-write), its uploaded task file (read-only),
-  the model cache (read-write: the first load of a built-in model converts it there), and read-only what
-  the interpreter needs when it lives under a hidden place (the virtual environment's base interpreter, the
-  PYTHONPATH entries, the working directory). HOME is a private folder under the private /tmp;
+  the model cache (read-write: the first load of a built-in model converts it there), the Hugging Face
+  cache (read-only), and read-only what the interpreter needs when it lives under a hidden place (the
+  virtual environment's base interpreter, the PYTHONPATH entries, the working directory); the artifact
+  root's tmpfs last, so that no bind above brings it back. HOME is a private folder under the private /tmp;
 - the network: a one-node job (one process, or torchrun's processes on this node) gets its own network
   namespace with only loopback (torchrun's rendezvous and the collectives run over lo: GLOO_SOCKET_IFNAME
   and NCCL_SOCKET_IFNAME say so); a Ray driver keeps the host's network and Ray's temporary folder (its
   sockets): the cluster is on the network, and its processes run on the Ray nodes, outside this sandbox;
 - `--die-with-parent`, `--new-session` (the trainer leads its own process group: the supervisor's SIGTERM
-  reaches the trainer and torchrun's processes, never bwrap's monitor), `--cap-drop ALL` but SETUID and
-  SETGID when the worker is root (the python tool drops its sandboxes to an unprivileged user);
+  reaches the trainer and torchrun's processes, never bwrap's monitor), `--cap-drop ALL` (a root worker's
+  trainer is root without a capability; there the python tool's nested sandbox cannot start: bwrap covers
+  /proc/sys in the trainer's /proc and the kernel then refuses a nested /proc mount. A worker that is not
+  root, as in the images, runs both);
 - bwrap's --info-fd: the supervisor learns the init's pid and signals it directly.
 
 Without bwrap the worker refuses to run jobs (worker/__main__.py) unless the operator turns the
