@@ -17,8 +17,10 @@ tenants. docs/SECURITY.md ("The trainer's confinement") states the boundary; in 
   root's tmpfs last, so that no bind above brings it back. HOME is a private folder under the private /tmp;
 - the network: a one-node job (one process, or torchrun's processes on this node) gets its own network
   namespace with only loopback (torchrun's rendezvous and the collectives run over lo: GLOO_SOCKET_IFNAME
-  and NCCL_SOCKET_IFNAME say so); a Ray driver keeps the host's network and Ray's temporary folder (its
-  sockets): the cluster is on the network, and its processes run on the Ray nodes, outside this sandbox;
+  and NCCL_SOCKET_IFNAME say so); a Ray driver keeps the host's network, Ray's temporary folder (its
+  sockets) and the host's PID namespace (Ray tells a node's drivers apart by pid: two drivers in their own
+  namespaces would both be pid 1): the cluster is on the network, and its processes run on the Ray nodes,
+  outside this sandbox;
 - `--die-with-parent`, `--new-session` (the trainer leads its own process group: the supervisor's SIGTERM
   reaches the trainer and torchrun's processes, never bwrap's monitor), `--cap-drop ALL` (a root worker's
   trainer is root without a capability; there the python tool's nested sandbox cannot start: bwrap covers
@@ -69,6 +71,9 @@ class Confinement:
     job_dir: Path
     read_only: tuple[Path, ...] = ()  # the uploaded task file
     network: bool = False  # the host's network (a Ray driver); else loopback only
+    # Its own PID namespace and /proc. Not for a Ray driver: Ray tells the drivers of one node apart by pid,
+    # and two drivers in namespaces of their own are both pid 1 (the second never connects, measured).
+    own_pids: bool = True
 
 
 def bwrap_path() -> str | None:
@@ -105,10 +110,12 @@ def confined_command(
     bwrap = bwrap_path()
     if bwrap is None:
         raise OSError("bubblewrap (bwrap) is not installed: the trainer cannot be confined")
-    cmd = [bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    cmd = [bwrap, "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if confinement.own_pids:
+        cmd += ["--unshare-pid", "--as-pid-1"]
     if not confinement.network:
         cmd.append("--unshare-net")
-    cmd += ["--as-pid-1", "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
+    cmd += ["--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
     cmd += ["--cap-drop", "ALL"]  # (as root: bwrap would otherwise leave the child every capability)
     cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for device in sorted({path for pattern in DEVICE_GLOBS for path in glob.glob(pattern)}):

@@ -326,10 +326,9 @@ class TrainerProcess:
             return False
         with contextlib.suppress(ProcessLookupError, OSError):
             signal.pidfd_send_signal(self._init_fd, 0)  # alive still: the group's id is its pid
-            if sig == signal.SIGKILL:
+            if sig == signal.SIGKILL:  # the namespace's init: every process of it (and of its group)
                 signal.pidfd_send_signal(self._init_fd, sig)
-            else:
-                os.killpg(self._init_pid, sig)
+            os.killpg(self._init_pid, sig)
         return True
 
     def _read(self) -> None:

@@ -321,14 +321,18 @@ def job_confinement(
     claim: Claim, settings: WorkerSettings, storage: ArtifactStorage, out_dir: Path
 ) -> Confinement | None:
     """What the job's trainer may see (worker/isolation.py): its run folder and its uploaded task file; the
-    host's network only for a Ray driver. None when the operator turned the confinement off."""
+    host's network and PID namespace only for a Ray driver. None when the operator turned it off."""
     if not settings.trainer_isolation:
         return None
     task = claim.resolved_spec.get("task") or {}
     read_only = (storage.local_path(task["path"]),) if task.get("path") else ()
     ray = TrainSpec.model_validate(claim.resolved_spec).distributed.nodes > 1
     return Confinement(
-        artifact_root=Path(settings.artifact_root), job_dir=out_dir, read_only=read_only, network=ray
+        artifact_root=Path(settings.artifact_root),
+        job_dir=out_dir,
+        read_only=read_only,
+        network=ray,
+        own_pids=not ray,
     )
 
 

@@ -173,3 +173,12 @@ def test_the_api_and_the_workers_run_as_a_user_that_is_not_root() -> None:
             assert set(service.get("security_opt", [])) == bwrap, name
         else:
             assert not service.get("security_opt"), name
+
+
+def test_rays_processes_start_without_the_services_secrets() -> None:
+    """The Ray head's processes (multi-node jobs' training processes, outside the trainer's confinement)
+    inherit `ray start`'s environment: it starts without the database and broker URLs."""
+    command = _compose()["services"]["worker-ray"]["command"][-1]
+    ray_start = command.split("&&")[0]
+    assert "ray start" in ray_start
+    assert "-u STARE_DATABASE_URL" in ray_start and "-u STARE_BROKER_URL" in ray_start

@@ -7,6 +7,7 @@ operator turned the confinement off."""
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import shutil
@@ -156,12 +157,18 @@ def test_the_child_sees_only_its_own_run_folder_and_no_other_process(
     assert seen[f"/proc/{0}/environ"] == "No such file or directory"
 
 
-def test_the_network_is_loopback_only_but_for_a_ray_driver(tmp_path: Path) -> None:
+def test_the_network_and_pids_are_the_jobs_own_but_for_a_ray_driver(tmp_path: Path) -> None:
+    """A one-node job: loopback only, its own PID namespace. A Ray driver: the host's network (the
+    cluster) and PID namespace (Ray tells a node's drivers apart by pid); the file system confined alike."""
     one_node = confined_command(["python"], _confinement(tmp_path), {}, 3)
-    ray = confined_command(["python"], Confinement(tmp_path, tmp_path, network=True), {}, 3)
+    ray = confined_command(["python"], Confinement(tmp_path, tmp_path, network=True, own_pids=False), {}, 3)
     assert "--unshare-net" in one_node and "--unshare-net" not in ray
     assert one_node[one_node.index("GLOO_SOCKET_IFNAME") + 1] == "lo"
-    assert "--unshare-pid" in ray and "--cap-drop" in ray
+    assert "--unshare-pid" in one_node and "--unshare-pid" not in ray
+    for cmd, root in ((one_node, tmp_path / "artifacts"), (ray, tmp_path)):
+        assert "--cap-drop" in cmd and "--new-session" in cmd and "--die-with-parent" in cmd
+        pairs = list(itertools.pairwise(cmd))
+        assert ("--tmpfs", str(root.resolve())) in pairs and ("--proc", "/proc") in pairs
 
 
 def test_a_worker_without_bwrap_refuses_to_run_jobs_unless_told(tmp_path: Path) -> None:
