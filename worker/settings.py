@@ -23,6 +23,10 @@ class WorkerSettings(Settings):
     db_retry_max_s: Annotated[float, Field(gt=0)] = 300.0  # ride out a database outage this long
     cancel_grace_s: Annotated[float, Field(gt=0)] = 120.0  # SIGTERM → SIGKILL for a trainer that won't stop
     python: str = ""  # interpreter for the trainer child; empty: this one
+    # The trainer child runs confined by bubblewrap (worker/isolation.py, docs/SECURITY.md): it sees only its
+    # own job. Without bwrap the worker refuses to start; false (STARE_TRAINER_ISOLATION=false) turns the
+    # confinement off, for a host where the operator isolates each worker otherwise (one VM per tenant).
+    trainer_isolation: bool = True
     # interpreter for a job with rollout.engine vllm (vLLM pins its own transformers: `make install` builds
     # .venv-vllm for it); empty: `python`
     vllm_python: str = ""

@@ -22,6 +22,12 @@ fails, so theirs are mostly its SIGTERM. torchrun waits `--shutdown-timeout` for
 SIGTERM of its own (the cooperative stop reaches it too) before it SIGKILLs them: the stop grace, so a
 checkpoint in progress is not cut short before the worker itself would give up on it.
 
+Confined (the worker's default, worker/isolation.py), the child is bubblewrap around that command: the
+trainer (or torchrun, or the Ray driver) is pid 1 of its own PID namespace and leads its own session. bwrap's
+--info-fd gives its pid, held as a pidfd: the cooperative SIGTERM goes to its process group (the trainer and
+torchrun's processes, not bwrap's monitor), SIGKILL to it (the kernel then ends every process of the job),
+and bwrap's 128 + n for a death by signal n comes back as -n, as for an unconfined child.
+
 The trainer's stderr comes through a pipe: a thread copies it to the attempt's log file (best effort: a
 full or read-only disk stops the copy, never the trainer) and keeps its last lines in memory, so a crash
 message can quote the trainer's last error lines even when the log file could not be written or read.
@@ -46,6 +52,7 @@ from typing import Any, BinaryIO, Protocol
 
 from contract.protocol import ERROR_FILE_ENV, ExitCode, ExitReport, parse_event_line, read_exit_report
 from contract.storage import storage_writes
+from worker.isolation import Confinement, confined_command, read_child_pid
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +67,7 @@ class RaySettings(Protocol):  # worker.settings.WorkerSettings' ray_* fields
 
 
 PR_SET_PDEATHSIG = 1
+REAP_S = 10.0  # how long bwrap has to reap a killed trainer before its own group is killed
 TAIL_LINES, TAIL_BYTES = 20, 4096  # what a crash message can quote of the trainer's stderr
 
 
@@ -121,6 +129,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     except OSError:
         pass
     os.setsid()  # own process group: signals reach torchrun's children too
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        return int(text[text.rfind(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 TORCHRUN = "torch.distributed.run"
@@ -240,9 +256,11 @@ class TrainerProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         error_file: Path | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
         self.error_file = error_file
         self.exit_report: ExitReport | None = None
+        self.confined = confinement is not None
         with storage_writes(log_path):
             log_path.parent.mkdir(parents=True, exist_ok=True)
             if error_file is not None:
@@ -253,23 +271,65 @@ class TrainerProcess:
         self.log_error: OSError | None = None  # why the copy to the log stopped, if it did
         self.stderr_tail = OutputTail()
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        child_env = trainer_environment(os.environ, env)
+        info_read, info_write = os.pipe() if confinement is not None else (-1, -1)
         try:
+            if confinement is not None:
+                command = confined_command(command, confinement, child_env, info_write)
             self.proc = subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
-                env=trainer_environment(os.environ, env),
+                env=child_env,
+                pass_fds=(info_write,) if confinement is not None else (),
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         except BaseException:
             self._close_log()
+            for fd in (info_read, info_write):
+                if fd >= 0:
+                    os.close(fd)
             raise
+        # Confined: the trainer is the init of its PID namespace, and the leader of its process group.
+        self._init_pid: int | None = None
+        self._init_fd: int | None = None
+        if confinement is not None:
+            os.close(info_write)
+            try:
+                self._hold_init(read_child_pid(info_read))
+            finally:
+                os.close(info_read)
         self._reader = threading.Thread(target=self._read, name="trainer-stdout", daemon=True)
         self._reader.start()
         self._stderr_reader = threading.Thread(target=self._read_stderr, name="trainer-stderr", daemon=True)
         self._stderr_reader.start()
         self.stop_requested = False
+
+    def _hold_init(self, pid: int | None) -> None:
+        """A pidfd of the confined trainer (opened while bwrap is its parent: not a reused pid)."""
+        if pid is None:
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return
+        if _parent_of(pid) != self.proc.pid:
+            os.close(pidfd)
+            return
+        self._init_pid, self._init_fd = pid, pidfd
+
+    def _signal_trainer(self, sig: int) -> bool:
+        """Confined: `sig` to the trainer's process group (SIGKILL: to the init, which ends the namespace);
+        False when there is no such trainer (not confined, or bwrap never started it)."""
+        if self._init_fd is None or self._init_pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self._init_fd, 0)  # alive still: the group's id is its pid
+            if sig == signal.SIGKILL:  # the namespace's init: every process of it (and of its group)
+                signal.pidfd_send_signal(self._init_fd, sig)
+            os.killpg(self._init_pid, sig)
+        return True
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -307,11 +367,16 @@ class TrainerProcess:
         """Cooperative stop: the trainer checkpoints and exits 75."""
         if not self.stop_requested and self.proc.poll() is None:
             self.stop_requested = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+            if not self._signal_trainer(signal.SIGTERM):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGTERM)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
+            if self._signal_trainer(signal.SIGKILL):  # bwrap then reaps it and exits 128 + 9
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=REAP_S)
+                    return
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -324,6 +389,12 @@ class TrainerProcess:
         self._reader.join(timeout=5)
         self._stderr_reader.join(timeout=5)
         self._close_log()
+        if self._init_fd is not None:
+            os.close(self._init_fd)
+            self._init_fd = None
+        # bwrap reports its child's death by signal n as 128 + n: the supervisor's codes say -n, as unconfined.
+        if self.confined and 128 < code < 128 + 65:
+            code = 128 - code
         if self.error_file is not None:
             with contextlib.suppress(OSError):
                 self.exit_report = read_exit_report(self.error_file.read_text(errors="replace"))

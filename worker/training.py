@@ -73,6 +73,7 @@ from store import repository
 from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 from store.repository import Claim, JobError
+from worker.isolation import Confinement
 from worker.settings import WorkerSettings
 from worker.supervisor import TrainerProcess, log_tail, ray_command, runs_torchrun, trainer_command
 
@@ -316,6 +317,25 @@ def job_command(
     return ray_command(python, spec_path, out_dir, resume=resume, settings=settings)
 
 
+def job_confinement(
+    claim: Claim, settings: WorkerSettings, storage: ArtifactStorage, out_dir: Path
+) -> Confinement | None:
+    """What the job's trainer may see (worker/isolation.py): its run folder and its uploaded task file; the
+    host's network and PID namespace only for a Ray driver. None when the operator turned it off."""
+    if not settings.trainer_isolation:
+        return None
+    task = claim.resolved_spec.get("task") or {}
+    read_only = (storage.local_path(task["path"]),) if task.get("path") else ()
+    ray = TrainSpec.model_validate(claim.resolved_spec).distributed.nodes > 1
+    return Confinement(
+        artifact_root=Path(settings.artifact_root),
+        job_dir=out_dir,
+        read_only=read_only,
+        network=ray,
+        own_pids=not ray,
+    )
+
+
 def run_claimed(
     db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
 ) -> str:
@@ -331,7 +351,11 @@ def run_claimed(
             out_dir / f"trainer-attempt-{claim.attempt}.error.json" if runs_torchrun(command) else None
         )
         child = TrainerProcess(
-            command, log_path=log_path, env={"PYTHONUNBUFFERED": "1"}, error_file=error_file
+            command,
+            log_path=log_path,
+            env={"PYTHONUNBUFFERED": "1"},
+            error_file=error_file,
+            confinement=job_confinement(claim, settings, storage, out_dir),
         )
     except StorageError as err:  # our own write failed: the trainer would meet the same disk
         logger.error("job %s: %s", claim.job_id, err)

@@ -153,3 +153,32 @@ def test_the_ray_profile_is_a_head_worker_and_nodes_sharing_the_artifacts() -> N
     assert "ARG EXTRAS=" in dockerfile and '".[${EXTRAS}]"' in dockerfile
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r"^distributed = \[.*ray\[train\]", pyproject, re.M)
+
+
+def test_the_api_and_the_workers_run_as_a_user_that_is_not_root() -> None:
+    """docs/SECURITY.md ("Users"): every image of ours ends on an unprivileged USER, which owns the artifact
+    folder, and every service built from them runs as it; the workers may lift exactly what unprivileged
+    bubblewrap needs (the trainer's confinement), and no service of ours is privileged or adds capabilities."""
+    for dockerfile in (ROOT / "deploy" / "docker").glob("Dockerfile.*"):
+        users = re.findall(r"^USER\s+(\S+)\s*$", dockerfile.read_text(), re.MULTILINE)
+        assert users and users[-1] not in ("root", "0", "0:0"), dockerfile.name
+        assert "chown stare:stare /artifacts" in dockerfile.read_text(), dockerfile.name
+    bwrap = {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+    for name, service in _compose()["services"].items():
+        if not service.get("build"):
+            continue
+        assert service.get("user") == "stare", name
+        assert not service.get("privileged") and not service.get("cap_add"), name
+        if "worker" in name:
+            assert set(service.get("security_opt", [])) == bwrap, name
+        else:
+            assert not service.get("security_opt"), name
+
+
+def test_rays_processes_start_without_the_services_secrets() -> None:
+    """The Ray head's processes (multi-node jobs' training processes, outside the trainer's confinement)
+    inherit `ray start`'s environment: it starts without the database and broker URLs."""
+    command = _compose()["services"]["worker-ray"]["command"][-1]
+    ray_start = command.split("&&")[0]
+    assert "ray start" in ray_start
+    assert "-u STARE_DATABASE_URL" in ray_start and "-u STARE_BROKER_URL" in ray_start

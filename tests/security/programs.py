@@ -245,6 +245,37 @@ PROGRAMS: dict[str, Hostile] = {
     "a-call-far-past-the-table": _raw("1000", ENOSYS),
     "x32-abi": Hostile(RAW + "print(raw(0x40000000 | 39))", "sigsys", raw=True),  # x32's getpid
     "i386-abi-via-int-0x80": Hostile(_INT80_GETPID, "sigsys", raw=True),
+    # ---- channels between calls: locks and watches on the read-only host files every sandbox shares
+    "flocks-a-host-file": _refused(
+        "import fcntl, os\nfcntl.flock(open(os.__file__), fcntl.LOCK_SH | fcntl.LOCK_NB)"
+    ),
+    "lockf-a-host-file": _refused(
+        "import fcntl, os\nfcntl.lockf(open(os.__file__), fcntl.LOCK_SH | fcntl.LOCK_NB)"
+    ),
+    "ofd-locks-a-host-file": _refused(
+        "import fcntl, os, struct\n"
+        "fcntl.fcntl(open(os.__file__), fcntl.F_OFD_SETLK, struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0))"
+    ),
+    "tests-a-host-files-lock": _refused(
+        "import fcntl, os, struct\n"
+        "fcntl.fcntl(open(os.__file__), fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0))"
+    ),
+    "dnotify-on-a-host-folder": _refused(
+        "import fcntl, os\n"
+        "fcntl.fcntl(os.open(os.path.dirname(os.__file__), os.O_RDONLY), fcntl.F_NOTIFY, fcntl.DN_ACCESS)"
+    ),
+    "inotify-init1": _raw("294, 0"),
+    "inotify-add-watch": _raw("254, 0, 0, 0"),
+    "flock-in-its-own-scratch": _refused(
+        "import fcntl\nfcntl.flock(open('/work/f', 'w'), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+    ),
+    "fcntl-still-works-for-flags": Hostile(
+        "import fcntl, os\nfd = os.open('/work/f', os.O_CREAT | os.O_RDWR)\n"
+        "print(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC, fcntl.fcntl(fd, fcntl.F_DUPFD) > fd)",
+        "ok",
+        "1 True",
+        exact=True,
+    ),
     # ---- time and output
     "cpu-loop": Hostile("while True: pass", "timeout"),
     "sleeps-past-the-wall-clock": Hostile("import time\ntime.sleep(60)", "timeout"),

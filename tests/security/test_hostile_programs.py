@@ -110,6 +110,7 @@ def test_the_suite_covers_every_class_of_attack() -> None:
         "network": ("socket-inet", "socket-unix", "socket-netlink", "socket-packet", "socketpair"),
         "kernel": ("io-uring-setup", "ptrace-attach-pid-1", "unshare-user", "bpf", "x32-abi"),
         "time": ("cpu-loop", "sleeps-past-the-wall-clock", "floods-stdout"),
+        "channels": ("flocks-a-host-file", "lockf-a-host-file", "ofd-locks-a-host-file", "inotify-init1"),
         "useful": ("does-arithmetic", "writes-and-reads-work"),
     }
     for names in classes.values():

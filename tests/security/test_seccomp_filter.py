@@ -21,9 +21,9 @@ PTHREAD_FLAGS = 0x003D0F00  # CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND 
 HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")}
 
 
-def run_filter(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
-    """What the kernel would return for (nr, arch, args[0]): only the opcodes the builder emits."""
-    data = struct.pack("=IIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+def run_filter(program: bytes, nr: int, arch: int, arg0: int = 0, arg1: int = 0) -> int:
+    """What the kernel would return for (nr, arch, args[0], args[1]): only the opcodes the builder emits."""
+    data = struct.pack("=IIQ6Q", nr, arch, 0, arg0, arg1, 0, 0, 0, 0)
     insns = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     acc, pc = 0, 0
     while True:
@@ -72,6 +72,26 @@ def test_every_number_gets_the_policys_answer(machine: str) -> None:
             assert run_filter(program, nr, arch) == RET_KILL_PROCESS, hex(nr)
 
 
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_fcntl_locks_leases_and_notifications_are_refused_and_the_rest_pass(machine: str) -> None:
+    """N2: a lock on a read-only bound host file is seen by every other sandbox and the host. Every lock,
+    lease and dnotify command of fcntl is refused; its other commands (descriptors, flags) pass."""
+    program = seccomp.filter_program(machine)
+    arch = X86_64 if machine == "x86_64" else AARCH64
+    fcntl_nr = seccomp.number_of("fcntl", machine)
+    assert fcntl_nr is not None
+    refused = {5, 6, 7, 36, 37, 38, 1024, 1025, 1026}
+    assert set(seccomp.FCNTL_REFUSED.values()) == refused
+    for command in range(0, 1100):
+        expected = EPERM if command in refused else RET_ALLOW
+        assert run_filter(program, fcntl_nr, arch, 3, command) == expected, command
+    # Only the low 32 bits are the command (the kernel reads an int): high bits do not slip a lock through.
+    assert run_filter(program, fcntl_nr, arch, 3, (1 << 32) | 6) == EPERM
+    for name in ("flock", "inotify_init1", "inotify_add_watch"):
+        number = seccomp.number_of(name, machine)
+        assert number is not None and run_filter(program, number, arch) == EPERM, name
+
+
 def test_the_findings_calls_are_refused_by_name() -> None:
     """The issue's probes and the classes they stand for are in the table, under the calls' own names."""
     names = set(seccomp.REFUSED)
@@ -79,7 +99,7 @@ def test_the_findings_calls_are_refused_by_name() -> None:
     findings |= {"unshare", "setns", "mount", "umount2", "pivot_root", "bpf", "perf_event_open", "keyctl"}
     findings |= {"add_key", "request_key", "userfaultfd", "process_vm_readv", "process_vm_writev"}
     findings |= {"kexec_load", "kexec_file_load", "init_module", "finit_module", "personality"}
-    findings |= {"shmget", "msgget", "semget", "mq_open", "memfd_create"}
+    findings |= {"shmget", "msgget", "semget", "mq_open", "memfd_create", "flock", "inotify_add_watch"}
     assert findings <= names, findings - names
     for common in ("read", "write", "openat", "mmap", "execve", "exit_group", "futex", "getrandom", "wait4"):
         assert common not in names
@@ -91,7 +111,7 @@ def test_the_table_matches_the_kernel_headers(machine: str) -> None:
     if not header.exists():
         pytest.skip(f"{header} is not installed (linux-libc-dev)")
     numbers = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR_(\w+) (\d+)", header.read_text())}
-    for name, (x86_64, _) in {**seccomp.REFUSED, **seccomp.CLONE}.items():
+    for name, (x86_64, _) in {**seccomp.REFUSED, **seccomp.CLONE, **seccomp.FCNTL}.items():
         if x86_64 is not None and name in numbers:  # headers older than the kernel lack the newest calls
             assert numbers[name] == x86_64, name
     assert max(numbers.values()) <= seccomp.MAX_REVIEWED_NR

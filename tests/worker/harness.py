@@ -137,13 +137,14 @@ class WorkerProcess:
             time.sleep(0.1)
 
     def trainers(self) -> list[psutil.Process]:
-        """The trainer children (`python -m trainer run ...`) of this worker."""
+        """The trainer children (`python -m trainer run ...`) of this worker (not the bwrap that confines
+        each: its command line holds the trainer's, worker/isolation.py)."""
         found = []
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(self.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     cmd = child.cmdline()
-                    if "trainer" in cmd and "run" in cmd:
+                    if "trainer" in cmd and "run" in cmd and child.name() != "bwrap":
                         found.append(child)
         return found
 

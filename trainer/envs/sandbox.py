@@ -21,7 +21,14 @@ what it promises and the tests that hold it to that):
   (memory_mb), RLIMIT_NOFILE, RLIMIT_CORE, RLIMIT_MEMLOCK and RLIMIT_MSGQUEUE 0.
   RLIMIT_NPROC is per real user and never applies to root, so a root parent runs the sandbox as an
   unprivileged user (STARE_TOOL_UID, default 65534 "nobody");
-- the wall clock: the parent kills the sandbox's process group after wall_seconds;
+- one call's CPU budget: the parent sums the CPU time of every process in the sandbox's PID namespace (the
+  descendants of its init, sampled every CPU_SAMPLE_S; a reaped child's time is in its parent's) and
+  kills the namespace when the sum reaches cpu_seconds; RLIMIT_CPU stays as each process's own backstop;
+- the wall clock: after wall_seconds the parent kills the namespace;
+- the end of every call, whatever the program did to its parent-death signal or session: bwrap tells the
+  parent its init's pid (--info-fd), the parent holds a pidfd of it and SIGKILLs it when the call ends
+  (normal exit, CPU budget, wall clock): the kernel then kills every process of the PID namespace, and
+  with the last of them go the mount namespace and its /work tmpfs;
 - output: stdout and stderr share one pipe; the first output_bytes are kept, the rest is read and dropped.
 """
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import re
@@ -57,6 +65,9 @@ OPEN_FILES = 256  # RLIMIT_NOFILE: bounds the pipes and other kernel objects a p
 LAUNCH_ENV: dict[str, str] = {}
 MIN_BWRAP = (0, 8)  # --disable-userns and --as-pid-1
 TRUNCATED_MARK = "\n[output truncated]"
+CPU_SAMPLE_S = 0.05  # how often the parent sums the sandbox's CPU time (the budget's overshoot per process)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+REAP_S = 5.0  # how long bwrap has to reap its killed init before its own group is killed
 
 
 class SandboxUnavailable(RuntimeError):
@@ -71,6 +82,7 @@ class SandboxResult:
     timed_out: bool  # CPU or wall time
     truncated: bool
     seconds: float
+    cpu_seconds: float = 0.0  # the CPU time of the sandbox's processes, as last sampled
 
     @property
     def ok(self) -> bool:
@@ -194,11 +206,15 @@ def _user_tasks(uid: int) -> int:
     return count
 
 
-def bwrap_command(runtime: Runtime, limits: ToolLimitsSpec, seccomp_fd: int | None) -> list[str]:
+def bwrap_command(
+    runtime: Runtime, limits: ToolLimitsSpec, seccomp_fd: int | None, info_fd: int | None = None
+) -> list[str]:
     bwrap = bwrap_path()
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed: the python tool cannot run")
     cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1"]
+    if info_fd is not None:  # bwrap writes {"child-pid": <the init's pid here>, ...} to it
+        cmd += ["--info-fd", str(info_fd)]
     cmd += ["--die-with-parent", "--new-session", "--clearenv"]
     for target, link in runtime.symlinks:
         cmd += ["--symlink", target, link]
@@ -249,7 +265,8 @@ def _prlimit_prefix(prlimit: str, limits: ToolLimitsSpec, uid: int | None) -> tu
 
 def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = None) -> SandboxResult:
     """Runs `code` (read from stdin) in a fresh sandbox under `limits`. SandboxUnavailable when bwrap or
-    the interpreter is missing; any failure of the code itself is a result, never an exception."""
+    the interpreter is missing; any failure of the code itself is a result, never an exception. When it
+    returns, no process of the sandbox is left (its PID namespace was killed)."""
     runtime = python_runtime(interpreter)
     problem = _missing_binary()
     if problem is not None:
@@ -259,11 +276,12 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     read_fd, write_fd = os.pipe()
     os.write(write_fd, program)  # under 2 KiB: well within the pipe's buffer
     os.close(write_fd)
+    info_read, info_write = os.pipe()
     uid = _sandbox_uid()
     # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
     # exiting), plus bwrap's monitor (outside the namespace; inside, the program itself is pid 1).
     limited, cpu = _prlimit_prefix(prlimit, limits, uid)
-    cmd = limited + bwrap_command(runtime, limits, read_fd)
+    cmd = limited + bwrap_command(runtime, limits, read_fd, info_write)
     start = time.monotonic()
     try:
         proc = subprocess.Popen(  # a fixed argv, no shell
@@ -274,47 +292,187 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
             start_new_session=True,
             env=LAUNCH_ENV,
             cwd="/",  # not the trainer's run folder
-            pass_fds=(read_fd,),
+            pass_fds=(read_fd, info_write),
             close_fds=True,
             user=uid,
             group=uid,
             extra_groups=[] if uid is not None else None,
         )
     except OSError as err:
+        os.close(info_read)
         raise SandboxUnavailable(f"cannot start the sandbox: {err}") from None
     finally:
         os.close(read_fd)
+        os.close(info_write)
     assert proc.stdin is not None and proc.stdout is not None
+    deadline = start + limits.wall_seconds
+    init = NamespaceInit.of(proc, info_read, deadline)
     # From a thread: a program longer than the pipe's buffer must not block us while its output fills the
     # other pipe (the wall clock below runs meanwhile).
     feeder = threading.Thread(target=_feed, args=(proc.stdin, code.encode("utf-8", "replace")), daemon=True)
     feeder.start()
-    kept, truncated, killed = _read_output(proc.stdout.fileno(), limits, deadline=start + limits.wall_seconds)
-    if killed:
-        with_group(proc.pid, signal.SIGKILL)
-    try:
-        returncode = proc.wait(timeout=max(1.0, limits.wall_seconds))
+    budget = CpuBudget(init, limits.cpu_seconds)
+    kept, truncated, killed = _read_output(proc.stdout.fileno(), limits, deadline=deadline, budget=budget)
+    if not killed:  # the output ended: the program may still run (it closed its stdout), on the same clocks
+        killed = _wait_within(proc, deadline, budget)
+    init.kill()  # whatever happened: the PID namespace, and with it every process of the call, ends here
+    try:  # bwrap reaps the init (no zombie left to the host's init) and exits
+        returncode = proc.wait(timeout=REAP_S)
     except subprocess.TimeoutExpired:
         with_group(proc.pid, signal.SIGKILL)
         returncode = proc.wait()
+    init.close()
     proc.stdout.close()
     seconds = time.monotonic() - start
     text = kept.decode("utf-8", "replace")
     if truncated:
         text += TRUNCATED_MARK
+    if killed or budget.exceeded:
+        return SandboxResult(text, None, signal.SIGKILL, True, truncated, seconds, budget.used)
     sig = -returncode if returncode < 0 else None
     # bwrap reports its child's death by a signal as exit code 128 + signal.
     if sig is None and returncode > 128 and returncode - 128 < 65:
         sig = returncode - 128
-    cpu_killed = sig in (signal.SIGXCPU, signal.SIGKILL) and not killed and seconds >= min(cpu, 0.5)
+    cpu_killed = sig in (signal.SIGXCPU, signal.SIGKILL) and seconds >= min(cpu, 0.5)
     return SandboxResult(
         output=text,
-        exit_code=None if killed else returncode,
+        exit_code=returncode,
         signal=sig,
-        timed_out=killed or cpu_killed,
+        timed_out=cpu_killed,
         truncated=truncated,
         seconds=seconds,
+        cpu_seconds=budget.used,
     )
+
+
+class NamespaceInit:
+    """The sandbox's init (the program, pid 1 of its PID namespace), held by a pidfd: SIGKILL to it makes
+    the kernel kill every process of the namespace, whatever they did to their parent-death signal or
+    session. Learnt from bwrap's --info-fd; `pid` None when bwrap never said (it failed to start)."""
+
+    def __init__(self, pid: int | None, pidfd: int | None) -> None:
+        self.pid, self._pidfd = pid, pidfd
+
+    @classmethod
+    def of(cls, proc: subprocess.Popen[bytes], info_fd: int, deadline: float) -> NamespaceInit:
+        try:
+            pid = _read_child_pid(info_fd, deadline)
+        finally:
+            os.close(info_fd)
+        if pid is None:
+            return cls(None, None)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # gone already (it exited and bwrap reaped it)
+            return cls(None, None)
+        # Opened while bwrap's monitor is its parent: the pidfd names the init, not a reused pid.
+        if _parent_of(pid) != proc.pid:
+            os.close(pidfd)
+            return cls(None, None)
+        return cls(pid, pidfd)
+
+    def kill(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def close(self) -> None:
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _read_child_pid(fd: int, deadline: float) -> int | None:
+    """The "child-pid" of bwrap's --info-fd JSON, or None when bwrap closed it without one."""
+    data = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        try:
+            info = json.loads(data)
+        except ValueError:
+            continue
+        pid = info.get("child-pid") if isinstance(info, dict) else None
+        return pid if isinstance(pid, int) and pid > 0 else None
+    return None
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (field 3 on), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = _proc_stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for tid in tasks:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/children") as listing:
+            children.extend(int(word) for word in listing.read().split())
+    return children
+
+
+class CpuBudget:
+    """One call's CPU budget: the CPU time of every process in the sandbox's PID namespace (the init and
+    its descendants; a reaped child's time is in its parent's cutime/cstime), summed from /proc."""
+
+    def __init__(self, init: NamespaceInit, seconds: float) -> None:
+        self.init, self.seconds = init, seconds
+        self.used = 0.0
+        self.exceeded = False
+        self._sampled_at = 0.0
+
+    def sample(self, every: float = 0.0) -> bool:
+        """Sums the namespace's CPU time (unless it did less than `every` seconds ago); True (and the
+        namespace killed) once it reaches the budget."""
+        if self.init.pid is None or self.exceeded or time.monotonic() - self._sampled_at < every:
+            return self.exceeded
+        self._sampled_at = time.monotonic()
+        ticks, pending, seen = 0, [self.init.pid], set()
+        while pending:
+            pid = pending.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            fields = _proc_stat(pid)
+            if fields is None:
+                continue
+            ticks += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+            pending.extend(_children(pid))
+        self.used = max(self.used, ticks / CLOCK_TICKS)
+        if self.used >= self.seconds:
+            self.exceeded = True
+            self.init.kill()
+        return self.exceeded
+
+
+def _wait_within(proc: subprocess.Popen[bytes], deadline: float, budget: CpuBudget) -> bool:
+    """Waits for bwrap to end under the wall clock and the CPU budget; True when the wall clock ran out."""
+    while proc.poll() is None:
+        if time.monotonic() >= deadline:
+            return True
+        if budget.sample():
+            return False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=min(CPU_SAMPLE_S, max(0.0, deadline - time.monotonic())))
+    return False
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:
@@ -323,15 +481,19 @@ def _feed(pipe: IO[bytes], data: bytes) -> None:
         pipe.close()
 
 
-def _read_output(fd: int, limits: ToolLimitsSpec, *, deadline: float) -> tuple[bytes, bool, bool]:
-    """(the first output_bytes, whether more came, whether the wall clock ran out) of the pipe `fd`."""
+def _read_output(
+    fd: int, limits: ToolLimitsSpec, *, deadline: float, budget: CpuBudget
+) -> tuple[bytes, bool, bool]:
+    """(the first output_bytes, whether more came, whether the wall clock ran out) of the pipe `fd`; the
+    CPU budget is sampled meanwhile (its kill ends the output)."""
     kept = bytearray()
     truncated = False
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return bytes(kept), truncated, True
-        ready, _, _ = select.select([fd], [], [], remaining)
+        ready, _, _ = select.select([fd], [], [], min(remaining, CPU_SAMPLE_S))
+        budget.sample(every=CPU_SAMPLE_S)
         if not ready:
             continue
         chunk = os.read(fd, 65536)

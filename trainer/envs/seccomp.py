@@ -7,6 +7,9 @@ The policy (docs/TOOLS.md has the table and why each group is refused):
   so a system call a future kernel adds is refused until someone has looked at it;
 - clone3 fails with ENOSYS (its flags sit in a struct a filter cannot read; glibc then falls back to
   clone), and clone with any CLONE_NEW* flag fails with EPERM;
+- fcntl's lock, lease and directory-notification commands (FCNTL_REFUSED) fail with EPERM: a lock on a
+  read-only bound host file (the standard library's) is seen by every other sandbox and by the host, a
+  channel between calls; flock and inotify (in REFUSED) are refused for the same reason;
 - each call in REFUSED fails with EPERM;
 - everything else is allowed.
 
@@ -135,6 +138,13 @@ HOST_ADMINISTRATION: Table = {  # each needs a capability the sandbox lacks: ref
     "get_kernel_syms": (177, None),
     "query_module": (178, None),
 }
+CHANNELS: Table = {  # locks and watches on the read-only host files every sandbox shares: seen across calls
+    "flock": (73, 32),
+    "inotify_init": (253, None),
+    "inotify_init1": (294, 26),
+    "inotify_add_watch": (254, 27),
+    "inotify_rm_watch": (255, 28),
+}
 REFUSED_GROUPS: dict[str, Table] = {
     "network": NETWORK,
     "kernel surface": KERNEL_SURFACE,
@@ -142,9 +152,24 @@ REFUSED_GROUPS: dict[str, Table] = {
     "namespaces and mounts": NAMESPACES_AND_MOUNTS,
     "uncounted memory": UNCOUNTED_MEMORY,
     "host administration": HOST_ADMINISTRATION,
+    "channels between calls": CHANNELS,
 }
 REFUSED: Table = {name: numbers for group in REFUSED_GROUPS.values() for name, numbers in group.items()}
 CLONE: Table = {"clone": (56, 220), "clone3": (435, 435)}
+FCNTL: Table = {"fcntl": (72, 25)}
+# fcntl commands refused: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW (record locks),
+# F_SETLEASE, F_GETLEASE (leases), F_NOTIFY (dnotify: another sandbox's reads of a bound directory).
+FCNTL_REFUSED = {
+    "F_GETLK": 5,
+    "F_SETLK": 6,
+    "F_SETLKW": 7,
+    "F_OFD_GETLK": 36,
+    "F_OFD_SETLK": 37,
+    "F_OFD_SETLKW": 38,
+    "F_SETLEASE": 1024,
+    "F_GETLEASE": 1025,
+    "F_NOTIFY": 1026,
+}
 # CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 # (CLONE_NEWTIME, 0x80, is clone's exit-signal byte: it only means a namespace to unshare and clone3).
 CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
@@ -152,7 +177,9 @@ CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
 # Classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h).
 _LD_ABS, _JEQ, _JGE, _JGT, _JSET, _RET = 0x20, 0x15, 0x35, 0x25, 0x45, 0x06
 RET_ALLOW, RET_KILL_PROCESS, RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-_NR, _ARCH, _ARG0_LOW = 0, 4, 16  # offsets in struct seccomp_data (little-endian: arg 0's low word)
+# offsets in struct seccomp_data (little-endian: an argument's low word; fcntl's cmd is an int, and the
+# kernel reads only those 32 bits of it)
+_NR, _ARCH, _ARG0_LOW, _ARG1_LOW = 0, 4, 16, 24
 
 
 def errno_action(code: int) -> int:
@@ -161,7 +188,7 @@ def errno_action(code: int) -> int:
 
 def number_of(name: str, machine: str) -> int | None:
     """The system-call number of `name` (in REFUSED or CLONE) on `machine`; None where it does not exist."""
-    x86_64, aarch64 = {**REFUSED, **CLONE}[name]
+    x86_64, aarch64 = {**REFUSED, **CLONE, **FCNTL}[name]
     return x86_64 if machine == "x86_64" else aarch64
 
 
@@ -192,6 +219,15 @@ def _program(machine: str) -> Iterable[tuple[int, int, int, int]]:
     yield (_JSET, 0, 1, CLONE_NEW_FLAGS)
     yield (_RET, 0, 0, eperm)
     yield (_RET, 0, 0, RET_ALLOW)
+    fcntl = number_of("fcntl", machine)
+    assert fcntl is not None
+    commands = sorted(FCNTL_REFUSED.values())
+    yield (_JEQ, 0, 2 + len(commands) + 1, fcntl)  # not fcntl: skip its instructions
+    yield (_LD_ABS, 0, 0, _ARG1_LOW)
+    for left, command in enumerate(commands):
+        yield (_JEQ, len(commands) - left, 0, command)  # a refused command: jump to the EPERM below
+    yield (_RET, 0, 0, RET_ALLOW)
+    yield (_RET, 0, 0, eperm)
     for number in sorted(refused_numbers(machine)):
         yield (_JEQ, 0, 1, number)
         yield (_RET, 0, 0, eperm)

@@ -1,0 +1,217 @@
+"""The trainer's confinement: bubblewrap (bwrap) around the trainer child, so it sees only its own job.
+
+The trainer runs tenant-chosen specs over tenant data and model output; whatever runs in it (a dependency
+that evaluates a string, a hostile model's completion) must find nothing of the worker, the API or other
+tenants. docs/SECURITY.md ("The trainer's confinement") states the boundary; in short, the child is
+`bwrap ... -- <the trainer command>` with:
+
+- its own PID namespace and a fresh /proc (`--unshare-pid --as-pid-1`): the worker's and the API's
+  processes, their /proc/<pid>/environ and memory do not exist inside; the trainer (or torchrun) is the
+  namespace's init, so a SIGKILL to it ends every process of the job. Also its own IPC and UTS namespaces;
+- the file system: the host's root read-only, with a fresh /dev (no host /dev/shm: a private one; the
+  GPU device nodes bound in), and empty tmpfs over the artifact root, /tmp, /var/tmp, /run and the
+  worker's home; then bound back: this job's run folder (read-write), its uploaded task file (read-only),
+  the model cache (read-write: the first load of a built-in model converts it there), the Hugging Face
+  cache (read-only), and read-only what the interpreter needs when it lives under a hidden place (the
+  virtual environment's base interpreter, the PYTHONPATH entries, the working directory); the artifact
+  root's tmpfs last, so that no bind above brings it back. HOME is a private folder under the private /tmp;
+- the network: a one-node job (one process, or torchrun's processes on this node) gets its own network
+  namespace with only loopback (torchrun's rendezvous and the collectives run over lo: GLOO_SOCKET_IFNAME
+  and NCCL_SOCKET_IFNAME say so); a Ray driver keeps the host's network, Ray's temporary folder (its
+  sockets) and the host's PID namespace (Ray tells a node's drivers apart by pid: two drivers in their own
+  namespaces would both be pid 1): the cluster is on the network, and its processes run on the Ray nodes,
+  outside this sandbox;
+- `--die-with-parent`, `--new-session` (the trainer leads its own process group: the supervisor's SIGTERM
+  reaches the trainer and torchrun's processes, never bwrap's monitor), `--cap-drop ALL` (a root worker's
+  trainer is root without a capability; there the python tool's nested sandbox cannot start: bwrap covers
+  /proc/sys in the trainer's /proc and the kernel then refuses a nested /proc mount. A worker that is not
+  root, as in the images, runs both);
+- bwrap's --info-fd: the supervisor learns the init's pid and signals it directly.
+
+Without bwrap the worker refuses to run jobs (worker/__main__.py) unless the operator turns the
+confinement off: STARE_TRAINER_ISOLATION=false.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+MIN_BWRAP = (0, 8)  # --as-pid-1
+BWRAP_ENV = "STARE_BWRAP"
+# The trainer's model cache (trainer/models.py, which the worker does not import): STARE_MODEL_CACHE, else
+DEFAULT_MODEL_CACHE = "~/.cache/stare-rl/models"
+DEFAULT_HF_HOME = "~/.cache/huggingface"
+# Places of the host hidden under an empty tmpfs (besides the artifact root and the worker's home).
+HIDDEN = ("/tmp", "/var/tmp", "/run")
+PRIVATE_HOME = "/tmp/home"
+# Device nodes of accelerators, bound into the fresh /dev when the host has them.
+DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri", "/dev/kfd", "/dev/infiniband")
+RAY_TMP = "/tmp/ray"  # Ray's default temporary folder: its session's sockets, for a Ray driver
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+INFO_WAIT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Confinement:
+    """What one trainer may see: its run folder (read-write) and the rest named here."""
+
+    artifact_root: Path
+    job_dir: Path
+    read_only: tuple[Path, ...] = ()  # the uploaded task file
+    network: bool = False  # the host's network (a Ray driver); else loopback only
+    # Its own PID namespace and /proc. Not for a Ray driver: Ray tells the drivers of one node apart by pid,
+    # and two drivers in namespaces of their own are both pid 1 (the second never connects, measured).
+    own_pids: bool = True
+
+
+def bwrap_path() -> str | None:
+    return shutil.which(os.environ.get(BWRAP_ENV) or "bwrap")
+
+
+def model_cache(env: Mapping[str, str]) -> Path:
+    return Path(env.get("STARE_MODEL_CACHE") or DEFAULT_MODEL_CACHE).expanduser().resolve()
+
+
+def _under(path: Path, folders: list[Path]) -> bool:
+    return any(path == folder or folder in path.parents for folder in folders)
+
+
+def _interpreter_folders(python: str, env: Mapping[str, str]) -> list[Path]:
+    """What the trainer's interpreter reads: its prefix, a virtual environment's base interpreter
+    (pyvenv.cfg's home), and the PYTHONPATH entries."""
+    exe = Path(python)
+    folders = [exe.parent.parent, exe.resolve().parent.parent]
+    cfg = exe.parent.parent / "pyvenv.cfg"
+    if cfg.is_file():
+        match = re.search(r"^home\s*=\s*(.+)$", cfg.read_text(errors="replace"), re.MULTILINE)
+        if match:
+            folders.append(Path(match.group(1).strip()).parent)
+    folders += [Path(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return [folder.resolve() for folder in folders if folder.exists()]
+
+
+def confined_command(
+    command: list[str], confinement: Confinement, env: Mapping[str, str], info_fd: int
+) -> list[str]:
+    """`command` under bwrap as the module's docstring describes. `env` is the trainer's environment (its
+    PYTHONPATH and model cache say what to bind back)."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise OSError("bubblewrap (bwrap) is not installed: the trainer cannot be confined")
+    cmd = [bwrap, "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if confinement.own_pids:
+        cmd += ["--unshare-pid", "--as-pid-1"]
+    if not confinement.network:
+        cmd.append("--unshare-net")
+    cmd += ["--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
+    cmd += ["--cap-drop", "ALL"]  # (as root: bwrap would otherwise leave the child every capability)
+    cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for device in sorted({path for pattern in DEVICE_GLOBS for path in glob.glob(pattern)}):
+        cmd += ["--dev-bind", device, device]
+    home = Path(os.environ.get("HOME") or "/").resolve()
+    hidden = [Path(place) for place in HIDDEN if Path(place).is_dir()]
+    if home != Path("/") and home.is_dir():
+        hidden.append(home)
+    for place in hidden:
+        cmd += ["--tmpfs", str(place)]
+    cmd += ["--dir", PRIVATE_HOME]
+    # Bound back over the hidden places (bwrap applies its arguments in order): what the interpreter reads.
+    cwd = Path.cwd().resolve()
+    for folder in dict.fromkeys([*_interpreter_folders(command[0], env), cwd]):
+        if _under(folder, hidden):
+            cmd += ["--ro-bind", str(folder), str(folder)]
+    if confinement.network and Path(RAY_TMP).is_dir():
+        cmd += ["--bind", RAY_TMP, RAY_TMP]
+    cache = model_cache(env)
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd += ["--bind", str(cache), str(cache), "--setenv", "STARE_MODEL_CACHE", str(cache)]
+    hub = Path(env.get("HF_HOME") or DEFAULT_HF_HOME).expanduser().resolve()
+    if hub.is_dir():  # models fetched beforehand (the machines have no hub): read, never written, here
+        cmd += ["--ro-bind", str(hub), str(hub), "--setenv", "HF_HOME", str(hub)]
+    # Last, so that nothing bound above brings it back: the artifact root, empty, then this job's files.
+    cmd += ["--tmpfs", str(confinement.artifact_root.resolve())]
+    for path in confinement.read_only:
+        if path.exists():
+            cmd += ["--ro-bind", str(path.resolve()), str(path.resolve())]
+    job_dir = confinement.job_dir.resolve()
+    cmd += ["--bind", str(job_dir), str(job_dir), "--chdir", str(cwd)]
+    cmd += ["--setenv", "HOME", PRIVATE_HOME, "--setenv", "TMPDIR", "/tmp"]
+    if not confinement.network:
+        for name, value in LOOPBACK_ENV.items():
+            cmd += ["--setenv", name, value]
+    return [*cmd, "--", *command]
+
+
+def read_child_pid(fd: int, timeout: float = INFO_WAIT_S) -> int | None:
+    """The init's pid from bwrap's --info-fd JSON; None when bwrap closed it without one (it failed)."""
+    data, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        try:
+            info = json.loads(data)
+        except ValueError:
+            continue
+        pid = info.get("child-pid") if isinstance(info, dict) else None
+        return pid if isinstance(pid, int) and pid > 0 else None
+    return None
+
+
+def isolation_problem() -> str | None:
+    """None when trainers can be confined here, else why not (one line): bwrap there, recent enough, and
+    one confined process started."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed"
+    return _probe(bwrap)
+
+
+@functools.cache
+def _probe(bwrap: str) -> str | None:
+    version = _bwrap_version(bwrap)
+    if version < MIN_BWRAP:
+        return f"bubblewrap {'.'.join(map(str, version)) or '(unknown version)'} is older than 0.8"
+    read_fd, write_fd = os.pipe()
+    try:
+        with tempfile.TemporaryDirectory(prefix="stare-confinement-") as folder:
+            probe = Confinement(Path(folder) / "artifacts", Path(folder) / "artifacts" / "job")
+            probe.job_dir.mkdir(parents=True)
+            cmd = confined_command(["/bin/sh", "-c", "exit 0"], probe, os.environ, write_fd)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=60, pass_fds=(write_fd,), check=False
+            )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"bubblewrap does not start here: {err}"
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    if done.returncode != 0:
+        return f"bubblewrap does not start here: {done.stderr.strip()[-300:]}"
+    return None
+
+
+@functools.cache
+def _bwrap_version(bwrap: str) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out.stdout)
+    return tuple(int(part) for part in match.groups() if part is not None) if match else ()
