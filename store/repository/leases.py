@@ -30,7 +30,7 @@ from store.models import (
     JobMetric,
     utcnow,
 )
-from store.repository._common import fence, json_safe, rowcount, upsert
+from store.repository._common import db_now, fence, json_safe, rowcount, upsert
 from store.repository.checkpoints import latest_checkpoint
 from store.repository.events import append_event
 
@@ -71,7 +71,7 @@ def claim_job(
 ) -> Claim | None:
     """Win the job with one conditional UPDATE, or None when it is not claimable (someone owns it, it was
     cancelled or paused, or it finished). Sets running, a fresh lease token, lease expiry, attempt + 1."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock (store.repository._common.db_now)
     token = uuid.uuid4().hex
     row = session.execute(
         sa.update(Job)
@@ -96,7 +96,8 @@ def claim_job(
         session,
         job_id,
         "job.running",
-        f"Attempt {row.attempt} started on {owner}"
+        # Tenants read this event: the worker (host name, pid) stays in lease_owner and the worker's log.
+        f"Attempt {row.attempt} started"
         + (f", resuming from step {latest.step}" if latest is not None else ""),
         data={"attempt": row.attempt, "resume_step": latest.step if latest is not None else None},
         lease_token=token,
@@ -119,7 +120,7 @@ def heartbeat(
 ) -> str | None:
     """Extend the lease. Returns the job's status ("running", or "cancelling"/"pausing": stop cooperatively),
     or None when the lease is lost (stop at once, write nothing more)."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock (store.repository._common.db_now)
     status = session.execute(
         sa.update(Job)
         .where(Job.id == job_id, Job.lease_token == lease_token, Job.status.in_(LEASED_STATUSES))
@@ -403,7 +404,7 @@ def recover_stale_jobs(
     cancelled. A lost worker is the infrastructure's fault: it spends neither the crash budget nor the
     crash streak. Returns (job id, queue, new status); re-send the `recovering` ones. Each change is
     conditional on the lease token seen, so a worker that heartbeats in between keeps its job."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock (store.repository._common.db_now)
     cutoff = now - timedelta(seconds=stale_after_s)
     candidates = session.execute(
         sa.select(Job.id, Job.queue, Job.status, Job.lease_token, Job.lost_workers, Job.max_lost_workers)
