@@ -186,7 +186,8 @@ MAX_EVENT_LINE_BYTES = 1024 * 1024
 """The longest line of an event stream the client reads (the server's events are a few KiB); a longer one
 is a StareError (code event_too_large) before more of it is held."""
 MAX_EVENT_BYTES = 4 * 1024 * 1024
-"""The most one stream message (all its lines until the blank line) may hold."""
+"""The most one stream message (all its lines until the blank line) may hold, counted in characters of its
+decoded lines (each line is already at most MAX_EVENT_LINE_BYTES bytes)."""
 
 
 def too_large(what: str, limit: int) -> errors.StareError:
@@ -267,7 +268,7 @@ class SSEParser:
     _event: str = ""
     _data: list[str] = field(default_factory=list)
     _id: str | None = None
-    _held: int = 0  # characters of the message so far
+    _held: int = 0  # characters of the message so far (its lines and their line breaks)
 
     def feed_line(self, line: str) -> SSEMessage | None:
         line = line.rstrip("\r\n")
