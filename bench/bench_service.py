@@ -467,6 +467,8 @@ def main_bench(args: argparse.Namespace) -> None:
         "STARE_ARTIFACT_ROOT": artifacts,
         "STARE_RATE_LIMIT_PER_SECOND": "0" if args.rate_limiter == "off" else "1000000000",
         "STARE_RATE_LIMIT_BURST": "1000000000",
+        "STARE_TENANT_RATE_LIMIT_PER_SECOND": "0" if args.rate_limiter == "off" else "1000000000",
+        "STARE_TENANT_RATE_LIMIT_BURST": "1000000000",
         "STARE_RATE_LIMIT_BACKEND": "redis" if args.rate_limiter == "redis" else "memory",
         "STARE_RATE_LIMIT_REDIS_URL": args.redis_url,
         "STARE_MAX_ACTIVE_JOBS_PER_TENANT": "0",

@@ -28,6 +28,27 @@ from contract.hyperparams import (
     StareGateParams,
 )
 
+# Numeric bounds: every number field of a spec has a finite range, stated here or in its annotation below.
+# The API validates a job with this model (service/job_specs.py) and the trainer loads the stored spec with
+# the same one (load_spec), and the store keeps the validated JSON as written (store/models.py, JSONText),
+# so the two accept the same numbers: nothing the API accepted is refused by the trainer. Free-form maps
+# (task.params, verifier.params, algorithm.params) are checked by their own validators (contract.hyperparams,
+# contract.verifiers), which both sides also share.
+MAX_STEPS = 10_000_000  # steps, warm-up steps and intervals counted in steps
+MAX_GRAD_CLIP = 1e6  # a gradient-norm clip above this never clips: 1e6 says "off" as well as anything larger
+MAX_ENTROPY_NATS = 100.0  # entropies in nats: ln(vocabulary) is below 13 for every vocabulary in use
+MAX_TEMPERATURE = 10.0
+MIN_TEMPERATURE = 1e-3
+"""The lowest sampling temperature. Sampling divides float32 logits by the temperature, then softmaxes:
+- below float32's smallest normal number (1.2e-38) the temperature itself rounds to 0 in float32, and
+  logits / T is inf or NaN: torch.multinomial then refuses the probabilities (a crash, not a result);
+- above it, logits / T may still overflow float32's 3.4e38 for a large logit (|logit| / T > 3.4e38);
+- and once the softmax subtracts the largest logit, every token more than 104·T below it gets
+  exp(-Δ/T) < exp(-104), which is 0 in float32: at T = 1e-3 any gap over 0.104 already samples the argmax.
+So temperatures below 1e-3 buy nothing over greedy decoding (evaluation.greedy) and, far below, break the
+arithmetic; 1e-3 keeps |logits / T| ≤ 1e3·|logit|, finite for every logit a model produces (float32 logits
+of 3.4e35 or more do not occur in a model that trains)."""
+
 
 class _Strict(BaseModel):
     # No NaN or infinity in any float field: a spec with one is refused naming the field, the same way over
@@ -35,12 +56,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-
-
 class LoraSpec(_Strict):
     r: Annotated[int, Field(ge=1, le=1024)] = 8
-    alpha: Annotated[int, Field(ge=1)] = 16
+    alpha: Annotated[int, Field(ge=1, le=1_000_000)] = 16
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     target_modules: list[str] | None = None
     merge_on_save: bool = False
@@ -88,7 +106,7 @@ class VerifierSpec(_Strict):
 
 
 class OverlongSpec(_Strict):
-    cache_length: PositiveInt = 4
+    cache_length: Annotated[int, Field(ge=1, le=65_536)] = 4  # at most sampling.max_new_tokens
 
 
 class RewardSpec(_Strict):
@@ -103,7 +121,7 @@ class RelativeTargetSpec(_Strict):
 
 
 # A controller's target entropy: nats, or {relative: r} (r × H₀, resolved on the first RL step).
-TargetEntropy = Annotated[float, Field(ge=0.0, le=100.0)] | RelativeTargetSpec
+TargetEntropy = Annotated[float, Field(ge=0.0, le=MAX_ENTROPY_NATS)] | RelativeTargetSpec
 
 
 def entropy_target(value: float | RelativeTargetSpec) -> EntropyTarget:
@@ -237,7 +255,7 @@ class AlgorithmSpec(_Strict):
 
 class SamplingSpec(_Strict):
     group_size: Annotated[int, Field(ge=1, le=512)] = 8
-    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    temperature: Annotated[float, Field(ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     max_new_tokens: Annotated[int, Field(ge=1, le=65_536)] = 16
 
@@ -250,12 +268,12 @@ class DynamicSamplingSpec(_Strict):
 class OptimSpec(_Strict):
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 2e-4
     schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
+    steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 100
     prompts_per_step: Annotated[int, Field(ge=1, le=100_000)] = 8
     micro_batch_size: Annotated[int, Field(ge=1, le=100_000)] = 64  # responses per forward/backward
-    grad_clip: Annotated[float, Field(gt=0.0)] | None = 1.0
+    grad_clip: Annotated[float, Field(gt=0.0, le=MAX_GRAD_CLIP)] | None = 1.0
     ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
     kl_beta: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
     # Rows with advantage exactly 0 are scored without autograd when the loss cannot send them a gradient
@@ -271,9 +289,9 @@ class SftSpec(_Strict):
     # Learning-rate schedule: linear warm-up over warmup_steps, then constant or cosine decay to
     # min_lr_ratio * lr at the last step.
     schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    grad_clip: Annotated[float, Field(gt=0.0)] | None = None
+    grad_clip: Annotated[float, Field(gt=0.0, le=MAX_GRAD_CLIP)] | None = None
     adam_beta2: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.999
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
     # Cross-entropy against (1 − ε)·one-hot + ε/V: the warm-started policy keeps some probability off its
@@ -294,8 +312,8 @@ class RolloutSpec(_Strict):
 
 
 class EntropyBandSpec(_Strict):
-    low: Annotated[float, Field(ge=0.0)] = 0.1
-    high: Annotated[float, Field(ge=0.0)] = 1.0
+    low: Annotated[float, Field(ge=0.0, le=MAX_ENTROPY_NATS)] = 0.1
+    high: Annotated[float, Field(ge=0.0, le=MAX_ENTROPY_NATS)] = 1.0
 
     @model_validator(mode="after")
     def _ordered(self) -> EntropyBandSpec:
@@ -305,14 +323,14 @@ class EntropyBandSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    interval: Annotated[int, Field(ge=1)] = 50
+    interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 50
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
 
 
 class EvaluationSpec(_Strict):
-    interval: Annotated[int, Field(ge=0)] = 0  # 0: only before and after training
+    interval: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0  # 0: only before and after training
     k: Annotated[int, Field(ge=1, le=256)] = 1  # samples per prompt for avg@k / pass@k
-    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    temperature: Annotated[float, Field(ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     greedy: bool = True  # k = 1 and greedy: plain accuracy
 

@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers <= 1:
             uvicorn.run(create_app(settings), host=args.host, port=args.port)
             return 0
-        if settings.rate_limit_per_second > 0 and settings.rate_limit_backend != "redis":
+        limited = settings.rate_limit_per_second > 0 or settings.tenant_rate_limit_per_second > 0
+        if limited and settings.rate_limit_backend != "redis":
             print(
                 "several API processes would each keep their own rate-limit buckets: set "
-                "STARE_RATE_LIMIT_BACKEND=redis (or STARE_RATE_LIMIT_PER_SECOND=0)",
+                "STARE_RATE_LIMIT_BACKEND=redis (or STARE_RATE_LIMIT_PER_SECOND=0 and "
+                "STARE_TENANT_RATE_LIMIT_PER_SECOND=0)",
                 file=sys.stderr,
             )
             return 2

@@ -212,11 +212,20 @@ async def _identify(
 
 
 async def spend_rate_token(services: Services, principal: Principal) -> None:
-    """One token of the key's rate bucket (service.ratelimit), or 429 with Retry-After."""
+    """One token of the key's rate bucket, then one of the tenant's (service.ratelimit): a tenant's keys share
+    the tenant's rate, however many it mints. Else 429 with Retry-After, naming the limit."""
+    settings = services.settings
     wait_s = await services.limiter.acquire_async(principal.key.id)
     if wait_s > 0:
         raise TooManyRequests(
-            f"rate limit of {services.settings.rate_limit_per_second:g} requests/s per key exceeded; retry later",
+            f"rate limit of {settings.rate_limit_per_second:g} requests/s per key exceeded; retry later",
+            retry_after_s=retry_after_seconds(wait_s),
+        )
+    wait_s = await services.tenant_limiter.acquire_async(principal.tenant.id)
+    if wait_s > 0:
+        raise TooManyRequests(
+            f"rate limit of {settings.tenant_rate_limit_per_second:g} requests/s per tenant (all its keys "
+            "together) exceeded; retry later",
             retry_after_s=retry_after_seconds(wait_s),
         )
 

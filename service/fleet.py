@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -83,9 +82,9 @@ class Fleet:
         with self._lock:
             if self._live is not None and time.monotonic() - self._live[0] < ttl:
                 return self._live[1]
-        since = repository.utcnow() - timedelta(seconds=self.settings.worker_stale_after_s)
-        with self.db.transaction() as session:
-            rows = [(w.id, w.capabilities) for w in repository.live_workers(session, since)]
+        stale_after_s = self.settings.worker_stale_after_s
+        with self.db.transaction() as session:  # compared on the database's clock (store.repository.workers)
+            rows = [(w.id, w.capabilities) for w in repository.live_workers(session, stale_after_s)]
         live = []
         for worker_id, capabilities in rows:
             try:
@@ -95,7 +94,8 @@ class Fleet:
                     "worker %s advertises capabilities this service cannot read: %s", worker_id, err
                 )
                 continue
-            live.append(Offer(f"live worker {worker_id} on queue {worker_class.queue!r}", worker_class, True))
+            # The label reaches tenants (estimates, capacity errors): no worker id, host name or pid.
+            live.append(Offer(f"a live worker on queue {worker_class.queue!r}", worker_class, True))
         with self._lock:
             self._live = (time.monotonic(), live)
         return live

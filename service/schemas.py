@@ -94,6 +94,11 @@ class Limits(BaseModel):
         description="Sustained requests per second per key; null: off."
     )
     rate_limit_burst: int
+    tenant_rate_limit_per_second: float | None = Field(
+        description="Sustained requests per second of the tenant, all its keys together; null: off."
+    )
+    tenant_rate_limit_burst: int
+    max_active_api_keys: int | None = Field(description="Active (not revoked) API keys a tenant may have.")
 
 
 class Usage(BaseModel):

@@ -26,7 +26,8 @@ class Services:
     db: Database
     storage: ArtifactStorage
     queue: JobQueue
-    limiter: RateLimiter
+    limiter: RateLimiter  # per API key
+    tenant_limiter: RateLimiter  # per tenant, over all its keys
     principals: PrincipalCache
     telemetry: Telemetry
     models: dict[str, tuple[str, bool]]
@@ -51,7 +52,13 @@ class Services:
             db=db,
             storage=open_artifact_storage(settings.artifact_root),
             queue=queue,
-            limiter=_rate_limiter(settings),
+            limiter=_rate_limiter(settings, settings.rate_limit_per_second, settings.rate_limit_burst),
+            tenant_limiter=_rate_limiter(
+                settings,
+                settings.tenant_rate_limit_per_second,
+                settings.tenant_rate_limit_burst,
+                prefix="stare:ratelimit:tenant:",
+            ),
             principals=PrincipalCache(settings.auth_cache_ttl_s),
             telemetry=Telemetry(db),
             models=model_catalogue(settings.extra_models),
@@ -79,6 +86,7 @@ class Services:
 
     async def aclose(self) -> None:
         await self.limiter.aclose()
+        await self.tenant_limiter.aclose()
         await self.queue.aclose()
         await self.db.aclose()
 
@@ -88,14 +96,17 @@ class Services:
         self.db.dispose()
 
 
-def _rate_limiter(settings: Settings) -> RateLimiter:
-    in_process = TokenBucketLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
+def _rate_limiter(
+    settings: Settings, rate: float, burst: int, *, prefix: str = "stare:ratelimit:"
+) -> RateLimiter:
+    in_process = TokenBucketLimiter(rate, burst)
     if settings.rate_limit_backend == "memory":
         return in_process
     return RedisTokenBucketLimiter(
         settings.rate_limit_redis_url or settings.broker_url,
-        settings.rate_limit_per_second,
-        settings.rate_limit_burst,
+        rate,
+        burst,
         timeout_s=settings.broker_timeout_s,
+        prefix=prefix,
         fallback=in_process,
     )

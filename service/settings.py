@@ -42,8 +42,12 @@ class Settings(SharedSettings):
     worker_classes: list[WorkerClass] | None = None
     worker_stale_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0  # a silent worker stops counting
     worker_registry_cache_s: Annotated[float, Field(ge=0, le=60)] = 2.0  # 0: read the registry every time
-    rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # 0 disables rate limiting
+    rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # per API key; 0 disables rate limiting
     rate_limit_burst: Annotated[int, Field(ge=1)] = 100
+    # Per tenant, over all its keys (a tenant cannot multiply its rate by minting keys); 0: no tenant limit.
+    tenant_rate_limit_per_second: Annotated[float, Field(ge=0)] = 40.0
+    tenant_rate_limit_burst: Annotated[int, Field(ge=1)] = 200
+    max_active_keys_per_tenant: Annotated[int, Field(ge=0)] = 20  # POST /v1/api-keys past it: 409; 0: none
     # memory: buckets in this process (one API process); redis: shared by several (serve --workers N)
     rate_limit_backend: Literal["memory", "redis"] = "memory"
     rate_limit_redis_url: str | None = None  # default: broker_url

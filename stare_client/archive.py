@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ from stare_client.unpack import ArchiveLimits as ArchiveLimits  # unpacking live
 from stare_client.unpack import safe_extract as safe_extract
 
 Selector = Literal["latest", "best"] | int | str
+JOB_ID = re.compile(r"job_[0-9A-HJKMNP-TV-Z]{26}")
+"""A job id as the server mints it (store/ids.py): the only text a default download folder's name is built
+from, so a listing cannot name a folder elsewhere ("../x", "/abs", a path separator)."""
 MODEL_DIR, ADAPTER_DIR, MERGED_DIR = "model", "adapter", "merged"
 
 
@@ -113,7 +117,35 @@ def select(checkpoints: list[Checkpoint], which: Selector, report: Report | None
 
 
 def target_folder(to: str | os.PathLike[str] | None, job_id: str, step: int) -> Path:
-    return Path(to) if to is not None else Path.cwd() / f"{job_id}-step-{step:06d}"
+    """`to` as given, else ./<job id>-step-NNNNNN. The job id and step come from the server's listing: the
+    default is built only from an id that matches the id pattern and a non-negative step, and it must
+    resolve to an entry of the working folder, else a StareError (nothing is created)."""
+    if to is not None:
+        return Path(to)
+    if not isinstance(job_id, str) or JOB_ID.fullmatch(job_id) is None:
+        raise errors.StareError(
+            f"the checkpoint listing names job id {job_id[:80]!r}, which is not a job id "
+            f"(job_ + 26 base-32 characters); refused to build a folder name from it (pass to= / --to)",
+            code="bad_job_id",
+            param="job_id",
+        )
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10**12:
+        raise errors.StareError(f"the checkpoint listing names step {step!r}", code="bad_step", param="step")
+    here = Path.cwd().resolve()
+    target = here / f"{job_id}-step-{step:06d}"
+    inside(target, here)
+    return target
+
+
+def inside(path: Path, folder: Path) -> Path:
+    """`path` once it resolves (links followed) to `folder` or under it; else a StareError, before any
+    write."""
+    resolved, base = path.resolve(), folder.resolve()
+    if resolved != base and base not in resolved.parents:
+        raise errors.StareError(
+            f"{path} resolves to {resolved}, outside {base}; refused", code="outside_folder", param="to"
+        )
+    return path
 
 
 def staging_folder(target: Path) -> Path:

@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import httpx
 
+from stare_client import transport
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -74,9 +76,12 @@ class Close:
 
 @dataclass(frozen=True)
 class Lines:
-    """The result is a handle for NextLine over a streamed response's text lines."""
+    """The result is a handle for NextLine over a streamed response's text lines, none longer than
+    `max_line_bytes` (transport.LineSplitter: a longer one raises, however long the server keeps it going)."""
 
     response: httpx.Response
+    max_line_bytes: int = transport.MAX_EVENT_LINE_BYTES
+    chunk_bytes: int | None = None  # as they arrive (a network read is at most 64 KiB)
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,9 @@ class SyncDriver:
                 effect.response.read()
             effect.response.close()
         elif isinstance(effect, Lines):
-            return effect.response.iter_lines()
+            return transport.bounded_lines(
+                effect.response.iter_bytes(effect.chunk_bytes), effect.max_line_bytes
+            )
         elif isinstance(effect, NextLine):
             return next(effect.lines, None)
         elif isinstance(effect, Pump):
@@ -225,7 +232,9 @@ class AsyncDriver:
                 await effect.response.aread()
             await effect.response.aclose()
         elif isinstance(effect, Lines):
-            return effect.response.aiter_lines()
+            return transport.abounded_lines(
+                effect.response.aiter_bytes(effect.chunk_bytes), effect.max_line_bytes
+            )
         elif isinstance(effect, NextLine):
             return await anext(effect.lines, None)
         elif isinstance(effect, Pump):

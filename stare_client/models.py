@@ -66,6 +66,9 @@ class Limits(APIObject):
     max_upload_bytes: int
     rate_limit_per_second: float | None
     rate_limit_burst: int
+    tenant_rate_limit_per_second: float | None
+    tenant_rate_limit_burst: int
+    max_active_api_keys: int | None
 
 
 class Usage(APIObject):

@@ -17,6 +17,7 @@ import email.utils
 import json
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
@@ -181,6 +182,76 @@ def parse(model: type[T], response: httpx.Response) -> T:
 # --------------------------------------------------------------------------------------- server-sent events
 
 
+MAX_EVENT_LINE_BYTES = 1024 * 1024
+"""The longest line of an event stream the client reads (the server's events are a few KiB); a longer one
+is a StareError (code event_too_large) before more of it is held."""
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+"""The most one stream message (all its lines until the blank line) may hold, counted in characters of its
+decoded lines (each line is already at most MAX_EVENT_LINE_BYTES bytes)."""
+
+
+def too_large(what: str, limit: int) -> errors.StareError:
+    return errors.StareError(
+        f"the event stream sent {what} longer than {limit} bytes; refused (the server is not one this client "
+        "can trust)",
+        code="event_too_large",
+    )
+
+
+LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+@dataclass
+class LineSplitter:
+    """Bytes in, text lines out (a line ends at CRLF, LF or CR, as text/event-stream says), holding at most
+    `max_line_bytes` of a line not yet ended: an endless line is an error, not memory."""
+
+    max_line_bytes: int = MAX_EVENT_LINE_BYTES
+    _pending: bytearray = field(default_factory=bytearray)
+    _after_cr: bool = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        lines: list[str] = []
+        start = 1 if self._after_cr and chunk[:1] == b"\n" else 0  # the LF of a CRLF cut between chunks
+        for brk in LINE_BREAK.finditer(chunk, start):
+            self._take(chunk[start : brk.start()])
+            lines.append(self._pending.decode("utf-8", "replace"))
+            self._pending.clear()
+            start = brk.end()
+        self._after_cr = start == len(chunk) and chunk.endswith(b"\r")
+        self._take(chunk[start:])
+        return lines
+
+    def _take(self, piece: bytes) -> None:
+        if len(self._pending) + len(piece) > self.max_line_bytes:
+            raise too_large("a line", self.max_line_bytes)
+        self._pending += piece
+
+    def end(self) -> list[str]:
+        """The last line when the body did not end with a line break."""
+        line = self._pending.decode("utf-8", "replace") if self._pending else None
+        self._pending.clear()
+        return [line] if line is not None else []
+
+
+def bounded_lines(chunks: Iterable[bytes], max_line_bytes: int = MAX_EVENT_LINE_BYTES) -> Iterator[str]:
+    splitter = LineSplitter(max_line_bytes)
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.end()
+
+
+async def abounded_lines(
+    chunks: AsyncIterator[bytes], max_line_bytes: int = MAX_EVENT_LINE_BYTES
+) -> AsyncIterator[str]:
+    splitter = LineSplitter(max_line_bytes)
+    async for chunk in chunks:
+        for line in splitter.feed(chunk):
+            yield line
+    for line in splitter.end():
+        yield line
+
+
 @dataclass
 class SSEMessage:
     event: str = "message"
@@ -193,9 +264,11 @@ class SSEParser:
     """Incremental text/event-stream parsing (the WHATWG rules that matter here: `field: value` lines, a
     blank line ends a message, `:` lines are comments, data lines join with newlines)."""
 
+    max_event_bytes: int = MAX_EVENT_BYTES
     _event: str = ""
     _data: list[str] = field(default_factory=list)
     _id: str | None = None
+    _held: int = 0  # characters of the message so far (its lines and their line breaks)
 
     def feed_line(self, line: str) -> SSEMessage | None:
         line = line.rstrip("\r\n")
@@ -203,10 +276,13 @@ class SSEParser:
             if not self._data and not self._event and self._id is None:
                 return None
             message = SSEMessage(self._event or "message", "\n".join(self._data), self._id)
-            self._event, self._data, self._id = "", [], None
+            self._event, self._data, self._id, self._held = "", [], None, 0
             return message
         if line.startswith(":"):
             return None
+        self._held += len(line) + 1
+        if self._held > self.max_event_bytes:
+            raise too_large("one event", self.max_event_bytes)
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if name == "event":

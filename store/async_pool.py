@@ -4,8 +4,8 @@ POST /v1/jobs (the job and its first event, in one transaction).
 A plain `def` route or dependency costs a thread-pool hop and SQLAlchemy's session and execution machinery
 around one statement; on a small machine that is most of the request. On PostgreSQL `AsyncPool` is a small
 pool of psycopg async connections (autocommit, UTC) that runs the repository's own SQLAlchemy statements,
-compiled once for psycopg (JSON parameters are passed as JSONB: SQLAlchemy's bind processing is not in the
-way). In autocommit each statement is its own transaction; `fetch_in_transaction` runs several in one (one
+compiled once for psycopg (JSON parameters are passed as JSONB, or as JSON for a column that keeps its text,
+store.models.JSONText: SQLAlchemy's bind processing is not in the way). In autocommit each statement is its own transaction; `fetch_in_transaction` runs several in one (one
 round trip: one simple-protocol query, which PostgreSQL runs as one transaction). SQLite (embedded mode)
 has no async driver here: `ThreadedPool` runs the same statements through the SQLAlchemy engine in the
 thread pool. Both have the same two methods, `fetch_one(statement, params)` and
@@ -30,7 +30,7 @@ import anyio.to_thread
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine, make_url
 
@@ -52,29 +52,33 @@ class AsyncPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: list[psycopg.AsyncConnection[dict[str, Any]]] = []
         self._slots: asyncio.Semaphore | None = None
-        self._compiled: dict[int, tuple[sa.Executable, str, frozenset[str]]] = {}
+        self._compiled: dict[int, tuple[sa.Executable, str, dict[str, type[Json | Jsonb]]]] = {}
 
     def sql(self, statement: sa.Executable) -> str:
         """The statement's SQL for psycopg, compiled once."""
         return self._compile(statement)[1]
 
-    def _compile(self, statement: sa.Executable) -> tuple[sa.Executable, str, frozenset[str]]:
-        """(statement, SQL, names of its JSON parameters), compiled once per statement."""
+    def _compile(self, statement: sa.Executable) -> tuple[sa.Executable, str, dict[str, type[Json | Jsonb]]]:
+        """(statement, SQL, its JSON parameters: name -> Jsonb, or Json for a `json` column), compiled once
+        per statement."""
         found = self._compiled.get(id(statement))
         if found is None:
             compiled = statement.compile(dialect=_PSYCOPG)  # type: ignore[attr-defined]
-            json_binds = frozenset(
-                name for name, bind in compiled.binds.items() if isinstance(bind.type, sa.JSON)
-            )
+            json_binds: dict[str, type[Json | Jsonb]] = {
+                name: Jsonb if isinstance(bind.type.dialect_impl(_PSYCOPG), postgresql.JSONB) else Json
+                for name, bind in compiled.binds.items()
+                if isinstance(bind.type, sa.JSON)
+            }
             found = (statement, str(compiled), json_binds)
             self._compiled[id(statement)] = found  # the statement is kept, so its id stays unique
         return found
 
     def _prepared(self, statement: sa.Executable, params: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        """SQL and parameters for psycopg: JSON values wrapped as Jsonb (psycopg adapts no dict itself)."""
+        """SQL and parameters for psycopg: JSON values wrapped as Jsonb or Json (psycopg adapts no dict
+        itself)."""
         _, sql, json_binds = self._compile(statement)
         return sql, {
-            key: Jsonb(value) if key in json_binds and value is not None else value
+            key: json_binds[key](value) if key in json_binds and value is not None else value
             for key, value in params.items()
         }
 

@@ -78,6 +78,10 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
 
 
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+JSONText = sa.JSON()
+"""JSON kept as written: PostgreSQL's `json` (the text itself; JSONB would respell 1e+70 as a 71-digit
+integer) and SQLite's JSON text. A job's spec is stored in it, so the trainer reads back the very numbers
+the API validated (contract/spec.py, "Numeric bounds")."""
 
 
 def utcnow() -> datetime:
@@ -148,8 +152,8 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
     name: Mapped[str | None] = mapped_column(sa.String(200))
     status: Mapped[str] = mapped_column(sa.String(20))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSONType)  # as submitted
-    resolved_spec: Mapped[dict[str, Any]] = mapped_column(JSONType)  # every default filled in
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONText)  # as submitted
+    resolved_spec: Mapped[dict[str, Any]] = mapped_column(JSONText)  # every default filled in (validated)
     spec_hash: Mapped[str] = mapped_column(sa.String(64))
     model: Mapped[str] = mapped_column(sa.String(512))
     algorithm: Mapped[str] = mapped_column(sa.String(64))

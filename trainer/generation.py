@@ -219,6 +219,27 @@ def generation_kwargs(
     return eos, kwargs
 
 
+class SamplingError(ValueError):
+    """Sampling met probabilities torch cannot draw from (inf, NaN or negative): the spec's sampling settings
+    (a temperature so low that logits / temperature overflows, contract.spec.MIN_TEMPERATURE says why) or a
+    model driven to non-finite logits. A ValueError, so the trainer exits USER_ERROR
+    (contract.protocol.ExitCode) and the job fails as a user error (invalid_job) instead of being retried
+    as a crash."""
+
+
+UNSAMPLEABLE = "probability tensor contains either"  # torch.multinomial's refusal
+
+
+def unsampleable(err: RuntimeError, temperature: float, top_p: float) -> SamplingError | None:
+    """The SamplingError that `err` stands for, or None when it is another failure."""
+    if UNSAMPLEABLE not in str(err):
+        return None
+    return SamplingError(
+        f"sampling at temperature {temperature!r}, top_p {top_p!r} gave probabilities that cannot be sampled "
+        f"(inf, NaN or negative: {err}); check sampling.temperature and sampling.top_p"
+    )
+
+
 class HFGenerate:
     """The rollout engine on the policy itself: transformers' generate (KV cache), in eval mode."""
 
@@ -284,7 +305,13 @@ class HFGenerate:
                     model, prompt_ids, prompt_mask, num_samples
                 )
             with recorder.recording(model) if recorder is not None else contextlib.nullcontext():
-                out = model.generate(input_ids=rows_ids, attention_mask=rows_mask, **kwargs)
+                try:
+                    out = model.generate(input_ids=rows_ids, attention_mask=rows_mask, **kwargs)
+                except RuntimeError as err:
+                    refused = unsampleable(err, temperature, top_p)
+                    if refused is None:
+                        raise
+                    raise refused from err
         out = out.to("cpu", copy=True)
         rows_mask = rows_mask.cpu()
         p_len = rows_ids.shape[1]

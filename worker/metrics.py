@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
 import sqlalchemy as sa
@@ -28,6 +28,7 @@ from contract.numbers import finite
 from contract.protocol import JOB_FAILURE_CODES, EventType
 from store.database import Database
 from store.models import LEASED_STATUSES, Job
+from store.repository import db_now
 from store.repository.monitoring import failed_job_counts, latest_evals
 from worker.broker import REDIS_SCHEMES, queue_depth_reader
 
@@ -67,9 +68,9 @@ class FleetCollector(Collector):
         depth = _gauge("stare_queue_messages")
         up = _gauge("stare_fleet_scrape_ok")
         failed = _gauge("stare_failed_jobs")
-        now = datetime.now(UTC)
         try:
             with self.db.sessions() as session:
+                now = db_now(session)  # heartbeats are the database's time: their age is measured on it
                 rows = session.execute(
                     sa.select(
                         Job.id,

@@ -100,7 +100,7 @@ class Registration:
         try:
             self.register()
             with self.db.transaction() as session:  # rows of workers gone for a day: housekeeping
-                repository.forget_workers(session, repository.utcnow() - FORGET_AFTER)
+                repository.forget_workers(session, FORGET_AFTER)
         except Exception:  # the database is down: the heartbeat thread registers once it is back
             logger.exception("could not register %s yet; retrying at each heartbeat", self.worker_id)
         self._thread = threading.Thread(target=self._run, name="registry-heartbeat", daemon=True)

@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy.exc
 import yaml
+from pydantic import ValidationError
 
 from contract.protocol import (
     CHECKPOINT_GLOB,
@@ -336,6 +337,12 @@ def job_confinement(
     )
 
 
+def spec_refusal(err: ValidationError) -> str:
+    """`invalid job spec: <field>: <why>` for each field, as the trainer says it (exit 2)."""
+    fields = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(spec)'}: {e['msg']}" for e in err.errors())
+    return f"invalid job spec: {fields}"[:1000]
+
+
 def run_claimed(
     db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
 ) -> str:
@@ -363,6 +370,12 @@ def run_claimed(
     except NoCluster as err:
         logger.error("job %s: %s", claim.job_id, err)
         return _finish(recorder, "failed", JobError(FailureCode.RAY_UNAVAILABLE, str(err), "system"))
+    except (
+        ValidationError
+    ) as err:  # a stored spec this contract refuses (say, a bound added since): the job's
+        message = spec_refusal(err)  # error, never a worker crash (that would look like a lost worker)
+        logger.error("job %s: %s", claim.job_id, message)
+        return _finish(recorder, "failed", JobError(FailureCode.INVALID_JOB, message, "user"))
     except OSError as err:  # the trainer could not be started (no such interpreter, no memory to fork)
         logger.error("job %s: cannot start the trainer: %s", claim.job_id, err)
         return _retry(

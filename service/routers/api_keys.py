@@ -22,10 +22,20 @@ from store import repository
 router = APIRouter(prefix="/v1/api-keys", tags=["identity"], responses=AUTHENTICATED_ERRORS)
 
 
-@router.post("", summary="Create an API key", status_code=201, response_model=ApiKeyCreated)
-def create_api_key(body: ApiKeyCreate, tenant: CurrentTenant, session: SessionDep) -> ApiKeyCreated:
-    """A new key for this tenant. The response holds the secret; it is stored only as a SHA-256 hash."""
-    key, secret = repository.create_api_key(session, tenant.id, body.name)
+@router.post(
+    "",
+    summary="Create an API key",
+    status_code=201,
+    response_model=ApiKeyCreated,
+    responses=errors(409),
+)
+def create_api_key(
+    body: ApiKeyCreate, tenant: CurrentTenant, session: SessionDep, services: ServicesDep
+) -> ApiKeyCreated:
+    """A new key for this tenant. The response holds the secret; it is stored only as a SHA-256 hash. A tenant
+    has at most `limits.max_active_api_keys` active keys (GET /v1/me): past it, 409 too_many_api_keys."""
+    cap = services.settings.max_active_keys_per_tenant
+    key, secret = repository.create_api_key(session, tenant.id, body.name, max_active=cap)
     session.commit()
     return ApiKeyCreated(**views.api_key_view(key).model_dump(), key=secret)
 

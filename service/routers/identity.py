@@ -25,6 +25,9 @@ def me(principal: CurrentPrincipal, session: SessionDep, services: ServicesDep) 
             max_upload_bytes=settings.max_upload_bytes,
             rate_limit_per_second=settings.rate_limit_per_second or None,
             rate_limit_burst=settings.rate_limit_burst,
+            tenant_rate_limit_per_second=settings.tenant_rate_limit_per_second or None,
+            tenant_rate_limit_burst=settings.tenant_rate_limit_burst,
+            max_active_api_keys=settings.max_active_keys_per_tenant or None,
         ),
         usage=Usage(
             active_jobs=usage.active_jobs, jobs=usage.jobs, files=usage.files, file_bytes=usage.file_bytes

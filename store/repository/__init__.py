@@ -36,6 +36,7 @@ Errors: store.errors (Conflict, Invalid), without HTTP statuses; the API maps th
 from __future__ import annotations
 
 from store.models import utcnow  # the clock every write uses (tests pass `now` from it)
+from store.repository._common import db_now
 from store.repository.checkpoints import (
     get_checkpoint,
     latest_checkpoint,
@@ -125,6 +126,7 @@ __all__ = [
     "create_file",
     "create_job",
     "create_tenant",
+    "db_now",
     "delete_file",
     "delete_job",
     "find_api_key",

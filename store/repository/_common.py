@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,6 +12,18 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from store.models import LEASED_STATUSES, Job
+
+
+def db_now(session: Session) -> datetime:
+    """The database's clock (UTC): the one clock heartbeats are written and compared with, so a worker,
+    sweeper or API host whose own clock is off cannot make a beat look fresh or stale. PostgreSQL: now() (the
+    transaction's start); SQLite: the embedded host's clock, to the millisecond."""
+    if session.get_bind().dialect.name == "sqlite":
+        text = session.scalar(sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
+        return datetime.fromisoformat(str(text)).replace(tzinfo=UTC)
+    value = session.scalar(sa.select(sa.func.now()))
+    assert isinstance(value, datetime)
+    return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def newest_first_page(session: Session, query: Any, id_column: Any, after: str | None, limit: int) -> Any:

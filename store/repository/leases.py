@@ -30,7 +30,7 @@ from store.models import (
     JobMetric,
     utcnow,
 )
-from store.repository._common import fence, json_safe, rowcount, upsert
+from store.repository._common import db_now, fence, json_safe, rowcount, upsert
 from store.repository.checkpoints import latest_checkpoint
 from store.repository.events import append_event
 
@@ -71,7 +71,7 @@ def claim_job(
 ) -> Claim | None:
     """Win the job with one conditional UPDATE, or None when it is not claimable (someone owns it, it was
     cancelled or paused, or it finished). Sets running, a fresh lease token, lease expiry, attempt + 1."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock (store.repository._common.db_now)
     token = uuid.uuid4().hex
     row = session.execute(
         sa.update(Job)
@@ -96,7 +96,8 @@ def claim_job(
         session,
         job_id,
         "job.running",
-        f"Attempt {row.attempt} started on {owner}"
+        # Tenants read this event: the worker (host name, pid) stays in lease_owner and the worker's log.
+        f"Attempt {row.attempt} started"
         + (f", resuming from step {latest.step}" if latest is not None else ""),
         data={"attempt": row.attempt, "resume_step": latest.step if latest is not None else None},
         lease_token=token,
@@ -119,7 +120,7 @@ def heartbeat(
 ) -> str | None:
     """Extend the lease. Returns the job's status ("running", or "cancelling"/"pausing": stop cooperatively),
     or None when the lease is lost (stop at once, write nothing more)."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock (store.repository._common.db_now)
     status = session.execute(
         sa.update(Job)
         .where(Job.id == job_id, Job.lease_token == lease_token, Job.status.in_(LEASED_STATUSES))
@@ -326,7 +327,8 @@ def retry_job(
     ).one_or_none()
     if job is None:
         return None
-    streak = crash_streak_after(job.crash_streak, job.crash_step, job.current_step)
+    furthest = furthest_step(session, job_id, job.current_step)
+    streak = crash_streak_after(job.crash_streak, job.crash_step, furthest)
     if infrastructure:
         spent: dict[str, Any] = {"lost_workers": Job.lost_workers + 1}
         left = job.max_lost_workers - job.lost_workers - 1
@@ -336,14 +338,16 @@ def retry_job(
     final = error
     if streak >= CRASH_LOOP_STREAK:
         final = JobError(
-            FailureCode.CRASH_LOOP, crash_loop_message(streak, job.current_step, error.message), "system"
+            FailureCode.CRASH_LOOP,
+            crash_loop_message(streak, furthest, job.current_step, error.message),
+            "system",
         )
     exhausted = left <= 0 or final is not error
     values: dict[str, Any] = {
         "status": "failed" if exhausted else "recovering",
         **spent,
         "crash_streak": streak,
-        "crash_step": job.current_step,
+        "crash_step": furthest,
         "lease_token": None,
         "lease_expires_at": None,
         "updated_at": now,
@@ -371,16 +375,24 @@ def retry_job(
     return new_status
 
 
-def crash_streak_after(streak: int, crash_step: int | None, current_step: int) -> int:
-    """The crash streak after one more failure at `current_step`: one more when the job got no further than
-    at the previous failure (crash_step), else 1 (it made progress: a new streak)."""
-    return streak + 1 if crash_step is not None and current_step <= crash_step else 1
+def furthest_step(session: Session, job_id: str, current_step: int) -> int:
+    """The furthest step any attempt of the job reached: its highest metric row (rows are kept when a resume
+    redoes steps), or the job's current step when that is higher."""
+    recorded = session.scalar(sa.select(sa.func.max(JobMetric.step)).where(JobMetric.job_id == job_id))
+    return max(current_step, recorded or 0)
 
 
-def crash_loop_message(streak: int, step: int, last_error: str) -> str:
+def crash_streak_after(streak: int, crash_step: int | None, furthest: int) -> int:
+    """The crash streak after one more failure, `furthest` being the furthest step any attempt has reached:
+    one more when no attempt got further than at the previous failure (crash_step), else 1 (progress: a new
+    streak)."""
+    return streak + 1 if crash_step is not None and furthest <= crash_step else 1
+
+
+def crash_loop_message(streak: int, furthest: int, current_step: int, last_error: str) -> str:
     return (
-        f"the trainer failed {streak} times in a row at step {step + 1} (no attempt got past step {step}); "
-        f"last: {last_error}"
+        f"the trainer failed {streak} times in a row without getting past step {furthest}, the furthest "
+        f"step any attempt reached (the last attempt failed at step {current_step + 1}); last: {last_error}"
     )[:1000]
 
 
@@ -392,7 +404,7 @@ def recover_stale_jobs(
     cancelled. A lost worker is the infrastructure's fault: it spends neither the crash budget nor the
     crash streak. Returns (job id, queue, new status); re-send the `recovering` ones. Each change is
     conditional on the lease token seen, so a worker that heartbeats in between keeps its job."""
-    now = now or utcnow()
+    now = now or db_now(session)  # the database's clock (store.repository._common.db_now)
     cutoff = now - timedelta(seconds=stale_after_s)
     candidates = session.execute(
         sa.select(Job.id, Job.queue, Job.status, Job.lease_token, Job.lost_workers, Job.max_lost_workers)

@@ -55,8 +55,23 @@ def tenant_usage(session: Session, tenant_id: str) -> TenantUsage:
     return TenantUsage(active_jobs=active, jobs=jobs, files=files, file_bytes=int(file_bytes))
 
 
-def create_api_key(session: Session, tenant_id: str, name: str) -> tuple[ApiKey, str]:
-    """A new key for the tenant; returns the row and the secret (shown once, never stored)."""
+def create_api_key(session: Session, tenant_id: str, name: str, *, max_active: int = 0) -> tuple[ApiKey, str]:
+    """A new key for the tenant; returns the row and the secret (shown once, never stored). With `max_active`
+    (> 0), a tenant that already has that many active keys gets a Conflict (too_many_api_keys); the tenant's
+    row is locked while counting (PostgreSQL), so concurrent requests cannot pass the cap together."""
+    if max_active > 0:
+        session.execute(sa.select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+        active = session.scalar(
+            sa.select(sa.func.count(ApiKey.id)).where(
+                ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None)
+            )
+        )
+        if (active or 0) >= max_active:
+            raise Conflict(
+                f"the tenant has {active} active API keys, the most allowed (max_active_keys_per_tenant = "
+                f"{max_active}); revoke one before creating another",
+                code="too_many_api_keys",
+            )
     secret = keys.generate_key()
     row = ApiKey(
         id=new_id("key"),

@@ -6,19 +6,24 @@ its row gone), renews `heartbeat_at` every beat (`worker_heartbeat`) and deletes
 (killed, host lost) stops counting once its last beat is older than the service's stale time, and
 `forget_workers` deletes such rows (the sweeper's housekeeping). Capabilities are stored as given (the JSON
 of contract.fleet.WorkerClass); the store does not interpret them.
+
+One clock: beats are written with the database's time and compared with it (`db_now`), never a host's, and
+a beat dated in the future (a row written by a host whose clock ran ahead) does not count as live.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from store.models import Worker, utcnow
-from store.repository._common import rowcount, upsert
+from store.models import Worker
+from store.repository._common import db_now, rowcount, upsert
+
+FUTURE_SLACK = timedelta(seconds=1)  # a beat later than the database's now by more than this is not live
 
 
 def register_worker(
@@ -29,7 +34,7 @@ def register_worker(
     now: datetime | None = None,
 ) -> None:
     """Insert or refresh the worker's row for each of its queues (capabilities and heartbeat renewed)."""
-    now = now or utcnow()
+    now = now or db_now(session)
     for queue in queues:
         values = {
             "id": worker_id,
@@ -46,7 +51,7 @@ def worker_heartbeat(session: Session, worker_id: str, now: datetime | None = No
     result = session.execute(
         sa.update(Worker)
         .where(Worker.id == worker_id)
-        .values(heartbeat_at=now or utcnow())
+        .values(heartbeat_at=now or db_now(session))
         .execution_options(synchronize_session=False)
     )
     return rowcount(result)
@@ -56,12 +61,18 @@ def remove_worker(session: Session, worker_id: str) -> int:
     return rowcount(session.execute(sa.delete(Worker).where(Worker.id == worker_id)))
 
 
-def live_workers(session: Session, since: datetime) -> list[Worker]:
-    """Rows that beat at or after `since`, oldest registration first."""
-    query = sa.select(Worker).where(Worker.heartbeat_at >= since)
+def live_workers(session: Session, stale_after_s: float, now: datetime | None = None) -> list[Worker]:
+    """Rows that beat within `stale_after_s` of the database's now (and not after it), oldest registration
+    first."""
+    now = now or db_now(session)
+    since = now - timedelta(seconds=stale_after_s)
+    query = sa.select(Worker).where(Worker.heartbeat_at >= since, Worker.heartbeat_at <= now + FUTURE_SLACK)
     return list(session.scalars(query.order_by(Worker.started_at, Worker.id, Worker.queue)))
 
 
-def forget_workers(session: Session, before: datetime) -> int:
-    """Delete rows whose last beat is older than `before` (they no longer count anyway)."""
-    return rowcount(session.execute(sa.delete(Worker).where(Worker.heartbeat_at < before)))
+def forget_workers(session: Session, older_than: timedelta, now: datetime | None = None) -> int:
+    """Delete rows whose last beat is further than `older_than` from the database's now, before it or after
+    it (they no longer count anyway)."""
+    now = now or db_now(session)
+    far = sa.or_(Worker.heartbeat_at < now - older_than, Worker.heartbeat_at > now + older_than)
+    return rowcount(session.execute(sa.delete(Worker).where(far)))

@@ -127,6 +127,7 @@ class Stack:
                 "STARE_SSE_POLL_INTERVAL_S": "0.2",
                 "STARE_SSE_KEEPALIVE_S": "2",
                 "STARE_RATE_LIMIT_PER_SECOND": "0",
+                "STARE_TENANT_RATE_LIMIT_PER_SECOND": "0",
                 "STARE_MAX_ACTIVE_JOBS_PER_TENANT": "0",
                 "STARE_MAX_ATTEMPTS": "1",  # a crashed trainer fails its job at once (the exit-code test)
                 "STARE_AUTH_CACHE_TTL_S": "0",

@@ -292,9 +292,8 @@ def test_a_worker_that_stops_cleanly_leaves_the_registry(
         registry_heartbeat_s=60,
     )
     registration = Registration(fleet_db, settings, f"w-{uuid.uuid4().hex[:6]}", ["a", "b"]).start()
-    since = repository.utcnow() - timedelta(seconds=60)
     with fleet_db.transaction() as session:
-        rows = [w for w in repository.live_workers(session, since) if w.id == registration.worker_id]
+        rows = [w for w in repository.live_workers(session, 60) if w.id == registration.worker_id]
     assert sorted(w.queue for w in rows) == ["a", "b"]
     assert rows[0].capabilities["rollout_engines"] == ["hf", "vllm"]
     assert rows[0].capabilities["processes_per_node"] == 2
@@ -302,12 +301,10 @@ def test_a_worker_that_stops_cleanly_leaves_the_registry(
         repository.remove_worker(session, registration.worker_id)
     registration.beat()  # its rows were removed: the next beat registers it again
     with fleet_db.transaction() as session:
-        assert (
-            len([w for w in repository.live_workers(session, since) if w.id == registration.worker_id]) == 2
-        )
+        assert len([w for w in repository.live_workers(session, 60) if w.id == registration.worker_id]) == 2
     registration.stop()
     with fleet_db.transaction() as session:
-        assert [w for w in repository.live_workers(session, since) if w.id == registration.worker_id] == []
+        assert [w for w in repository.live_workers(session, 60) if w.id == registration.worker_id] == []
 
 
 def test_bad_declarations_fail_at_startup_naming_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,3 +321,78 @@ def test_bad_declarations_fail_at_startup_naming_the_field(monkeypatch: pytest.M
         with pytest.raises(ValidationError) as info:
             Settings()
         assert named in str(info.value), value
+
+
+# 7 processes: no other test of this module registers a worker that large (a killed one stays in the
+# registry until it is forgotten), so only the row a test registers can take its jobs.
+WORKER_CLASS = {"name": None, "queue": "q", "processes_per_node": 7, "memory_per_device_bytes": 8 * GIB}
+SECRET_WORKER = "worker-424242@secret-host.internal"
+
+
+def _register(db: Database, worker_id: str, queue: str, **when: Any) -> None:
+    with db.transaction() as session:
+        repository.register_worker(session, worker_id, {**WORKER_CLASS, "queue": queue}, [queue], **when)
+
+
+def test_a_heartbeat_dated_in_the_future_does_not_count_and_beats_use_the_databases_clock(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey, fleet_db: Database
+) -> None:
+    """A row whose beat is an hour ahead (a host whose clock ran ahead) offers no capacity, however long it
+    would stay "fresh" on a comparison with the API host's clock; a beat written now (the database's clock)
+    counts, and is the database's time."""
+    client = fleet_client(worker_classes=[], worker_stale_after_s=30.0)
+    queue = f"skew-{uuid.uuid4().hex[:8]}"
+    skewed = f"w-skewed-{uuid.uuid4().hex[:6]}"
+    with fleet_db.transaction() as session:
+        ahead = repository.db_now(session) + timedelta(hours=1)
+    _register(fleet_db, skewed, queue, now=ahead)
+    try:
+        refused = _post(client, fleet_tenant, "/v1/jobs/estimate", _spec(processes_per_node=7))
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "exceeds_capacity", (
+            refused.text
+        )
+        with fleet_db.transaction() as session:
+            assert [w for w in repository.live_workers(session, 30.0) if w.id == skewed] == []
+            repository.worker_heartbeat(session, skewed)  # the next beat: on the database's clock
+        with fleet_db.transaction() as session:
+            now = repository.db_now(session)
+            row = next(w for w in repository.live_workers(session, 30.0) if w.id == skewed)
+            assert abs((row.heartbeat_at - now).total_seconds()) < 5
+        assert (
+            _post(client, fleet_tenant, "/v1/jobs/estimate", _spec(processes_per_node=7)).status_code == 200
+        )
+    finally:
+        with fleet_db.transaction() as session:
+            repository.remove_worker(session, skewed)
+
+
+def test_tenants_see_no_worker_host_or_pid(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey, fleet_db: Database
+) -> None:
+    """Estimates name the class a job would run on and job events say an attempt started; neither names the
+    worker (its host name and pid stay in the lease owner and the worker's log)."""
+    client = fleet_client(worker_classes=[])
+    queue = f"private-{uuid.uuid4().hex[:8]}"
+    _register(fleet_db, SECRET_WORKER, queue)
+    try:
+        estimate = _post(client, fleet_tenant, "/v1/jobs/estimate", _spec(processes_per_node=7))
+        assert estimate.status_code == 200, estimate.text
+        assert estimate.json()["worker_class"] == f"a live worker on queue {queue!r}"
+        created = _post(client, fleet_tenant, "/v1/jobs", _spec(processes_per_node=7))
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        with fleet_db.transaction() as session:
+            claim = repository.claim_job(session, job_id, owner="secret-host.internal:424242", lease_s=30)
+            assert claim is not None
+        seen = [
+            client.get(path, headers=fleet_tenant.headers).text
+            for path in (f"/v1/jobs/{job_id}/events", f"/v1/jobs/{job_id}", "/v1/jobs")
+        ]
+        seen.append(estimate.text)
+        for text in seen:
+            assert "secret-host" not in text and "424242" not in text, text
+        events = client.get(f"/v1/jobs/{job_id}/events", headers=fleet_tenant.headers).json()["data"]
+        assert [e["message"] for e in events if e["type"] == "job.running"] == ["Attempt 1 started"]
+    finally:
+        with fleet_db.transaction() as session:
+            repository.remove_worker(session, SECRET_WORKER)

@@ -1,5 +1,6 @@
-"""Rate limiting: a token bucket per API key; over the limit is a 429 with Retry-After, per key. In process, or
-in Redis (shared by several API processes, falling back to in process when Redis is down)."""
+"""Rate limiting: a token bucket per API key and one per tenant (its keys together); over either limit is a 429
+with Retry-After. In process, or in Redis (shared by several API processes, falling back to in process when
+Redis is down). A tenant has at most max_active_keys_per_tenant active keys (409 past it)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,48 @@ def test_several_processes_without_a_shared_limiter_are_refused(monkeypatch: pyt
     monkeypatch.setenv("STARE_RATE_LIMIT_PER_SECOND", "20")
     monkeypatch.setenv("STARE_RATE_LIMIT_BACKEND", "memory")
     assert main(["serve", "--workers", "2"]) == 2
+
+
+def keys_of(client: TestClient, tenant: TenantKey, count: int) -> list[dict[str, str]]:
+    """The tenant's own key and `count` more, minted through the API, as request headers."""
+    minted = [
+        client.post("/v1/api-keys", json={"name": f"k{i}"}, headers=tenant.headers) for i in range(count)
+    ]
+    assert [r.status_code for r in minted] == [201] * count, [r.text for r in minted]
+    return [tenant.headers] + [{"Authorization": f"Bearer {r.json()['key']}"} for r in minted]
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_minted_keys_share_the_tenants_rate(
+    backend: str, make_client: Callable[..., TestClient], make_tenant: Callable[[], TenantKey]
+) -> None:
+    """A tenant that mints keys does not multiply its rate: 10 keys, each far under its own limit, together
+    get the tenant's burst through and then 429 naming the tenant limit; another tenant is not affected."""
+    limits = {"rate_limit_per_second": 1000.0, "rate_limit_burst": 1000}
+    limits |= {"tenant_rate_limit_per_second": 0.01, "tenant_rate_limit_burst": 25}
+    options = redis_settings(**limits) if backend == "redis" else limits
+    client = make_client(**options)
+    first, second = make_tenant(), make_tenant()
+    headers = keys_of(client, first, 9)  # 9 of the tenant's 25 tokens
+    statuses = [client.get("/v1/jobs", headers=headers[i % 10]).status_code for i in range(40)]
+    assert statuses.count(200) == 25 - 9 and statuses[: 25 - 9] == [200] * (25 - 9), statuses
+    error = assert_error(client.get("/v1/jobs", headers=headers[3]), 429, "rate_limit_exceeded")
+    assert "per tenant" in error["message"]
+    assert client.get("/v1/jobs", headers=second.headers).status_code == 200
+    me = client.get("/v1/me", headers=second.headers).json()["limits"]
+    assert (me["tenant_rate_limit_per_second"], me["tenant_rate_limit_burst"]) == (0.01, 25)
+
+
+def test_active_keys_per_tenant_are_capped(make_client: Callable[..., TestClient], tenant: TenantKey) -> None:
+    client = make_client(max_active_keys_per_tenant=3)
+    assert client.get("/v1/me", headers=tenant.headers).json()["limits"]["max_active_api_keys"] == 3
+    keys_of(client, tenant, 2)  # the tenant's own key and two more: 3
+    refused = client.post("/v1/api-keys", json={"name": "one too many"}, headers=tenant.headers)
+    error = assert_error(refused, 409, "too_many_api_keys")
+    assert "max_active_keys_per_tenant = 3" in error["message"]
+    listed = client.get("/v1/api-keys", headers=tenant.headers).json()["data"]
+    assert len(listed) == 3
+    revoked = client.delete(f"/v1/api-keys/{listed[-1]['id']}", headers=tenant.headers)
+    assert revoked.status_code == 200
+    again = client.post("/v1/api-keys", json={"name": "after a revoke"}, headers=tenant.headers)
+    assert again.status_code == 201, again.text

@@ -187,6 +187,7 @@ class Harness:
             broker_url=infra.broker_url,
             training_queue=self.queue,
             rate_limit_per_second=0.0,
+            tenant_rate_limit_per_second=0.0,
             max_active_jobs_per_tenant=0,
             max_attempts=max_attempts,
             auth_cache_ttl_s=60.0,

@@ -130,8 +130,8 @@ def test_two_crashes_at_one_step_are_a_crash_loop(db: Database, job_id: str) -> 
     job = _job(db, job_id)
     assert (job.error_code, job.error_category) == ("crash_loop", "system")
     assert job.error_message == (
-        "the trainer failed 2 times in a row at step 3 (no attempt got past step 2); "
-        "last: trainer exited with code 1: RuntimeError: boom"
+        "the trainer failed 2 times in a row without getting past step 2, the furthest step any attempt "
+        "reached (the last attempt failed at step 3); last: trainer exited with code 1: RuntimeError: boom"
     )
     assert (job.attempt, job.failures, job.crash_streak) == (2, 2, 2)
     failed = _events(db, job_id, "job.failed")
@@ -165,6 +165,53 @@ def test_three_lost_workers_leave_the_crash_budget_whole(db: Database, job_id: s
         assert _retry(db, claim) == "recovering"
     job = _job(db, job_id)
     assert (job.attempt, job.lost_workers, job.failures, job.status) == (5, 3, 2, "recovering")
+
+
+def _steps_from(db: Database, claim: repository.Claim, first: int, last: int) -> None:  # noqa: F811
+    with db.transaction() as session:
+        for step in range(first, last + 1):
+            assert repository.record_step_metrics(
+                session, claim.job_id, claim.lease_token, step, step_metrics(step, 0.5)
+            )
+
+
+def test_the_crash_loop_counts_the_furthest_step_any_attempt_reached(
+    db: Database,  # noqa: F811
+    job_id: str,
+) -> None:
+    """Two kills within one checkpoint interval (every 10): at step 15, then at step 12 of the re-run that
+    resumed from 10. The message names 15, the furthest any attempt reached, not the re-run's 12."""
+    first = _claim(db, job_id)
+    _steps_from(db, first, 1, 15)
+    assert _retry(db, first, KILLED, infrastructure=True) == "recovering"
+    second = _claim(db, job_id)
+    _steps_from(db, second, 11, 12)  # resumed from the checkpoint at 10
+    assert _retry(db, second, KILLED, infrastructure=True) == "failed"
+    job = _job(db, job_id)
+    assert job.error_code == "crash_loop" and job.crash_step == 15
+    assert job.error_message.startswith(
+        "the trainer failed 2 times in a row without getting past step 15, the furthest step any attempt "
+        "reached (the last attempt failed at step 13); last: trainer was killed by SIGKILL"
+    ), job.error_message
+
+
+def test_progress_past_an_earlier_attempt_starts_a_new_streak_however_the_attempt_ended(
+    db: Database,  # noqa: F811
+    job_id: str,
+) -> None:
+    """Attempt 1 reaches 15 and its worker is lost (no crash); attempt 2 resumes at 10 and crashes at 12;
+    attempt 3 resumes at 10 and crashes at 14: no attempt got past 15, so that is a loop (the rule reads
+    the furthest step, not the last failure's)."""
+    first = _claim(db, job_id)
+    _steps_from(db, first, 1, 15)
+    assert _lose_worker(db, job_id, repository.utcnow() + timedelta(minutes=5)) == "recovering"
+    second = _claim(db, job_id)
+    _steps_from(db, second, 11, 12)
+    assert _retry(db, second) == "recovering"
+    third = _claim(db, job_id)
+    _steps_from(db, third, 11, 14)
+    assert _retry(db, third) == "failed"
+    assert _job(db, job_id).error_code == "crash_loop"
 
 
 def test_a_lost_worker_between_two_crashes_at_one_step_does_not_hide_the_loop(
