@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
+from contract import control_metrics
 from contract.docs import DOCS
 from contract.numbers import finite
 from contract.protocol import EventType
@@ -663,6 +664,8 @@ CATALOGUE: tuple[Metric, ...] = (
         event=EventType.EVAL,
         shown=[_R],
     ),
+    # The PI entropy laws and the holding statistics: contract/control_metrics.py.
+    *control_metrics.entries(_m, {s.value: s for s in Surface}),
 )
 
 FLEET_SERIES: tuple[FleetSeries, ...] = (
