@@ -41,11 +41,11 @@ POLE = 0.7
 
 
 def pole_placement(response: float, pole: float = POLE) -> tuple[float, float]:
-    """(Kp, Ki) placing both poles of the discrete PI loop on the plant e_{k+1} = e_k + δ − B·u_k at
+    """(Kp, Ki), to 4 decimals, placing both poles of the discrete PI loop on the plant e_{k+1} = e_k + δ − B·u_k at
     `pole`: the characteristic polynomial z² + (B·Kp + B·Ki − 2)·z + (1 − B·Kp) = (z − pole)²."""
     if not (response > 0 and math.isfinite(response)) or not 0.0 <= pole < 1.0:
         raise ValueError(f"pole placement needs a response > 0 and a pole in [0, 1), got {response}, {pole}")
-    return (1.0 - pole * pole) / response, (1.0 - pole) ** 2 / response
+    return round((1.0 - pole * pole) / response, 4), round((1.0 - pole) ** 2 / response, 4)
 
 
 # The plant's response to u = 1 (relative entropy change per step) each law's default span is sized for,

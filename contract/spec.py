@@ -220,7 +220,9 @@ class AlgorithmSpec(_Strict):
                 "clip_pi, or leave algorithm.name unset for the default (entropy_pi)"
             )
         if is_law:
-            self.law_settings(1.0)  # raises ValueError naming the setting
+            target = self.target()
+            # raises ValueError naming the setting (a relative target is checked with its value once known)
+            self.law_settings(1.0 if target is None or target.nats is None else target.nats)
         if info is not None and info.section == "gate":
             self.gate_params(params, 0.0)
         return self

@@ -92,7 +92,10 @@ class Holding:
 
 def moving_average(values: Sequence[float], window: int = MA_WINDOW) -> list[float | None]:
     """M_t, the mean of the last `window` values up to t; None for the first window − 1."""
-    return [None if i + 1 < window else statistics.fmean(values[i + 1 - window : i + 1]) for i in range(len(values))]
+    return [
+        None if i + 1 < window else statistics.fmean(values[i + 1 - window : i + 1])
+        for i in range(len(values))
+    ]
 
 
 def holding(
@@ -118,7 +121,12 @@ def noise_floor(samples: Sequence[float]) -> dict[str, float]:
     if len(values) < 2 or not all(math.isfinite(v) for v in values):
         raise ValueError(f"a noise floor needs at least 2 finite samples, got {samples!r}")
     mean, sd = statistics.fmean(values), statistics.stdev(values)
-    return {"mean": mean, "sd": sd, "relative_sd": sd / mean if mean > 0 else math.inf, "samples": len(values)}
+    return {
+        "mean": mean,
+        "sd": sd,
+        "relative_sd": sd / mean if mean > 0 else math.inf,
+        "samples": len(values),
+    }
 
 
 @dataclass

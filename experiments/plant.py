@@ -10,6 +10,8 @@ The model, per RL step k, in relative units (x = H̄ / H*):
 gain per unit of a. Both are read from the runs' events only:
 
 - δ: the mean of −Δ ln H̄ over the window of grpo_ds steps, pooled over seeds;
+- σ: sd(Δ ln H̄)/√2 of grpo_ds over the window, the relative noise of one measurement (an upper bound: the
+  drift's own variation counts in it);
 - β: per seed, (mean Δ ln H̄ of the method − mean Δ ln H̄ of grpo_ds) / mean a, over the same window,
   averaged over the seeds both have (paired by seed: same data order, same first steps).
 
@@ -95,11 +97,18 @@ def _estimate(name: str, values: Sequence[float]) -> Estimate:
 
 def estimate_lr(folder: Path, *, first: int = 3, last: int = 40, floor: float = 0.02) -> list[Estimate]:
     """δ from grpo_ds and β of every actuator with runs in `folder` (one learning rate)."""
-    base = {seed: log_steps(read_steps(p), first, last, floor, None)[0] for seed, p in _seeds(folder / BASELINE).items()}
+    base = {
+        seed: log_steps(read_steps(p), first, last, floor, None)[0]
+        for seed, p in _seeds(folder / BASELINE).items()
+    }
     base = {seed: d for seed, d in base.items() if d}
     if not base:
         raise ValueError(f"{folder}: no {BASELINE} run with steps in the window")
     out = [_estimate("drift δ (per step)", [-statistics.fmean(d) for d in base.values()])]
+    # The step-to-step spread of ln H̄ around the drift, as a per-measurement noise: sd(Δ ln H̄)/√2.
+    noisy = [statistics.stdev(d) / math.sqrt(2) for d in base.values() if len(d) > 1]
+    if noisy:
+        out.append(_estimate("noise σ (relative, per measurement)", noisy))
     for method, kind in ACTUATORS.items():
         gains = []
         for seed, path in _seeds(folder / method).items():

@@ -32,7 +32,14 @@ from contract.control import (
 from contract.hyperparams import ClipLossParams
 from trainer.algos.control import StepStatistics, register_controller
 from trainer.algos.stare import stare_weights
-from trainer.algos.surrogate import Metrics, PolicyLossInputs, clipped_surrogate, finish, prepare, register_loss
+from trainer.algos.surrogate import (
+    Metrics,
+    PolicyLossInputs,
+    clipped_surrogate,
+    finish,
+    prepare,
+    register_loss,
+)
 
 CONTROL_METRICS = frozenset(
     {
