@@ -48,7 +48,7 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         {
             "prometheus": "stare_job_control_saturated_steps",
             "prometheus_help": "Consecutive steps with the PI law's output at its clip.",
-            "shown": ("report", "job view"),
+            "shown": ("report",),
             "applies_to": LAWS,
         },
     ),
@@ -72,7 +72,7 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         {
             "prometheus": "stare_job_entropy_ma_hold_fraction",
             "prometheus_help": "Share of post-settling steps with the 5-step mean within 25 % of the target.",
-            "shown": ("report", "job view"),
+            "shown": ("report",),
             "applies_to": TARGETED,
         },
     ),
@@ -89,7 +89,7 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "Mean of |entropy/mean − target| / target over the steps from the settling step on.",
         {
             "prometheus": "stare_job_entropy_mean_abs_deviation",
-            "shown": ("report", "job view"),
+            "shown": ("report",),
             "applies_to": TARGETED,
         },
     ),
