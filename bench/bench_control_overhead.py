@@ -90,13 +90,18 @@ def law_seconds(calls: int = 20_000) -> float:
 
 def cpu_model() -> tuple[str, bool]:
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    name = next(
+        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?"
+    )
     return name, " avx512f" in text
 
 
 def run(rounds: int, warmup: int, new_tokens: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {name: Side(spec_for(row, new_tokens), f"{tmp}/{i}", new_tokens) for i, (name, row) in enumerate(ROWS.items())}
+        sides = {
+            name: Side(spec_for(row, new_tokens), f"{tmp}/{i}", new_tokens)
+            for i, (name, row) in enumerate(ROWS.items())
+        }
         times: dict[str, list[float]] = {name: [] for name in sides}
         last: dict[str, dict[str, float]] = {}
         names = list(sides)

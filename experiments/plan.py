@@ -25,6 +25,7 @@ import yaml
 
 from contract import algorithms
 from contract.protocol import CHECKPOINTS_DIR, checkpoint_name
+from experiments import control_suite
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
@@ -379,6 +380,7 @@ def smollm2_add_names() -> list[str]:
 OPTIONAL_SUITES: dict[str, Callable[[], Suite]] = {
     "smollm2-chain-sum": smollm2_suite,
     **{name: _smollm2_add(i) for i, name in enumerate(smollm2_add_names())},
+    **control_suite.OPTIONAL,  # the entropy-control cells (experiments/control_suite.py)
 }
 
 
