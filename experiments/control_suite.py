@@ -143,4 +143,8 @@ def control_suite(name: str, *, seeds: int = SEEDS, steps: int | None = None) ->
     )
 
 
-OPTIONAL: dict[str, Callable[[], Any]] = {name: (lambda n=name: control_suite(n)) for name in CELLS}
+def _cell_suite(name: str) -> Callable[[], Any]:
+    return lambda: control_suite(name)
+
+
+OPTIONAL: dict[str, Callable[[], Any]] = {name: _cell_suite(name) for name in CELLS}

@@ -39,6 +39,7 @@ def resampled_entropies(engine: Engine, samples: int) -> list[float]:
         batch = batch.to(engine.device)
         old = no_grad_pass(engine.model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
         mask = batch.response_mask.float()
+        assert old.entropy is not None  # no_grad_pass measures it
         out.append(float((old.entropy * mask).sum() / mask.sum().clamp_min(1.0)))
     return out
 

@@ -13,6 +13,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ TARGET = 0.7
 DRIFT = 0.04
 
 
-def _controllers() -> dict[str, Callable[..., object]]:
+def _controllers() -> dict[str, Callable[..., Any]]:
     return {
         "entropy_pi": lambda **kw: EntropyPi(law.EntropyPiControl(target_entropy=TARGET, **kw)),
         "stare_pi": lambda **kw: StarePi(law.StarePiControl(target_entropy=TARGET, **kw)),
@@ -54,7 +55,7 @@ def simulate(
     enabled: Callable[[int], bool] = lambda k: True,
     state: PiState | None = None,
     **settings: float,
-) -> tuple[list[float], list[PiState], object]:
+) -> tuple[list[float], list[PiState], Any]:
     """(H̄ per step, the state after each step, the controller)."""
     controller = _controllers()[name](**settings)
     gain = RESPONSE[name] / controller.settings.span  # per unit of the actuator's value
