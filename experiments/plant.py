@@ -108,7 +108,7 @@ def estimate_lr(folder: Path, *, first: int = 3, last: int = 40, floor: float = 
     # The step-to-step spread of ln H̄ around the drift, as a per-measurement noise: sd(Δ ln H̄)/√2.
     noisy = [statistics.stdev(d) / math.sqrt(2) for d in base.values() if len(d) > 1]
     if noisy:
-        out.append(_estimate("noise σ (relative, per measurement)", noisy))
+        out.append(_estimate("step-to-step spread σ (relative; bounds the measurement noise)", noisy))
     for method, kind in ACTUATORS.items():
         gains = []
         for seed, path in _seeds(folder / method).items():
