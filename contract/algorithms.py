@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from contract.control import LAW_SETTINGS, StarePiParams
 from contract.docs import DOCS, generated_doc_main
 from contract.hyperparams import (
     AdaptiveEntropyParams,
@@ -64,6 +65,8 @@ CONTROLLERS = MappingProxyType(
         "entropy_coef": ControllerInfo(
             "entropy_coef", "entropy_control", EntropyControlParams, frozenset({"coef"})
         ),
+        # The PI laws (contract/control.py), one section `algorithm.control` for the three.
+        **{law: ControllerInfo(law, "control", cls, frozenset()) for law, cls in LAW_SETTINGS.items()},
     }
 )
 # What a controller sets at every step; a spec may not set it in algorithm.params.
@@ -135,6 +138,17 @@ for _algorithm in (
         controller="entropy_coef",
         differentiable_entropy=True,
     ),
+    # The PI laws (docs/ALGORITHMS.md §11): a bidirectional entropy bonus, STARE's W/M, clip-higher's ε.
+    Algorithm(
+        "entropy_pi",
+        ClipLossParams,
+        "grpo",
+        zero_advantage_inert=False,
+        controller="entropy_pi",
+        differentiable_entropy=True,
+    ),
+    Algorithm("stare_pi", StarePiParams, "grpo", zero_advantage_inert=True, controller="stare_pi"),
+    Algorithm("clip_pi", ClipLossParams, "grpo", zero_advantage_inert=True, controller="clip_pi"),
 ):
     register(_algorithm)
 

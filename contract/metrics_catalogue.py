@@ -3,8 +3,15 @@ then what the methods and the runtime log (contract/metrics_methods.py). contrac
 
 from __future__ import annotations
 
+from contract import control_metrics
 from contract.metrics_methods import METHODS
 from contract.metrics_training import TRAINING
-from contract.metrics_types import Metric
+from contract.metrics_types import Metric, Surface
+from contract.metrics_types import metric as _m
 
-CATALOGUE: tuple[Metric, ...] = (*TRAINING, *METHODS)
+# The PI entropy laws and the holding statistics come last: contract/control_metrics.py.
+CATALOGUE: tuple[Metric, ...] = (
+    *TRAINING,
+    *METHODS,
+    *control_metrics.entries(_m, {s.value: s for s in Surface}),
+)

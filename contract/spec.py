@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from contract import algorithms, safejson, verifiers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
+from contract.control import DEFAULT_LAW, LAW_SETTINGS, law_settings
 from contract.distributed import DistributedSpec
 from contract.hyperparams import (
     BAND_AROUND_TARGET,
@@ -148,6 +149,34 @@ class EntropyControlSpec(_Strict):
     target_entropy: TargetEntropy = EntropyControlParams.target_entropy
 
 
+class ControlSpec(_Strict):
+    """A PI law's settings (docs/ALGORITHMS.md §11): the target, and the gains and actuator span (unset:
+    the law's defaults, contract.control). A spec that sets this section and names no algorithm gets
+    the default law (`entropy_pi`)."""
+
+    target_entropy: TargetEntropy = EntropyControlParams.target_entropy
+    kp: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
+    ki: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
+    u_max: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
+    smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    span: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"target_entropy"})
+
+
+def _default_law(data: Any) -> Any:
+    """`algorithm.control` set and no algorithm named: the default law. A law named without the section:
+    the section with its defaults."""
+    if not isinstance(data, dict):
+        return data
+    if "control" in data and "name" not in data:
+        return {**data, "name": DEFAULT_LAW}
+    if data.get("name") in LAW_SETTINGS and "control" not in data:
+        return {**data, "control": {}}
+    return data
+
+
 def _migrate_entropy_control(data: Any) -> Any:
     """Specs written before adaptive_entropy had its own section set its target in STARE's gate section:
     `algorithm.gate: {target_entropy: x}` alone is read as `algorithm.entropy_control: {target_entropy: x}`;
@@ -172,11 +201,12 @@ class AlgorithmSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     gate: GateSpec = Field(default_factory=GateSpec)
     entropy_control: EntropyControlSpec | None = None  # adaptive_entropy's (filled in for it)
+    control: ControlSpec | None = None  # the PI laws' (filled in for them)
 
     @model_validator(mode="before")
     @classmethod
     def _migrate(cls, data: Any) -> Any:
-        return _migrate_entropy_control(data)
+        return _migrate_entropy_control(_default_law(data))
 
     @field_validator("name")
     @classmethod
@@ -201,6 +231,16 @@ class AlgorithmSpec(_Strict):
         info = algorithms.get(self.name).controller_info
         if self.entropy_control is not None and (info is None or info.section != "entropy_control"):
             raise ValueError(f"algorithm.entropy_control: algorithm {self.name!r} has no entropy coefficient")
+        is_law = info is not None and info.section == "control"
+        if self.control is not None and not is_law:
+            raise ValueError(
+                f"algorithm.control: algorithm {self.name!r} has no PI law; name entropy_pi, stare_pi or "
+                "clip_pi, or leave algorithm.name unset for the default (entropy_pi)"
+            )
+        if is_law:
+            target = self.target()
+            # raises ValueError naming the setting (a relative target is checked with its value once known)
+            self.law_settings(1.0 if target is None or target.nats is None else target.nats)
         if info is not None and info.section == "gate":
             self.gate_params(params, 0.0)
         return self
@@ -210,7 +250,9 @@ class AlgorithmSpec(_Strict):
         info = algorithms.get(self.name).controller_info
         if info is None:
             return None
-        section = self.gate if info.section == "gate" else self.entropy_control
+        section = {"gate": self.gate, "entropy_control": self.entropy_control, "control": self.control}[
+            info.section
+        ]
         assert section is not None
         return entropy_target(section.target_entropy)
 
@@ -238,7 +280,17 @@ class AlgorithmSpec(_Strict):
             return None
         if info.section == "gate":
             return self.gate_params(loss_params, target_entropy)
+        if info.section == "control":
+            return self.law_settings(target_entropy)
         return EntropyControlParams(target_entropy=target_entropy)
+
+    def law_settings(self, target_entropy: float) -> Any:
+        """A PI law's settings with the target resolved (`algorithm.control`, defaults filled in)."""
+        control = self.control or ControlSpec()
+        try:
+            return law_settings(self.name, target_entropy, control.overrides())
+        except ValueError as err:
+            raise ValueError(f"algorithm.control: {err}") from None
 
     @property
     def estimator(self) -> str:

@@ -14,12 +14,21 @@ Prometheus read the same numbers) and by the results page (from the events of fi
   resolved target (the step at which STARE's gate, gate_on = H̄ < H_tgt, first acts; the same rule for every
   method that has a target) to the last one. None while no step has gone below the target (nothing has been
   held yet), and None for a job without a target.
+- **Holding as users see it** (the per-step share above counts every noisy batch): the 5-step moving
+  average M_t of H̄ (the mean of H̄ over steps t−4..t; defined from the 5th step on). The settling step is
+  the first step whose M_t is within ±HOLD_TOLERANCE of the target; from it on, the share of steps whose
+  M_t is within the band (`ma_hold_fraction`) and the mean absolute relative deviation |H̄ − H*|/H*
+  (`mean_abs_deviation`, of the raw H̄).
+- **Noise floor**: the spread of H̄ when one fixed policy's batch is re-sampled (`noise_floor`): the band a
+  controller can hold per step is no narrower than this.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 COLLAPSE_FRACTION = 0.25
@@ -29,6 +38,10 @@ HOLD_TOLERANCE = 0.25
 COLLAPSE_STEP = "entropy/collapse_step"
 HOLD_FRACTION = "entropy/target_hold_fraction"
 POST_GATE_STEPS = "entropy/post_gate_steps"
+MA_HOLD_FRACTION = "entropy/ma_hold_fraction"
+SETTLING_STEP = "entropy/settling_step"
+MEAN_ABS_DEVIATION = "entropy/mean_abs_deviation"
+MA_WINDOW = 5
 
 
 def collapse_step(
@@ -66,6 +79,56 @@ def hold_fraction(
     return sum(near_target(h, target, tolerance) for h in window) / len(window), len(window)
 
 
+@dataclass(frozen=True)
+class Holding:
+    """Holding as users see it over one run (module docstring); the settling step is 1-based like the RL
+    steps, None (and the rest None) while the moving average has not entered the band."""
+
+    settling_step: int | None
+    ma_hold_fraction: float | None
+    mean_abs_deviation: float | None
+    steps: int  # steps from the settling step on
+
+
+def moving_average(values: Sequence[float], window: int = MA_WINDOW) -> list[float | None]:
+    """M_t, the mean of the last `window` values up to t; None for the first window − 1."""
+    return [
+        None if i + 1 < window else statistics.fmean(values[i + 1 - window : i + 1])
+        for i in range(len(values))
+    ]
+
+
+def holding(
+    entropies: Sequence[tuple[int, float]], target: float | None, *, tolerance: float = HOLD_TOLERANCE
+) -> Holding:
+    """The settling step, the moving average's share in the band and the mean |H̄ − H*|/H* from it on."""
+    if target is None or target <= 0:
+        return Holding(None, None, None, 0)
+    ma = moving_average([h for _s, h in entropies])
+    start = next((i for i, m in enumerate(ma) if m is not None and near_target(m, target, tolerance)), None)
+    if start is None:
+        return Holding(None, None, None, 0)
+    window = ma[start:]
+    share = sum(m is not None and near_target(m, target, tolerance) for m in window) / len(window)
+    deviation = statistics.fmean(abs(h - target) / target for _s, h in entropies[start:])
+    return Holding(entropies[start][0], share, deviation, len(window))
+
+
+def noise_floor(samples: Sequence[float]) -> dict[str, float]:
+    """The spread of H̄ over re-samples of one fixed policy's batch: mean, standard deviation and their
+    ratio (the relative per-step noise a controller sees); at least 2 finite samples."""
+    values = [float(v) for v in samples]
+    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"a noise floor needs at least 2 finite samples, got {samples!r}")
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    return {
+        "mean": mean,
+        "sd": sd,
+        "relative_sd": sd / mean if mean > 0 else math.inf,
+        "samples": len(values),
+    }
+
+
 @dataclass
 class StabilityState:
     """What the running computation keeps between steps (saved in checkpoints)."""
@@ -76,6 +139,12 @@ class StabilityState:
     collapse_step: int | None = None
     post_gate_steps: int = 0
     near_steps: int = 0
+    # holding: the last MA_WINDOW H̄, the settling step and the sums from it on
+    recent: list[float] = field(default_factory=list)
+    settling_step: int | None = None
+    settled_steps: int = 0
+    ma_near_steps: int = 0
+    abs_deviation_sum: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +173,15 @@ class StabilityTracker:
         if target is not None and (st.post_gate_steps > 0 or h < target):
             st.post_gate_steps += 1
             st.near_steps += int(near_target(h, target))
+        if target is not None and target > 0:
+            st.recent = [*st.recent, h][-MA_WINDOW:]
+            ma = statistics.fmean(st.recent) if len(st.recent) == MA_WINDOW else None
+            if st.settling_step is None and ma is not None and near_target(ma, target):
+                st.settling_step = st.steps
+            if st.settling_step is not None and ma is not None:
+                st.settled_steps += 1
+                st.ma_near_steps += int(near_target(ma, target))
+                st.abs_deviation_sum += abs(h - target) / target
         return self.metrics()
 
     def metrics(self) -> dict[str, float]:
@@ -111,4 +189,8 @@ class StabilityTracker:
         out = {COLLAPSE_STEP: float(st.collapse_step or 0), POST_GATE_STEPS: float(st.post_gate_steps)}
         if st.post_gate_steps:
             out[HOLD_FRACTION] = st.near_steps / st.post_gate_steps
+        if st.settling_step is not None:
+            out[SETTLING_STEP] = float(st.settling_step)
+            out[MA_HOLD_FRACTION] = st.ma_near_steps / st.settled_steps
+            out[MEAN_ABS_DEVIATION] = st.abs_deviation_sum / st.settled_steps
         return out

@@ -16,26 +16,26 @@ torch thread counts: the robustness check of the main job (each run does its own
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from experiments import control_suite
 from experiments.smollm2 import HEADLINE_LR, LRS, SUITE, lr_label, smollm2_suites
 
 # The plan's building blocks live in experiments.suites (below this module and experiments.smollm2); the
 # names stay importable from here.
-from experiments.suites import ARMS, HEADLINE, SFT_REF, Run, Suite, merge, own_target_section
-
-REPO = Path(__file__).resolve().parent.parent
-DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
-TOOL_USE_SPEC = REPO / "trainer" / "specs" / "tool_use.yaml"
-
-
-def demo_spec() -> dict[str, Any]:
-    data = yaml.safe_load(DEMO_SPEC.read_text())
-    assert isinstance(data, dict)
-    return data
+from experiments.suites import (
+    ARMS,
+    HEADLINE,
+    SFT_REF,
+    TOOL_USE_SPEC,
+    Run,
+    Suite,
+    demo_spec,
+    merge,
+    own_target_section,
+)
 
 
 def comparison_suite(
@@ -294,6 +294,7 @@ def smollm2_add_names() -> list[str]:
 OPTIONAL_SUITES: dict[str, Callable[[], Suite]] = {
     "smollm2-chain-sum": smollm2_suite,
     **{name: _smollm2_add(i) for i, name in enumerate(smollm2_add_names())},
+    **control_suite.OPTIONAL,  # the entropy-control cells (experiments/control_suite.py)
 }
 
 

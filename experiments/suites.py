@@ -11,9 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from contract import algorithms
 from contract.protocol import CHECKPOINTS_DIR, checkpoint_name
 
+REPO = Path(__file__).resolve().parent.parent
+DEMO_SPEC = REPO / "trainer" / "specs" / "demo.yaml"
+TOOL_USE_SPEC = REPO / "trainer" / "specs" / "tool_use.yaml"
 SFT_REF = "@sft:"  # model.name placeholder: the step-0 model of the named run
 
 # Arm name → algorithm section of the spec (every other setting is the suite's).
@@ -96,3 +101,10 @@ def own_target_section(algorithm: dict[str, Any]) -> dict[str, Any]:
     target = (algorithm.get("gate") or {}).get("target_entropy")
     own = {"target_entropy": target} if target is not None else {}
     return {**rest, info.section: {**own, **rest.get(info.section, {})}}
+
+
+def demo_spec() -> dict[str, Any]:
+    """The demo's job spec (trainer/specs/demo.yaml), as a dict the suites override."""
+    data = yaml.safe_load(DEMO_SPEC.read_text())
+    assert isinstance(data, dict)
+    return data

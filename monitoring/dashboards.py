@@ -103,6 +103,45 @@ JOB_DASHBOARD = Dashboard(
             ),
         ),
         Row(
+            "Entropy controller (PI law)",
+            (
+                Panel(
+                    "Held as users see it",
+                    (
+                        _q("entropy/ma_hold_fraction", "5-step mean within ±25 %", E.FRACTION),
+                        _q("entropy/mean_abs_deviation", "mean |H − H*| / H*", E.NONNEGATIVE),
+                        _q("entropy/settling_step", "settling step (0: not yet)", E.COUNT),
+                    ),
+                    width=24,
+                    description="From the first step whose 5-step moving average of entropy is within "
+                    "±25 % of the target: the share of steps with the moving average in that band, and the "
+                    "mean relative deviation of the per-step entropy (contract/stability.py).",
+                ),
+                Panel(
+                    "Output, error and integral",
+                    (
+                        _q("control/output", "output u", E.FINITE),
+                        _q("control/error", "error e (relative)", E.FINITE),
+                        _q("control/integral", "integral I", E.FINITE),
+                    ),
+                    width=12,
+                    description="The PI law of entropy_pi, stare_pi and clip_pi: e = (H* − H)/H*, "
+                    "u = clip(Kp·e + Ki·I, ±u_max); u > 0 raises entropy (docs/ALGORITHMS.md §11).",
+                ),
+                Panel(
+                    "Actuator and saturation",
+                    (
+                        _q("control/actuator", "actuator (α, W or ε_high)", E.FINITE),
+                        _q("control/saturated_steps", "consecutive steps at the clip", E.COUNT),
+                    ),
+                    width=12,
+                    description="What the output sets, and how long it has sat at its clip: 20 steps or "
+                    "more fires ControllerSaturated (the target cannot be held with this actuator).",
+                ),
+            ),
+            requires="a PI entropy law",
+        ),
+        Row(
             "STARE gate",
             (
                 Panel("Gate on/off", (_q("stare/gate_on", "gate", E.FLAG),), width=8),

@@ -73,3 +73,62 @@ def test_metric_keys_are_in_the_catalogue() -> None:
         st.HOLD_FRACTION,
         st.POST_GATE_STEPS,
     )
+
+
+def test_holding_settles_at_the_first_moving_average_in_the_band() -> None:
+    # Target 1.0 (band 0.75-1.25). Moving averages of 5: steps 1-4 none; step 5: mean(2,2,2,1,1) = 1.6;
+    # step 6: mean(2,2,1,1,1) = 1.4; step 7: mean(2,1,1,1,1) = 1.2 (in: settles at step 7); step 8: 1.0;
+    # step 9: mean(1,1,1,1,3) = 1.4 (out) → share 2/3. |H − 1| from step 7: 0, 0, 2 → mean 2/3.
+    values = [2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0]
+    held = st.holding(_series(values), 1.0)
+    assert held == st.Holding(7, pytest.approx(2 / 3), pytest.approx(2 / 3), 3)
+
+
+def test_holding_is_undefined_without_a_target_or_before_settling() -> None:
+    assert st.holding(_series([1.0] * 10), None) == st.Holding(None, None, None, 0)
+    assert st.holding(_series([3.0] * 10), 1.0) == st.Holding(None, None, None, 0)
+    assert st.holding(_series([1.0] * 4), 1.0) == st.Holding(None, None, None, 0)  # no full window yet
+
+
+def test_moving_average_needs_a_full_window() -> None:
+    assert st.moving_average([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == [None, None, None, None, 3.0, 4.0]
+
+
+def test_noise_floor_is_the_spread_of_resampled_entropies() -> None:
+    floor = st.noise_floor([0.9, 1.1, 1.0, 1.0])
+    assert floor["mean"] == pytest.approx(1.0)
+    assert floor["sd"] == pytest.approx((0.02 / 3) ** 0.5)
+    assert floor["relative_sd"] == pytest.approx(floor["sd"])
+    with pytest.raises(ValueError, match="at least 2 finite"):
+        st.noise_floor([1.0])
+    with pytest.raises(ValueError, match="at least 2 finite"):
+        st.noise_floor([1.0, float("nan")])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tracker_holding_equals_the_definition_on_every_prefix(seed: int) -> None:
+    rng = random.Random(seed)
+    target = rng.choice([None, 0.5, 1.0, 1.5])
+    h = rng.uniform(0.5, 2.0)
+    values = []
+    tracker = st.StabilityTracker()
+    for _ in range(60):
+        h = max(0.0, h + rng.gauss(0.0, 0.2))
+        values.append(h)
+        metrics = tracker.update(h, target)
+        held = st.holding(_series(values), target)
+        assert metrics.get(st.SETTLING_STEP) == (None if held.settling_step is None else held.settling_step)
+        assert metrics.get(st.MA_HOLD_FRACTION) == (
+            None if held.ma_hold_fraction is None else pytest.approx(held.ma_hold_fraction)
+        )
+        assert metrics.get(st.MEAN_ABS_DEVIATION) == (
+            None if held.mean_abs_deviation is None else pytest.approx(held.mean_abs_deviation)
+        )
+        tracker = st.StabilityTracker(st.StabilityState.from_dict(tracker.state.to_dict()))
+
+
+def test_holding_metric_keys_are_in_the_catalogue() -> None:
+    from contract import metrics
+
+    for key in (st.SETTLING_STEP, st.MA_HOLD_FRACTION, st.MEAN_ABS_DEVIATION):
+        assert metrics.get(key).key == key

@@ -35,6 +35,7 @@ from tests.worker.harness import tiny_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_SPEC = ROOT / "trainer" / "specs" / "tool_use_tiny.yaml"
+LAW_RULES = ("ControllerSaturated",)
 pytestmark = [pytest.mark.slow, requires_binary("prometheus")]
 
 
@@ -70,12 +71,13 @@ def test_every_dashboard_query_and_alert_selector_returns_series_for_a_live_job(
         results = check_dashboard_queries(stack, frozen, refs)
         rules = alert_rules()
         assert len(rules) >= 11
-        results |= check_alert_selectors(stack, frozen, rules)
+        # The PI laws' rule reads series only a PI-law job has: checked in the controller row's test.
+        results |= check_alert_selectors(stack, frozen, [r for r in rules if r.name not in LAW_RULES])
 
         # Every series the dashboards and rules read is exported, by the exporter or the API.
         exported = prometheus_names(stack)
         used = {n for r in refs for n in metric_names(r.query.expr)} | {
-            n for rule in rules for n in metric_names(rule.expr)
+            n for rule in rules if rule.name not in LAW_RULES for n in metric_names(rule.expr)
         }
         assert used - exported == set(), sorted(used - exported)
         # Spot checks against the job's own numbers.
@@ -111,6 +113,27 @@ def test_the_tool_use_row_returns_series_for_a_tool_use_job(stack: Stack) -> Non
         assert mismatches == 0 and Expect.ZERO.admits(mismatches)
         if RECORD:
             record(results, {"tool-use job": "trainer/specs/tool_use_tiny.yaml"})
+    finally:
+        stack.end(frozen)
+
+
+def test_the_controller_row_returns_series_for_a_pi_law_job(stack: Stack) -> None:
+    """The PI law's row (entropy_pi, the default law): output, error, integral, actuator, saturation and
+    the holding statistics, and the ControllerSaturated rule's selector. The target is H₀ itself
+    (relative 1.0), so the 5-step moving average settles within the first steps."""
+    spec = tiny_spec(60, 50, algorithm={"control": {"target_entropy": {"relative": 1.0}}})
+    job_id = stack.submit(spec)
+    frozen = stack.freeze_after(job_id, 7)
+    try:
+        assert frozen.algorithm == "entropy_pi"
+        refs = dashboard_refs("a PI entropy law")
+        assert len(refs) == 8 and all(r.dashboard.uid == "stare-job" for r in refs)
+        results = check_dashboard_queries(stack, frozen, refs)
+        results |= check_alert_selectors(stack, frozen, [r for r in alert_rules() if r.name in LAW_RULES])
+        settled = results["stare-job/Held as users see it/C"]["series"][0]["value"]
+        assert 5 <= settled <= frozen.step
+        if RECORD:
+            record(results, {"PI-law job": "tiny-arith, entropy_pi, target relative 1.0"})
     finally:
         stack.end(frozen)
 

@@ -75,6 +75,9 @@ def test_the_registry_holds_every_documented_loss() -> None:
             "clip_cov",
             "kl_cov",
             "adaptive_entropy",
+            "entropy_pi",
+            "stare_pi",
+            "clip_pi",
         ]
     )
 

@@ -378,3 +378,41 @@ def test_collapse_and_holding_by_hand() -> None:
     plain = build_report(synthetic_events(stare=False))["entropy"]
     assert plain["collapse_step"] == 21 and plain["target_hold_fraction"] is None
     assert "no post-gate steps" in render_html(build_report(synthetic_events(stare=False)))
+
+
+def test_holding_as_users_see_it_by_hand() -> None:
+    # Target 0.3, band 0.225-0.375 for the 5-step mean. Step 20's mean (steps 16-20) is 0.425; step 21's
+    # (0.48, 0.425, 0.37, 0.315, 0.18) is 0.354: settles at 21. Means in the band at 21, 22 (0.288),
+    # 23 (0.237), 27-30 (0.226 … 0.314), out at 24-26 (0.201, 0.182, 0.198): 7 of 10. |H − 0.3|/0.3 over
+    # 21-30: (0.12 + 0.15 + 0.13 + 0.11 + 0.08 + 0.04 + 0.01 + 0.02 + 0.04 + 0.06)/0.3/10 = 0.2533.
+    report = build_report(synthetic_events())
+    entropy = report["entropy"]
+    assert entropy["settling_step"] == 21
+    assert entropy["ma_hold_fraction"] == pytest.approx(0.7)
+    assert entropy["mean_abs_deviation"] == pytest.approx(0.76 / 0.3 / 10)
+    assert "5-step mean within ±25 % of the target" in render_html(report)
+    assert "from step 21" in render_html(report)
+
+
+def test_the_controller_section_shows_output_error_integral_and_saturation() -> None:
+    events = synthetic_events()
+    for e in events:
+        if e["type"] == "step":
+            step = e["step"]
+            e["metrics"] |= {
+                "control/output": min(1.0, 0.1 * step),
+                "control/error": 0.01 * step,
+                "control/integral": 0.5 * step,
+                "control/actuator": 0.55 * min(1.0, 0.1 * step),
+                "control/saturated": float(step >= 10),
+                "control/saturated_steps": float(max(0, step - 9)),
+            }
+    report = build_report(events)
+    ctl = report["controller"]
+    assert (ctl["final_output"], ctl["final_error"], ctl["final_integral"]) == (1.0, 0.3, 15.0)
+    assert ctl["saturated_fraction"] == pytest.approx(21 / 30) and ctl["longest_saturated_run"] == 21
+    assert [p[1] for p in report["series"]["control/integral"]][:2] == [0.5, 1.0]
+    page = render_html(report)
+    assert "Entropy controller (PI law, last step)" in page and "longest run 21 steps" in page
+    # A job without a PI law has no controller rows.
+    assert "Entropy controller" not in render_html(build_report(synthetic_events()))

@@ -5,6 +5,7 @@
 - surrogate.py: what every loss shares (inputs, registry, the PPO clipped surrogate, the KL penalty);
 - losses.py: the baseline losses and the entry points (`compute_policy_loss`, `make_loss_params`);
 - entropy_control.py: the adaptive entropy coefficient's controller;
+- pi_control.py: the PI entropy laws' controllers and their actuators' losses (entropy_pi, stare_pi, clip_pi);
 - control.py: the controller protocol and the registry the engine builds its controllers from;
 - selection.py: the token ranking the selections share, the 80/20 and covariance selections;
 - advantages.py, aggregation.py, shaping.py, diagnostics.py, kernels.py: estimators, loss reductions,

@@ -5,8 +5,9 @@ statistics (H̄, the token-mean entropy of π_old over the training batch) and m
 loss reads as its `control` argument. It owns its metrics and its checkpointed state. The engine holds a
 list of them (`make_controllers`) and never asks which algorithm it runs.
 
-Implementations: STARE's gate (`stare.StareGate`) and the adaptive entropy coefficient
-(`entropy_control.EntropyCoefController`).
+Implementations: STARE's gate (`stare.StareGate`), the adaptive entropy coefficient
+(`entropy_control.EntropyCoefController`) and the PI entropy laws (`pi_control`: entropy_pi, stare_pi,
+clip_pi).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Controller(Protocol):
         ...
 
 
-# name → (settings, loss params) → controller. Filled by stare.py and entropy_control.py.
+# name → (settings, loss params) → controller. Filled by stare.py, entropy_control.py and pi_control.py.
 CONTROLLER_FACTORIES: dict[str, Callable[[Any, ClipLossParams], Controller]] = {}
 # name → its state class, for `check_control` (the losses' side).
 STATE_CLASSES: dict[str, type] = {}

@@ -374,6 +374,15 @@ def _entropy_html(report: Mapping[str, Any]) -> str:
             if ent.get("target_hold_fraction") is not None
             else "no post-gate steps",
         ),
+        (
+            "5-step mean within ±25 % of the target",
+            _pct(ent.get("ma_hold_fraction"))
+            + _muted(
+                f"(from step {ent['settling_step']:,}; mean |H − H*|/H* {_fmt(ent.get('mean_abs_deviation'))})"
+            )
+            if ent.get("settling_step") is not None
+            else "not settled",
+        ),
         ("Current out-of-band run", _count(ent["current_out_of_band_run"], "step")),
     ]
     gate_on = (
@@ -400,11 +409,31 @@ def _entropy_html(report: Mapping[str, Any]) -> str:
         '<section class="cols"><div class="card"><h2>Entropy</h2>'
         f'<table class="kv">{_rows(entropy_rows)}</table></div>'
         f'<div class="card"><h2>STARE gate</h2><table class="kv">{_rows(gate_rows)}</table>'
+        f"{_controller_html(report.get('controller'))}"
         f'<h3>Final quadrants{quad_step}</h3><table class="num"><thead><tr><th></th><th>tokens</th>'
         f"<th>predicted drift</th></tr></thead><tbody>{quad_rows}</tbody>"
         "<tfoot><tr><th>total predicted drift</th>"
         f"<td></td><td>{_fmt(quads['predicted_drift'])}</td></tr></tfoot></table></div></section>"
     )
+
+
+def _controller_html(ctl: Mapping[str, Any] | None) -> str:
+    """The PI law's rows (docs/ALGORITHMS.md §11); nothing for a job without one."""
+    if not ctl or not ctl.get("steps_logged"):
+        return ""
+    rows = [
+        (
+            "Output u / error e / integral I",
+            " / ".join(_fmt(ctl[k]) for k in ("final_output", "final_error", "final_integral")),
+        ),
+        ("Actuator (α, W or ε_high)", _fmt(ctl["final_actuator"])),
+        (
+            "Steps at the clip",
+            _pct(ctl["saturated_fraction"])
+            + _muted(f"(longest run {_count(ctl['longest_saturated_run'] or 0, 'step')})"),
+        ),
+    ]
+    return f'<h3>Entropy controller (PI law, last step)</h3><table class="kv">{_rows(rows)}</table>'
 
 
 def _history_html(report: Mapping[str, Any]) -> str:

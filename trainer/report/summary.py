@@ -22,7 +22,7 @@ from typing import Any
 from contract.metrics import BandState
 from contract.metrics import get as metric
 from contract.numbers import finite
-from contract.stability import collapse_step, hold_fraction
+from contract.stability import collapse_step, hold_fraction, holding
 from trainer.report.charts import Series
 
 REPORT_VERSION = 1
@@ -53,6 +53,13 @@ EVAL_PASS = metric("eval/pass@k").key
 EVAL_K = metric("eval/k").key
 EVAL_LENGTH = metric("eval/response_length").key
 EVAL_PROMPTS = metric("eval/num_prompts").key
+# The PI laws' controller (docs/ALGORITHMS.md §11).
+CONTROL_OUTPUT = metric("control/output").key
+CONTROL_ERROR = metric("control/error").key
+CONTROL_INTEGRAL = metric("control/integral").key
+CONTROL_ACTUATOR = metric("control/actuator").key
+CONTROL_SATURATED = metric("control/saturated").key
+CONTROL_SATURATED_STEPS = metric("control/saturated_steps").key
 
 # The per-step metrics whose series go into the report (the ones the page plots).
 SERIES_METRICS = (
@@ -68,6 +75,10 @@ SERIES_METRICS = (
     GATE_ON,
     REWEIGHT_W,
     REWEIGHT_M,
+    CONTROL_OUTPUT,
+    CONTROL_ERROR,
+    CONTROL_INTEGRAL,
+    CONTROL_ACTUATOR,
 )
 
 
@@ -254,7 +265,15 @@ def _stability(series: Sequence[tuple[float, float]], target: float | None) -> d
     """Time to collapse and target holding (contract/stability.py) over the logged entropy series."""
     steps = [(int(step), value) for step, value in series]
     share, window = hold_fraction(steps, target)
-    return {"collapse_step": collapse_step(steps), "target_hold_fraction": share, "post_gate_steps": window}
+    held = holding(steps, target)
+    return {
+        "collapse_step": collapse_step(steps),
+        "target_hold_fraction": share,
+        "post_gate_steps": window,
+        "settling_step": held.settling_step,
+        "ma_hold_fraction": held.ma_hold_fraction,
+        "mean_abs_deviation": held.mean_abs_deviation,
+    }
 
 
 def _target_entropy(s: _Stream) -> float | None:
@@ -279,6 +298,22 @@ def _gate_summary(s: _Stream) -> dict[str, Any]:
         "target_entropy": _target_entropy(s),
         "final_w": _last(s.steps, REWEIGHT_W),
         "final_m": _last(s.steps, REWEIGHT_M),
+    }
+
+
+def _controller_summary(s: _Stream) -> dict[str, Any]:
+    """The PI law's output, error, integral and actuator at the last step, and how long it sat at its clip
+    (absent values: a job without a PI law)."""
+    saturated = [v >= 0.5 for _, v in _series(s.steps, CONTROL_SATURATED)]
+    runs = [v for _, v in _series(s.steps, CONTROL_SATURATED_STEPS)]
+    return {
+        "steps_logged": len(saturated),
+        "final_output": _last(s.steps, CONTROL_OUTPUT),
+        "final_error": _last(s.steps, CONTROL_ERROR),
+        "final_integral": _last(s.steps, CONTROL_INTEGRAL),
+        "final_actuator": _last(s.steps, CONTROL_ACTUATOR),
+        "saturated_fraction": sum(saturated) / len(saturated) if saturated else None,
+        "longest_saturated_run": int(max(runs)) if runs else None,
     }
 
 
@@ -399,6 +434,7 @@ def build_report(events: Iterable[Any]) -> dict[str, Any]:
         },
         "entropy": _entropy_summary(s),
         "gate": _gate_summary(s),
+        "controller": _controller_summary(s),
         "quadrants": _quadrant_summary(s),
         "perf": {
             "step_seconds_mean": _stats(_series(s.steps, "perf/step_seconds"))["mean"],

@@ -1,0 +1,146 @@
+"""The entropy-control suite: the PI laws (docs/ALGORITHMS.md §11) on tuning and held-out cells.
+
+Cells (each a suite of the plan, runnable and resumable on its own:
+`python -m experiments run --suite control-tune --root runs/control`; `list` shows what is left):
+
+- control-tune (tuning): SmolLM2-135M-Instruct, a+b with a, b in 0..20 (experiments/smollm2.py's task),
+  lr 2e-5, target 0.7 × H₀, seeds 0–2. The defaults of contract/control.py were derived from the
+  existing suite's runs (§11.2) and committed before any run of this plan; a change of them after this
+  cell has run must say so on the page.
+- held out, 3 seeds each, run only after the defaults are committed: control-lr3e-6 (a+b, lr 3e-6, 0.7 ×
+  H₀); control-t0.5 and control-t0.8 (a+b, lr 2e-5, 0.5 × H₀ and 0.8 × H₀); control-abs (a+b, lr 2e-5,
+  an absolute target of 0.6 nats); control-gym (SmolLM2 on reasoning-gym's chain_sum: its start accuracy
+  must be measured with scripts/start_accuracy.py and stated, and fall in 0.05–0.6, before the cell is
+  run); control-tiny (the demo spec's tiny model, with its SFT); control-tool (the tool-use task).
+
+Arms: `default` (a spec that sets `algorithm.control` and names no algorithm: the default law), and on the
+SmolLM2 cells also `stare_pi` (O1), `stare_pi_c2` and `clip_pi`. grpo_ds runs on the cells that have no
+grpo_ds run yet (gym, tiny, tool); on the a+b cells grpo_ds does not read the target, so the existing
+SmolLM2 suite's grpo_ds runs (and its stare_o1, adaptive_entropy runs) at each rate are the comparison,
+not rerun. Run time, measured on the existing suite: about 1 h a SmolLM2 run at one torch thread on the
+2-core machine, so the 12 SmolLM2 runs of an a+b cell take about 6 h at two jobs (the gym cell's 15, about 8 h), the whole plan (75 SmolLM2
+runs plus the tiny and tool-use cells) about 40 h.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from experiments.smollm2 import base_spec
+from experiments.suites import TOOL_USE_SPEC, Run, Suite, demo_spec, merge
+
+CELLS = (
+    "control-tune",
+    "control-lr3e-6",
+    "control-t0.5",
+    "control-t0.8",
+    "control-abs",
+    "control-gym",
+    "control-tiny",
+    "control-tool",
+)
+SEEDS = 3
+LAW_ARMS: dict[str, dict[str, Any]] = {
+    "default": {},  # no name: the default law
+    "stare_pi": {"name": "stare_pi", "params": {"variant": "O1"}},
+    "stare_pi_c2": {"name": "stare_pi", "params": {"variant": "C2"}},
+    "clip_pi": {"name": "clip_pi"},
+}
+SMOLLM2_LAWS = tuple(LAW_ARMS)
+ABSOLUTE_TARGET = 0.6  # nats: about 0.65 × the a+b task's H₀ at temperature 0.7 (0.94 nats on seed 0)
+
+
+def arm_algorithm(arm: str, target: Any) -> dict[str, Any]:
+    """The algorithm section of an arm at the cell's target (grpo_ds: the shared target in the gate
+    section, which it does not read, for the holding statistics)."""
+    if arm == "grpo_ds":
+        return {"name": "grpo_ds", "gate": {"target_entropy": target}}
+    return {**LAW_ARMS[arm], "control": {"target_entropy": target}}
+
+
+def _smollm2_base(lr: float, task: dict[str, Any] | None = None) -> dict[str, Any]:
+    base = base_spec(lr)
+    base.pop("algorithm", None)
+    return merge(base, task or {})
+
+
+GYM_TASK: dict[str, Any] = {
+    "task": {"source": "reasoning_gym", "name": "chain_sum", "params": {}, "prompt_template": "{prompt}"},
+    "verifier": {"name": "reasoning_gym"},
+    "sampling": {"max_new_tokens": 24},  # as the chain_sum suite of experiments/plan.py
+}
+
+
+def _cell(name: str) -> tuple[str, dict[str, Any], Any, tuple[str, ...]]:
+    """(title, base spec without its algorithm, target, arms) of a cell."""
+    rel = {"relative": 0.7}
+    if name == "control-tune":
+        return "SmolLM2 a+b, lr 2e-5, target 0.7 × H₀ (tuning)", _smollm2_base(2e-5), rel, SMOLLM2_LAWS
+    if name == "control-lr3e-6":
+        return "SmolLM2 a+b, lr 3e-6, target 0.7 × H₀", _smollm2_base(3e-6), rel, SMOLLM2_LAWS
+    if name in ("control-t0.5", "control-t0.8"):
+        r = float(name.removeprefix("control-t"))
+        return f"SmolLM2 a+b, lr 2e-5, target {r} × H₀", _smollm2_base(2e-5), {"relative": r}, SMOLLM2_LAWS
+    if name == "control-abs":
+        title = f"SmolLM2 a+b, lr 2e-5, target {ABSOLUTE_TARGET} nats"
+        return title, _smollm2_base(2e-5), ABSOLUTE_TARGET, SMOLLM2_LAWS
+    if name == "control-gym":
+        base = _smollm2_base(2e-5, GYM_TASK)
+        return (
+            "SmolLM2 on reasoning-gym chain_sum, lr 2e-5, target 0.7 × H₀",
+            base,
+            rel,
+            ("grpo_ds", *SMOLLM2_LAWS),
+        )
+    if name == "control-tiny":
+        base = demo_spec()
+        base.pop("algorithm", None)
+        return "The tiny model (demo spec), target 0.7 × H₀", base, rel, ("grpo_ds", "default")
+    if name == "control-tool":
+        import yaml
+
+        base = yaml.safe_load(TOOL_USE_SPEC.read_text())
+        base.pop("algorithm", None)
+        base = merge(base, {})
+        return "The tool-use task, target 0.7 × H₀", base, rel, ("grpo_ds", "default")
+    raise ValueError(f"unknown cell {name!r}; valid: {', '.join(CELLS)}")
+
+
+def control_suite(name: str, *, seeds: int = SEEDS, steps: int | None = None) -> Any:
+    """One cell as a suite of the plan: its arms over its seeds, seed by seed (the default law first)."""
+    title, base, target, arms = _cell(name)
+    if steps is not None:
+        base = merge(base, {"optim": {"steps": steps}})
+    smollm2 = base.get("model", {}).get("name") == "smollm2-135m-instruct"
+    order = sorted(arms, key=lambda a: a != "default")
+    runs = []
+    for seed in range(seeds):
+        for arm in order:
+            spec = merge(base, {"name": f"{name}-{arm}-seed{seed}", "seed": seed})
+            spec["algorithm"] = arm_algorithm(arm, target)
+            runs.append(
+                Run(name, f"{arm}/seed{seed}", spec, arm=arm, seed=seed, keep_checkpoints=not smollm2)
+            )
+    description = (
+        f"{title}. Arms: {', '.join(order)} (docs/ALGORITHMS.md §11; experiments/control_suite.py). "
+        "Holding: the 5-step moving average within ±25 % of the target from the settling step, the mean "
+        "|H − H*|/H*, the per-step share beside them (contract/stability.py)."
+    )
+    return Suite(
+        name,
+        title,
+        description,
+        tuple(runs),
+        arms=tuple(order),
+        collapse_steps=5,
+        warmup_steps=0,
+        stability=True,
+    )
+
+
+def _cell_suite(name: str) -> Callable[[], Any]:
+    return lambda: control_suite(name)
+
+
+OPTIONAL: dict[str, Callable[[], Any]] = {name: _cell_suite(name) for name in CELLS}
