@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP + " (one round, one warm-up)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.warmup, args.new_tokens = 1, 1, 4
     torch.set_num_threads(args.threads)
     result = run(args.rounds, args.warmup, args.new_tokens)
     print(markdown(result))

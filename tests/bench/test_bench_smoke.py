@@ -32,6 +32,7 @@ class Smoke:
 
 
 SMOKES = (
+    Smoke("bench_control_overhead.py", "--json", ("rounds", "warmup")),
     Smoke("bench_engine.py", "--json", ("machine", "vs_trl", "stare_vs_grpo_ds", "markdown"), ("trl",)),
     Smoke("bench_fsdp.py", "--json", ("rounds", "fsdp2_over_ddp_median", "cpu")),
     Smoke("bench_gpu.py", "--out", ("machine", "matmul", "kernels", "stare_overhead", "engine", "finished")),
