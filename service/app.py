@@ -221,6 +221,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # requests. Unfrozen at shutdown, so a test process that builds many apps can collect the old ones.
         gc.collect()
         gc.freeze()
+        services.offload.open()  # the same app may be started again (a second TestClient, a restart)
         if settings.task_check_prewarm:
             services.offload.prewarm()
         try:

@@ -185,6 +185,7 @@ class ChildPool:
         self._idle: list[_Child] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._users = 0  # open lifespans (open() / close())
         self._gate: anyio.Semaphore | None = None
 
     def _take(self) -> _Child:
@@ -222,6 +223,14 @@ class ChildPool:
         async with self._gate:
             return await anyio.to_thread.run_sync(self._run_blocking, function, args, phase)
 
+    def open(self) -> None:
+        """An app's lifespan starts: the pool takes calls (again, if it was closed). Lifespans of one app can
+        nest (a second test client on it), so each open is matched by one close, and the last one closes."""
+        with self._lock:
+            self._users += 1
+            if self._closed:
+                self._closed, self._gate = False, None
+
     def prewarm(self) -> None:
         """Start the children now, in a background thread (the first requests then pay no spawn)."""
 
@@ -239,6 +248,9 @@ class ChildPool:
 
     def close(self) -> None:
         with self._lock:
+            self._users = max(0, self._users - 1)
+            if self._users:
+                return  # another lifespan of the same app still serves
             self._closed = True
             idle, self._idle = self._idle, []
         for child in idle:

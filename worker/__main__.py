@@ -71,18 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         sweep_forever(db, settings, app.conf.stare_resend, threading.Event(), app.conf.stare_queue_depth)
         return 0
-    if settings.trainer_isolation:
-        from worker.isolation import isolation_problem
-
-        problem = isolation_problem()
-        if problem is not None:  # never run tenants' jobs unconfined unless the operator said so
-            logging.getLogger("worker").error(
-                "refusing to run jobs: the trainer cannot be confined (%s). Install bubblewrap >= 0.8, "
-                "or set STARE_TRAINER_ISOLATION=false where each worker is isolated otherwise "
-                "(docs/SECURITY.md)",
-                problem,
-            )
-            return 2
+    if not _can_confine(settings):  # never run tenants' jobs unconfined unless the operator said so
+        return 2
     if args.sweep:
         stop = threading.Event()
         threading.Thread(
@@ -109,6 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         registration.stop()
     return 0
+
+
+def _can_confine(settings: WorkerSettings) -> bool:
+    """False (and the reason logged) when trainers must be confined and cannot be (docs/SECURITY.md)."""
+    if not settings.trainer_isolation:
+        return True
+    from worker.isolation import isolation_problem
+
+    problem = isolation_problem()
+    if problem is not None:
+        logging.getLogger("worker").error(
+            "refusing to run jobs: the trainer cannot be confined (%s). Install bubblewrap >= 0.8, "
+            "or set STARE_TRAINER_ISOLATION=false where each worker is isolated otherwise "
+            "(docs/SECURITY.md)",
+            problem,
+        )
+        return False
+    return True
 
 
 def _consume(app: Any, queues: str, hostname: str, loglevel: str) -> None:

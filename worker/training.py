@@ -370,9 +370,7 @@ def run_claimed(
     except NoCluster as err:
         logger.error("job %s: %s", claim.job_id, err)
         return _finish(recorder, "failed", JobError(FailureCode.RAY_UNAVAILABLE, str(err), "system"))
-    except (
-        ValidationError
-    ) as err:  # a stored spec this contract refuses (say, a bound added since): the job's
+    except ValidationError as err:  # a stored spec the contract refuses (a bound added since): the job's
         message = spec_refusal(err)  # error, never a worker crash (that would look like a lost worker)
         logger.error("job %s: %s", claim.job_id, message)
         return _finish(recorder, "failed", JobError(FailureCode.INVALID_JOB, message, "user"))
