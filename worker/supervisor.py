@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import math
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -272,6 +274,10 @@ class TrainerProcess:
         self.stderr_tail = OutputTail()
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         child_env = trainer_environment(os.environ, env)
+        if confinement is not None:
+            # Under bwrap a missing interpreter would be bwrap's exit 1, read as a crash of the trainer:
+            # checked here, it is the same OSError as an unconfined start (the worker's "cannot start").
+            _check_executable(command[0])
         info_read, info_write = os.pipe() if confinement is not None else (-1, -1)
         try:
             if confinement is not None:
@@ -407,3 +413,12 @@ def log_tail(path: Path, limit: int = 2000) -> str:
     except OSError:
         return ""
     return data.decode("utf-8", errors="replace").strip()
+
+
+def _check_executable(program: str) -> None:
+    """FileNotFoundError or PermissionError, as Popen would raise them, for a program that cannot run."""
+    path = program if os.sep in program else shutil.which(program)
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)

@@ -33,6 +33,9 @@ PARAMS: dict[str, list[dict[str, Any]]] = {
     "rsi_s": [{}, {"denominator": "kept"}, {"bound_mode": "quantile", "r_lo": 0.2, "r_hi": 0.8}],
     "forking_8020": [{"top_entropy_ratio": 0.5}],
     "clip_cov": [{"clip_cov_ratio": 0.5, "cov_lower": -10.0, "cov_upper": 10.0}],
+    # the PI laws' STARE and clip-higher actuators at their initial state (no control argument)
+    "stare_pi": [{}, {"variant": "C2"}],
+    "clip_pi": [{}],
 }
 
 
@@ -78,8 +81,10 @@ def gradient(
 
 
 def test_the_set_covers_every_loss_but_kl_cov_and_the_entropy_bonus() -> None:
-    # adaptive_entropy's −α·H reaches every row (tests/trainer/test_adaptive_entropy.py).
-    assert set(POLICY_LOSSES.names()) - ZERO_ADVANTAGE_NO_GRADIENT == {"kl_cov", "adaptive_entropy"}
+    # adaptive_entropy's −α·H and entropy_pi's ±α·H reach every row (tests/trainer/test_adaptive_entropy.py,
+    # tests/trainer/test_pi_laws.py).
+    bonus = {"kl_cov", "adaptive_entropy", "entropy_pi"}
+    assert set(POLICY_LOSSES.names()) - ZERO_ADVANTAGE_NO_GRADIENT == bonus
     assert set(PARAMS) == ZERO_ADVANTAGE_NO_GRADIENT
 
 
