@@ -48,7 +48,8 @@ def test_an_unknown_loss_name_lists_the_valid_ones() -> None:
 
 def test_make_loss_params_with_an_unknown_name_raises_the_registry_error() -> None:
     with pytest.raises(
-        UnknownNameError, match=r"unknown policy loss 'stare_v2'; valid: adaptive_entropy, clip_cov, clip_pi, dapo"
+        UnknownNameError,
+        match=r"unknown policy loss 'stare_v2'; valid: adaptive_entropy, clip_cov, clip_pi, dapo",
     ):
         make_loss_params("stare_v2")
 
