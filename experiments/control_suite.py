@@ -108,20 +108,22 @@ def _cell(name: str) -> tuple[str, dict[str, Any], Any, tuple[str, ...]]:
 
 
 def control_suite(name: str, *, seeds: int = SEEDS, steps: int | None = None) -> Any:
-    """One cell as a suite of the plan: its arms over its seeds, seed by seed (the default law first)."""
+    """One cell as a suite of the plan: the default law over every seed, then the other arms seed by seed."""
     title, base, target, arms = _cell(name)
     if steps is not None:
         base = merge(base, {"optim": {"steps": steps}})
     smollm2 = base.get("model", {}).get("name") == "smollm2-135m-instruct"
     order = sorted(arms, key=lambda a: a != "default")
+    # The default law over every seed first (the acceptance's arm), then the other arms seed by seed.
+    pairs = [("default", s) for s in range(seeds) if "default" in order]
+    pairs += [(a, s) for s in range(seeds) for a in order if a != "default"]
     runs = []
-    for seed in range(seeds):
-        for arm in order:
-            spec = merge(base, {"name": f"{name}-{arm}-seed{seed}", "seed": seed})
-            spec["algorithm"] = arm_algorithm(arm, target)
-            runs.append(
-                Run(name, f"{arm}/seed{seed}", spec, arm=arm, seed=seed, keep_checkpoints=not smollm2)
-            )
+    for arm, seed in pairs:
+        spec = merge(base, {"name": f"{name}-{arm}-seed{seed}", "seed": seed})
+        spec["algorithm"] = arm_algorithm(arm, target)
+        runs.append(
+            Run(name, f"{arm}/seed{seed}", spec, arm=arm, seed=seed, keep_checkpoints=not smollm2)
+        )
     description = (
         f"{title}. Arms: {', '.join(order)} (docs/ALGORITHMS.md §11; experiments/control_suite.py). "
         "Holding: the 5-step moving average within ±25 % of the target from the settling step, the mean "

@@ -24,7 +24,7 @@ def dry_run(target: str, venv: Path) -> str:
     copy of the lockfile, moved next to `venv`)."""
     web = venv.parent / "node_modules" / ".package-lock.json"
     done = subprocess.run(
-        ["make", "-n", target, f"VENV={venv}", f"WEB={web}"],
+        ["make", "--no-print-directory", "-n", target, f"VENV={venv}", f"WEB={web}"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -133,6 +133,19 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()  # own process group: signals reach torchrun's children too
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler installed for `sig` (SigCgt of /proc/PID/status); True when that
+    cannot be read (then the signal is sent as it would be without the check)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return True
+
+
 def _parent_of(pid: int) -> int | None:
     try:
         text = Path(f"/proc/{pid}/stat").read_text(errors="replace")
@@ -311,6 +324,7 @@ class TrainerProcess:
         self._stderr_reader = threading.Thread(target=self._read_stderr, name="trainer-stderr", daemon=True)
         self._stderr_reader.start()
         self.stop_requested = False
+        self._stop_delivered = False
 
     def _hold_init(self, pid: int | None) -> None:
         """A pidfd of the confined trainer (opened while bwrap is its parent: not a reused pid)."""
@@ -370,12 +384,21 @@ class TrainerProcess:
                 log.close()
 
     def request_stop(self) -> None:
-        """Cooperative stop: the trainer checkpoints and exits 75."""
-        if not self.stop_requested and self.proc.poll() is None:
-            self.stop_requested = True
-            if not self._signal_trainer(signal.SIGTERM):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGTERM)
+        """Cooperative stop: the trainer checkpoints and exits 75. Call it again until the child exits: a
+        confined trainer is the init of its PID namespace, and the kernel drops a signal to an init that has
+        no handler for it, so while the trainer is still starting (its SIGTERM handler not installed yet)
+        the SIGTERM is held back and sent on a later call, once, when the trainer catches it."""
+        if self.proc.poll() is not None:
+            return
+        self.stop_requested = True
+        if self._stop_delivered:
+            return
+        if self._init_pid is not None and not _catches(self._init_pid, signal.SIGTERM):
+            return  # not yet: it would be dropped
+        if not self._signal_trainer(signal.SIGTERM):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+        self._stop_delivered = True
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -397,7 +397,8 @@ def run_claimed(
                 if status in ("cancelling", "pausing") and stop_reason is None:
                     stop_reason = "cancelled" if status == "cancelling" else "paused"
                     stop_sent_at = time.monotonic()
-                    child.request_stop()
+            if stop_reason:  # until the trainer can take it (TrainerProcess.request_stop), then a no-op
+                child.request_stop()
             if (
                 stop_reason
                 and child.poll() is None

@@ -85,6 +85,38 @@ def test_a_cooperative_stop_reaches_the_trainer_and_its_processes(tmp_path: Path
     assert [path.read_text() for path in stopped] == [str(int(signal.SIGTERM))] * 2
 
 
+_SLOW_START = """import os, signal, sys, time
+job = sys.argv[1]
+open(os.path.join(job, "started"), "w").close()
+time.sleep(1.5)  # a trainer still importing torch: no SIGTERM handler yet (pid 1 drops the signal)
+signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(75))
+open(os.path.join(job, "handler"), "w").close()
+time.sleep(60)
+os._exit(0)
+"""
+
+
+@requires_binary("bwrap")
+def test_a_stop_requested_while_the_trainer_starts_is_not_lost(tmp_path: Path) -> None:
+    """Pid 1 of a PID namespace ignores a signal it has no handler for: the supervisor holds the SIGTERM
+    back until the trainer catches it (the worker calls request_stop until the child exits)."""
+    confinement = _confinement(tmp_path)
+    child = TrainerProcess(
+        [sys.executable, "-c", _SLOW_START, str(confinement.job_dir)],
+        log_path=confinement.job_dir / "trainer.log",
+        confinement=confinement,
+    )
+    assert _wait_files(confinement.job_dir, "started", 1), child.stderr_tail.text()
+    child.request_stop()
+    assert not (confinement.job_dir / "handler").exists()  # asked before the handler was there
+    deadline = time.monotonic() + 30
+    while child.poll() is None and time.monotonic() < deadline:
+        child.request_stop()  # what the worker's loop does
+        time.sleep(0.1)
+    assert child.wait(timeout=5) == 75, child.stderr_tail.text()
+    assert (confinement.job_dir / "handler").exists()
+
+
 _ESCAPES = """import ctypes, os, sys, time
 libc = ctypes.CDLL(None)
 libc.prctl(15, sys.argv[1].encode(), 0, 0, 0)  # PR_SET_NAME: found by the test on the host
