@@ -19,7 +19,7 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "control/output",
         "output",
-        "u, the PI law's clipped output this step (in [−u_max, u_max]; > 0 raises entropy, < 0 lowers it).",
+        "u, the PI law's clipped output this step (in [−u_min, u_max]; > 0 raises entropy, < 0 lowers it).",
         {"prometheus": "stare_job_control_output", "shown": ("report",), "applies_to": LAWS},
     ),
     (
@@ -37,7 +37,7 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "control/saturated",
         "flag",
-        "1 when the output sits at its clip (|u| = u_max) this step.",
+        "1 when the output sits at a clip (u = u_max or u = −u_min) this step.",
         {"applies_to": LAWS},
     ),
     (

@@ -158,6 +158,7 @@ class ControlSpec(_Strict):
     kp: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
     ki: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
     u_max: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
+    u_min: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     span: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
 

@@ -126,7 +126,7 @@ JOB_DASHBOARD = Dashboard(
                     ),
                     width=12,
                     description="The PI law of entropy_pi, stare_pi and clip_pi: e = (H* − H)/H*, "
-                    "u = clip(Kp·e + Ki·I, ±u_max); u > 0 raises entropy (docs/ALGORITHMS.md §11).",
+                    "u = clip(Kp·e + Ki·I, −u_min, u_max); u > 0 raises entropy (docs/ALGORITHMS.md §11).",
                 ),
                 Panel(
                     "Actuator and saturation",

@@ -104,7 +104,8 @@ def test_a_target_without_a_named_algorithm_gets_the_default_law() -> None:
     spec = TrainSpec.model_validate(_algorithm(small_spec(), {"control": {"target_entropy": 0.5}}))
     assert spec.algorithm.name == "entropy_pi"
     settings = spec.algorithm.law_settings(0.5)
-    assert (settings.kp, settings.ki) == pytest.approx((3.4, 0.6))
+    assert (settings.kp, settings.ki) == pytest.approx((2.4, 0.2667))  # poles at 0.8 on B = 0.15
+    assert (settings.u_max, settings.u_min) == (1.0, 0.1)
     # Existing names keep their behaviour: the default algorithm is still STARE with its gate.
     assert TrainSpec.model_validate({}).algorithm.name == "stare"
     assert (
