@@ -399,12 +399,8 @@ def run_claimed(
                     stop_sent_at = time.monotonic()
             if stop_reason:  # until the trainer can take it (TrainerProcess.request_stop), then a no-op
                 child.request_stop()
-            if (
-                stop_reason
-                and child.poll() is None
-                and time.monotonic() - stop_sent_at > settings.cancel_grace_s
-            ):
-                child.kill()
+                if child.poll() is None and time.monotonic() - stop_sent_at > settings.cancel_grace_s:
+                    child.kill()
         code = child.wait(timeout=60)
     except LeaseLost:
         logger.warning("lease lost for job %s; stopping its trainer", claim.job_id)
