@@ -14,6 +14,7 @@ from contract.spec import TrainSpec
 from trainer.algos import informative_groups
 from trainer.generation import RolloutEngine
 from trainer.rollout import Rollout, concat_rollouts, rollout
+from trainer.sampling import SampleStreams
 from trainer.tasks import Example, make_train_eval
 
 
@@ -71,11 +72,14 @@ def collect(
     world: int,
     sample_stats: bool,
     reduce: Callable[[Any, str, torch.dtype], Tensor],
+    step: int,
     engine: RolloutEngine | None = None,
 ) -> tuple[Rollout, int]:
-    """This process's rollouts for one step (the model in eval mode): the next prompts_per_step prompts,
+    """This process's rollouts for step `step` (the model in eval mode): the next prompts_per_step prompts,
     this process's share of them; with dynamic sampling, batches are generated until enough informative
-    groups (summed over the processes by `reduce`) or max_gen_batches. Returns (rollout, gen batches)."""
+    groups (summed over the processes by `reduce`) or max_gen_batches. Returns (rollout, gen batches).
+    Each prompt samples from its own stream (trainer.sampling): (job seed, "train", step, generation round,
+    its index in the round's prompts_per_step), the same at any number of processes."""
     n_prompts = spec.optim.prompts_per_step
     ds = spec.optim.dynamic_sampling
     # Rewards are binary unless shaped (an overlong penalty, set or the algorithm's default).
@@ -87,6 +91,7 @@ def collect(
         examples, first = prompts.take(n_prompts)
         mine = list(range(rank, n_prompts, world))
         group_ids = [first + i for i in mine]  # each group's global prompt index
+        streams = SampleStreams(spec.seed, "train", step, round=batches)
         r = rollout(
             model,
             tokenizer,
@@ -95,6 +100,7 @@ def collect(
             spec,
             sample_stats=sample_stats,
             engine=engine,
+            seeds=streams.prompt_seeds(mine),
         )
         batches += 1
         if ds.enabled:

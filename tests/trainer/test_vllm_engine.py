@@ -284,7 +284,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
     engine._unwrapped_model.eval()
     batch, batches = collect(
         engine._unwrapped_model, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
-        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine,
+        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine, step=1,
     )  # fmt: skip
     engine._unwrapped_model.train()
     assert 1 <= batches <= 2
