@@ -339,11 +339,11 @@ def run_episodes(
     logprobs: list[list[list[float]]] | None = [[] for _ in rows]
     active = list(range(len(rows)))
     example_seeds = [0] * len(examples) if greedy else seeds_or_drawn(seeds, len(examples))
-    turn = 0
+    turn_index = 0
     while active:
         contexts = [prompt_ids[i] + [t for ids, _ in pieces[i] for t in ids] for i in active]
-        row_seeds = turn_seeds(example_seeds, num_samples, turn)
-        turn += 1
+        row_seeds = turn_seeds(example_seeds, num_samples, turn_index)
+        turn_index += 1
         turns, cut, turn_logprobs = generate_turn(
             model,
             tokenizer,

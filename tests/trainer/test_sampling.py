@@ -11,7 +11,10 @@ dynamic-sampling round, the prompt's index in the step's batch):
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
+import threading
 
 import pytest
 import torch
@@ -21,10 +24,12 @@ from contract.spec import TrainSpec
 from tests.trainer.test_engine import small_spec
 from trainer import placement
 from trainer.data import collect, load_examples
-from trainer.engine import Engine, seed_everything, step_seed
+from trainer.engine import Engine, seed_everything
 from trainer.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
 from trainer.sampling import SampleStreams, SeededSampler, nucleus, stream_seed, turn_seeds
+
+DS_STEP = 1  # a step whose dynamic sampling needs more than one round (asserted)
 
 
 def test_the_seed_derivation_is_a_fixed_stable_hash():
@@ -45,7 +50,7 @@ def test_the_seed_derivation_is_a_fixed_stable_hash():
     assert all(0 <= s < 2**62 for s in variants.values())
     # vLLM seeds the i-th of a request's n samples with seed + i: neighbouring prompts' seeds are far apart.
     seeds = sorted(base.prompt_seeds(range(256)))
-    assert min(b - a for a, b in zip(seeds, seeds[1:])) > 2**20
+    assert min(b - a for a, b in itertools.pairwise(seeds)) > 2**20
     # Multi-turn: a row's turn seeds differ by sample and by turn.
     rows = turn_seeds([11, 12], num_samples=2, turn=0) + turn_seeds([11, 12], num_samples=2, turn=1)
     assert len(set(rows)) == 8
@@ -176,3 +181,73 @@ def test_evaluation_samples_are_the_same_at_any_process_count(tmp_path):
     assert samples(2, 2) == whole
     assert samples(2, 3) == whole
     assert samples(3, 1) != whole  # another step: other streams
+
+
+def _threaded_collect(policy, spec, world: int, step: int) -> list[tuple]:
+    """`collect` as `world` processes would run it, one thread each, with a summing reduce across the
+    threads (a barrier, as the processes' all-reduce): per rank (batch, generation batches, cursor)."""
+    _, model, tokenizer = policy
+    barrier = threading.Barrier(world)
+    slots: list[torch.Tensor | None] = [None] * world
+    results: list[tuple | None] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        def reduce(values, reduction, dtype):
+            slots[rank] = torch.tensor(values, dtype=dtype)
+            barrier.wait()
+            stacked = torch.stack([s for s in slots if s is not None])
+            out = stacked.sum(0) if reduction == "sum" else stacked.max(0).values
+            barrier.wait()
+            return out
+
+        try:
+            prompts, _ = load_examples(spec)
+            prompts.cursor = 7
+            own_model = copy.deepcopy(model)  # each "process" its own copy of the weights
+            batch, batches = collect(
+                own_model, tokenizer, prompts, spec, rank=rank, world=world, sample_stats=False,
+                reduce=reduce, step=step,
+            )  # fmt: skip
+            results[rank] = (batch, batches, prompts.cursor)
+        except BaseException as err:  # re-raised in the test's thread
+            errors.append(err)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
+
+
+def _by_group(batch) -> dict[int, list[list[int]]]:
+    lengths = batch.response_mask.sum(-1).long()
+    out: dict[int, list[list[int]]] = {}
+    for row, group in enumerate(batch.group_ids.tolist()):
+        response = batch.input_ids[row, batch.prompt_length : batch.prompt_length + int(lengths[row])]
+        out.setdefault(group, []).append(response.tolist())
+    return out
+
+
+def test_dynamic_sampling_keeps_the_same_groups_at_any_process_count(policy):
+    spec = TrainSpec.model_validate(
+        small_spec(
+            algorithm={"name": "grpo_ds"},
+            optim={"prompts_per_step": 3, "dynamic_sampling": {"enabled": True, "max_gen_batches": 4}},
+        )
+    )
+    ((alone, batches, cursor),) = _threaded_collect(policy, spec, 1, DS_STEP)
+    kept = _by_group(alone)
+    # The step needed more than one round, and kept exactly prompts_per_step groups.
+    assert batches > 1 and len(kept) == 3
+    for world in (2, 3):
+        shares = _threaded_collect(policy, spec, world, DS_STEP)
+        assert {(b, c) for _, b, c in shares} == {(batches, cursor)}  # the same rounds, the same cursor
+        merged: dict[int, list[list[int]]] = {}
+        for batch, _, _ in shares:
+            merged.update(_by_group(batch))
+        assert merged == kept, world
