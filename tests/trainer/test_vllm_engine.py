@@ -159,7 +159,7 @@ def test_a_prompts_samples_come_from_its_seed_not_its_batch(engine: Engine) -> N
     alone = engine.rollout_engine.generate(ids, mask, seeds=[77], **kwargs)  # type: ignore[arg-type]
     ids, mask = _encode(engine, ["12*34=", "99*10="])
     first = engine.rollout_engine.generate(ids, mask, seeds=[77, 8], **kwargs)  # type: ignore[arg-type]
-    ids, mask = _encode(engine, ["47*86=", "5*6=", "12*34="])
+    ids, mask = _encode(engine, ["147*86=", "5*6=", "12*34="])
     assert mask[2].sum() < mask.shape[1]  # left-padded in this batch
     last = engine.rollout_engine.generate(ids, mask, seeds=[5, 6, 77], **kwargs)  # type: ignore[arg-type]
     expected = _responses(alone, range(g))
