@@ -27,7 +27,9 @@ differ by the previous updates' reordering (AdamW's step is lr-sized, its roundi
 60 tokens and the model's parameters, with the same forward differences; METRIC_TOL = 1e-4 (as
 tests/trainer/test_fsdp2_engine.py derives it for ddp against fsdp2) is far below the step-to-step change
 of each metric, which the test requires to exceed 10 × the tolerance. A flipped sampled token is not
-rounding: the samples are compared exactly first.
+rounding: the samples are compared exactly first. Measured (2026-12-03, 2 shared cores): step losses ≤ 2.5e-8
+apart, entropy ≤ 1.6e-7, gradient norm ≤ 2.4e-7; the resumed run's steps equal the 2-process run's to
+those figures, and the 1-process run's exactly.
 """
 
 from __future__ import annotations
