@@ -195,6 +195,37 @@ def model_shape_from_config(config: Mapping[str, int | bool]) -> ModelShape:
     )
 
 
+CONFIG_SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
+
+def model_config_problem(config: Mapping[str, int | bool]) -> str | None:
+    """What is wrong with a config's shape fields for `model_shape_from_config` (None: nothing)."""
+    for field in (*CONFIG_SHAPE_FIELDS, "num_key_value_heads"):
+        value = config.get(field)
+        if field == "num_key_value_heads" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{field} must be a positive integer"
+    heads = int(config["num_attention_heads"])
+    if int(config["hidden_size"]) % heads or heads % int(config.get("num_key_value_heads") or heads):
+        return "hidden_size must divide by num_attention_heads, and it by num_key_value_heads"
+    return None
+
+
+def model_shape(name: str, configs: Mapping[str, Mapping[str, int | bool]]) -> ModelShape | None:
+    """A built-in model's shape, or that of an extra model whose config the deployment declares; None else."""
+    builtin = builtin_model_shape(name)
+    if builtin is not None or name not in configs:
+        return builtin
+    return model_shape_from_config(configs[name])
+
+
 def builtin_model_shape(name: str) -> ModelShape | None:
     config = BUILTIN_CONFIGS.get(name)
     return model_shape_from_config(config) if config is not None else None

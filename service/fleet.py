@@ -27,10 +27,10 @@ from contract.fleet import (
     JobNeeds,
     Offer,
     WorkerClass,
-    builtin_model_shape,
     job_memory,
     memory_param,
     micro_batch_tokens,
+    model_shape,
     place,
 )
 from contract.spec import TrainSpec
@@ -110,7 +110,7 @@ def blocks(spec: TrainSpec, fleet: Fleet) -> bool:
 def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage) -> Placement:
     """The class and queue the job goes to, with its memory per device; else Unprocessable
     (exceeds_capacity, the field named). May block (see `blocks`)."""
-    memory = job_memory_per_device(spec, storage)
+    memory = job_memory_per_device(spec, storage, fleet.settings.extra_model_configs)
     dist = spec.distributed
     raw_dist = raw.get("distributed")
     spelled_num_processes = isinstance(raw_dist, Mapping) and "num_processes" in raw_dist
@@ -147,10 +147,13 @@ def _memory_param(spec: TrainSpec, memory: MemoryPerDevice | None) -> str:
     return memory_param(spec, estimate)
 
 
-def job_memory_per_device(spec: TrainSpec, storage: ArtifactStorage) -> MemoryPerDevice | None:
-    """contract.fleet.job_memory for a built-in model; None for a model whose config the service does not
-    have (an operator's extra model: its memory is not estimated and never refused on)."""
-    shape = builtin_model_shape(spec.model.name)
+def job_memory_per_device(
+    spec: TrainSpec, storage: ArtifactStorage, configs: Mapping[str, Mapping[str, int | bool]] | None = None
+) -> MemoryPerDevice | None:
+    """contract.fleet.job_memory for a built-in model or an extra model whose config the deployment
+    declares (`configs`, settings.extra_model_configs); None for a model whose config the service does not
+    have (its memory is not estimated and never refused on)."""
+    shape = model_shape(spec.model.name, configs or {})
     if shape is None:
         return None
     prompt = prompt_tokens(spec, storage)

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from contract.fleet import Offer, WorkerClass
+from contract.fleet import Offer, WorkerClass, model_config_problem
 from store.settings import SharedSettings, url_password
 
 MIB = 1024 * 1024
@@ -55,6 +55,10 @@ class Settings(SharedSettings):
 
     # Catalogue: base models the operator configured on top of contract.catalog.BUILTIN_MODELS
     extra_models: dict[str, str] = Field(default_factory=dict)
+    # The HF config shape fields of extra models (as contract.catalog.BUILTIN_CONFIGS; bench/make_config_model.py
+    # prints them), so that their memory per device is estimated and refused on like a built-in model's.
+    # An extra model without one is not estimated.
+    extra_model_configs: dict[str, dict[str, int | bool]] = Field(default_factory=dict)
 
     # Server-sent events
     sse_poll_interval_s: Annotated[float, Field(gt=0)] = 1.0
@@ -110,6 +114,16 @@ class Settings(SharedSettings):
             Offer(f"declared class {c.name or c.queue!r} on queue {c.queue!r}", c, live=False)
             for c in self.worker_classes
         ]
+
+    @model_validator(mode="after")
+    def _extra_model_configs_are_shapes(self) -> Settings:
+        for name, config in self.extra_model_configs.items():
+            if name not in self.extra_models:
+                raise ValueError(f"extra_model_configs: {name!r} is not one of extra_models")
+            problem = model_config_problem(config)
+            if problem is not None:
+                raise ValueError(f"extra_model_configs.{name}: {problem}")
+        return self
 
     @model_validator(mode="after")
     def _distinct_class_names(self) -> Settings:

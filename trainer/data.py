@@ -14,6 +14,7 @@ from contract.spec import TrainSpec
 from trainer.algos import informative_groups
 from trainer.generation import RolloutEngine
 from trainer.rollout import Rollout, concat_rollouts, rollout
+from trainer.sampling import SampleStreams
 from trainer.tasks import Example, make_train_eval
 
 
@@ -71,11 +72,16 @@ def collect(
     world: int,
     sample_stats: bool,
     reduce: Callable[[Any, str, torch.dtype], Tensor],
+    step: int,
     engine: RolloutEngine | None = None,
 ) -> tuple[Rollout, int]:
-    """This process's rollouts for one step (the model in eval mode): the next prompts_per_step prompts,
+    """This process's rollouts for step `step` (the model in eval mode): the next prompts_per_step prompts,
     this process's share of them; with dynamic sampling, batches are generated until enough informative
-    groups (summed over the processes by `reduce`) or max_gen_batches. Returns (rollout, gen batches)."""
+    groups (summed over the processes by `reduce`) or max_gen_batches, and the step trains on the first
+    prompts_per_step informative groups over every process (`first_informative`). Returns (rollout, gen
+    batches). Each prompt samples from its own stream (trainer.sampling): (job seed, "train", step,
+    generation round, its index in the round's prompts_per_step). So a step's batch, summed over the
+    processes, is the same at any number of processes."""
     n_prompts = spec.optim.prompts_per_step
     ds = spec.optim.dynamic_sampling
     # Rewards are binary unless shaped (an overlong penalty, set or the algorithm's default).
@@ -83,10 +89,12 @@ def collect(
     kept: list[Rollout] = []
     kept_groups = 0
     batches = 0
+    start = prompts.cursor
     while True:
         examples, first = prompts.take(n_prompts)
         mine = list(range(rank, n_prompts, world))
         group_ids = [first + i for i in mine]  # each group's global prompt index
+        streams = SampleStreams(spec.seed, "train", step, round=batches)
         r = rollout(
             model,
             tokenizer,
@@ -95,6 +103,7 @@ def collect(
             spec,
             sample_stats=sample_stats,
             engine=engine,
+            seeds=streams.prompt_seeds(mine),
         )
         batches += 1
         if ds.enabled:
@@ -108,8 +117,21 @@ def collect(
             break
     non_empty = [k for k in kept if k.size] or [kept[-1]]
     batch = concat_rollouts(non_empty, tokenizer.pad_token_id)
-    if ds.enabled:  # at most this process's share of the target number of groups
-        share = len(range(rank, n_prompts, world))
-        groups = torch.unique_consecutive(batch.group_ids)[:share]
-        batch = batch.select(torch.nonzero(torch.isin(batch.group_ids, groups)).flatten())
+    if ds.enabled:
+        batch = first_informative(batch, start, batches * n_prompts, n_prompts, reduce)
     return batch, batches
+
+
+def first_informative(
+    batch: Rollout, start: int, drawn: int, n_prompts: int, reduce: Callable[[Any, str, torch.dtype], Tensor]
+) -> Rollout:
+    """This process's rows of the step's first `n_prompts` informative groups over every process, in the
+    order the prompts were drawn (group id = start + round · prompts_per_step + index; `drawn` prompts in
+    all): what one process would keep. One sum-reduce of a 0/1 mask over the drawn prompts. The processes'
+    shares are uneven (up to all of them on one process); the update pads the others' micro-batches."""
+    mask = [0.0] * drawn
+    for group in torch.unique(batch.group_ids).tolist():
+        mask[int(group) - start] = 1.0
+    informative = torch.nonzero(reduce(mask, "sum", torch.float64) > 0).flatten()[:n_prompts]
+    last = start + int(informative[-1]) if informative.numel() else start - 1
+    return batch.select(torch.nonzero(batch.group_ids <= last).flatten())

@@ -12,7 +12,8 @@ One optimiser step k (`Engine.train_step`):
      target resolves on the first step); their state is passed to the loss (trainer.controllers);
   5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
   6. one event with every metric; checkpoint / evaluation at their intervals.
-Each step reseeds the RNGs from (seed, step), so a resumed run repeats the uninterrupted one exactly.
+Each step reseeds the RNGs from (seed, step) and each prompt samples from its own stream (trainer.sampling),
+so a resumed run repeats the uninterrupted one exactly, at any process count.
 
 The engine owns the step and the run loop; the rest is one module per concept: update (the update and π_old),
 scoring, sft, evaluation, data (prompts), events (event I/O), placement (the model's loading, wrapping,
@@ -57,6 +58,7 @@ from trainer.events import EventCallback, EventLog, _now, stop_signals
 from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
+from trainer.sampling import SampleStreams
 from trainer.scoring import forward_is_deterministic
 from trainer.sft import run_sft, sft_transcripts
 from trainer.tasks import Example
@@ -235,11 +237,13 @@ class Engine:
         return reduced.cpu()
 
     def evaluate(self) -> dict[str, float]:
-        examples = self.eval_examples[self.rank :: self.world]
+        share = range(self.rank, len(self.eval_examples), self.world)  # seeds by global index: any world size
+        seeds = SampleStreams(self.spec.seed, "eval", self.step).prompt_seeds(share)
         with placement.unsharded(self._unwrapped_model) as model:  # shares differ by a prompt: no collectives
             return evaluate(
-                model, self.tokenizer, self.spec, examples, self._reduce, engine=self.rollout_engine
-            )
+                model, self.tokenizer, self.spec, [self.eval_examples[i] for i in share], self._reduce,
+                engine=self.rollout_engine, seeds=seeds,
+            )  # fmt: skip
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -250,13 +254,15 @@ class Engine:
 
     # ------------------------------------------------------------------ one step
 
-    def collect(self) -> tuple[Rollout, int]:
-        """Rollout for this step on this process, with dynamic sampling. Returns (rollout, gen batches)."""
+    def collect(self, step: int | None = None) -> tuple[Rollout, int]:
+        """Rollout for step `step` (default: the next one) on this process, with dynamic sampling; the
+        step names the prompts' sampling streams (trainer.sampling). Returns (rollout, gen batches)."""
         self._unwrapped_model.eval()
         with placement.unsharded(self._unwrapped_model) as model:  # fsdp2: gathered once, not per token
             batch, batches = collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
                 sample_stats=self.record_sample_stats, reduce=self._reduce, engine=self.rollout_engine,
+                step=self.step + 1 if step is None else step,
             )  # fmt: skip
         self._unwrapped_model.train()
         return batch, batches

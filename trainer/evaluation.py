@@ -3,7 +3,7 @@ avg@k, pass@k and the response length, summed over the processes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,22 +28,29 @@ def evaluate(
     reduce: Reduce,
     *,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
-    processes; `engine`: the rollout engine (default: HF generate on `model`). The model is left in train
-    mode."""
+    processes; `engine`: the rollout engine (default: HF generate on `model`); `seeds`: each example's
+    sampling stream (trainer.sampling: (job seed, "eval", step, its index in the evaluation set); None:
+    drawn from torch's global RNG). The model is left in train mode."""
     ev = spec.evaluation
     model.eval()
     k = 1 if ev.greedy else ev.k
     correct_sum, pass_sum, length_sum, n_prompts = 0.0, 0.0, 0.0, 0
     for s in range(0, len(examples), CHUNK_PROMPTS):
         chunk = examples[s : s + CHUNK_PROMPTS]
+        chunk_seeds = seeds[s : s + CHUNK_PROMPTS] if seeds is not None else None
         if spec.environment is not None:
-            chunk_correct, chunk_pass, chunk_length = eval_episodes(model, tokenizer, spec, chunk, k, engine)
+            chunk_correct, chunk_pass, chunk_length = eval_episodes(
+                model, tokenizer, spec, chunk, k, engine, chunk_seeds
+            )
             correct_sum, pass_sum = correct_sum + chunk_correct, pass_sum + chunk_pass
             length_sum, n_prompts = length_sum + chunk_length, n_prompts + len(chunk)
             continue
-        for mean_score, passed, lengths in eval_responses(model, tokenizer, spec, chunk, k, engine):
+        for mean_score, passed, lengths in eval_responses(
+            model, tokenizer, spec, chunk, k, engine, chunk_seeds
+        ):
             for n in lengths:  # summed in this order, sample by sample, as the totals always were
                 length_sum += n
             correct_sum += mean_score
@@ -68,6 +75,7 @@ def eval_responses(
     chunk: list[Example],
     k: int,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[tuple[float, float, list[float]]]:
     """k single-turn responses per example: per example (mean score, 1.0 if a sample scores 1, the
     samples' response lengths)."""
@@ -81,7 +89,7 @@ def eval_responses(
     )
     generated = (engine if engine is not None else HFGenerate(model, tokenizer)).generate(
         enc["input_ids"], enc["attention_mask"], num_samples=k, temperature=ev.temperature, top_p=ev.top_p,
-        max_new_tokens=spec.sampling.max_new_tokens, greedy=ev.greedy,
+        max_new_tokens=spec.sampling.max_new_tokens, greedy=ev.greedy, seeds=seeds,
     )  # fmt: skip
     ids, resp_mask, p_len = generated.input_ids, generated.response_mask, generated.prompt_length
     out = []
@@ -104,13 +112,14 @@ def eval_episodes(
     chunk: list[Example],
     k: int,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
     """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean
     score, examples with a sample scoring 1, model tokens of every episode)."""
     ev = spec.evaluation
     episodes = run_episodes(
         model, tokenizer, chunk, spec, num_samples=k, temperature=ev.temperature, top_p=ev.top_p,
-        greedy=ev.greedy, engine=engine,
+        greedy=ev.greedy, engine=engine, seeds=seeds,
     )  # fmt: skip
     model_tokens = sum(len(ids) for row in episodes.pieces for ids, is_model in row if is_model)
     scores = [

@@ -4,7 +4,8 @@
 response), the response mask up to each first EOS, the truncation flags and, on request, the sampling
 record (each response token's log-prob, entropy and C(p) under the sampling policy, which the update may
 read as π_old). Scoring the responses is `trainer.rollout.score_responses`. `HFGenerate` is the first
-implementation: transformers' `generate` with a KV cache, each prompt prefilled once for its G samples.
+implementation: transformers' `generate` with a KV cache, each prompt prefilled once for its G samples,
+each prompt's samples drawn from its own stream (`seeds`; trainer.sampling).
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
+from transformers import DynamicCache, LogitsProcessorList
 
 from trainer.algos.kernels import token_stats_from_logits
+from trainer.sampling import SeededSampler, seeds_or_drawn
 
 SampleRecord = tuple[Tensor, Tensor, Tensor]  # (log-prob, entropy, C), each (B, R), 0 past the response
 
@@ -56,8 +58,10 @@ class RolloutEngine(Protocol):
         max_new_tokens: int,
         greedy: bool = False,
         record: bool = False,
+        seeds: Sequence[int] | None = None,
     ) -> Generation:
-        """num_samples responses for each left-padded prompt row (n, P); `record`: the sampling record too."""
+        """num_samples responses for each left-padded prompt row (n, P); `record`: the sampling record too;
+        `seeds`: each row's sampling stream (trainer.sampling; None: drawn from torch's global RNG)."""
         ...
 
 
@@ -197,10 +201,20 @@ def response_mask_from_eos(responses: Tensor, eos_token_id: int | list[int]) -> 
 
 
 def generation_kwargs(
-    model: Any, tokenizer: Any, *, max_new_tokens: int, greedy: bool, temperature: float, top_p: float
+    model: Any,
+    tokenizer: Any,
+    *,
+    max_new_tokens: int,
+    greedy: bool,
+    temperature: float,
+    top_p: float,
+    seeds: Sequence[int] | None = None,
+    samples_per_seed: int = 1,
 ) -> tuple[Any, dict[str, object]]:
     """The EOS id(s) and the `model.generate` arguments every rollout uses: sampling at the spec's
-    temperature and top-p with top-k off, or greedy decoding."""
+    temperature and top-p with top-k off, each row from its prompt's stream (`seeds`, one per prompt, each
+    prompt's `samples_per_seed` rows in a row; trainer.sampling.SeededSampler), or greedy decoding. The
+    sampler draws the tokens itself, so generate runs in its greedy mode either way."""
     gen_config = model.generation_config
     eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
     kwargs: dict[str, object] = {
@@ -212,10 +226,12 @@ def generation_kwargs(
         # weights (placement.unsharded), and processes make different numbers of generate calls.
         "synced_gpus": False,
     }
-    if greedy:
-        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if not greedy:
+        if seeds is None:
+            raise ValueError("sampling needs a seed per prompt (trainer.sampling.seeds_or_drawn)")
+        sampler = SeededSampler(seeds, samples_per_seed, temperature, top_p)
+        kwargs["logits_processor"] = LogitsProcessorList([sampler])
     return eos, kwargs
 
 
@@ -259,11 +275,12 @@ class HFGenerate:
         max_new_tokens: int,
         greedy: bool = False,
         record: bool = False,
+        seeds: Sequence[int] | None = None,
     ) -> Generation:
         recorder = SampledTokenStats(temperature) if record else None
         out, attention_mask, response_mask, truncated, p_len = self.sample(
             prompt_ids, prompt_mask, num_samples=num_samples, temperature=temperature, top_p=top_p,
-            max_new_tokens=max_new_tokens, greedy=greedy, recorder=recorder,
+            max_new_tokens=max_new_tokens, greedy=greedy, recorder=recorder, seeds=seeds,
         )  # fmt: skip
         sample_record = recorder.finish(out[:, p_len:], response_mask) if recorder is not None else None
         return Generation(out, attention_mask, response_mask, truncated, p_len, sample_record)
@@ -280,9 +297,11 @@ class HFGenerate:
         max_new_tokens: int,
         greedy: bool = False,
         recorder: SampledTokenStats | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P) on the CPU.
-        `recorder` (optional) watches generate's forward passes; read it with `recorder.finish`."""
+        `recorder` (optional) watches generate's forward passes; read it with `recorder.finish`. `seeds`:
+        each prompt row's sampling stream (trainer.sampling); None: drawn from torch's global RNG."""
         model = self.model
         device = model_device(model)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -290,7 +309,8 @@ class HFGenerate:
         rows_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
         eos, kwargs = generation_kwargs(
             model, self.tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature,
-            top_p=top_p,
+            top_p=top_p, seeds=None if greedy else seeds_or_drawn(seeds, prompt_ids.shape[0]),
+            samples_per_seed=num_samples,
         )  # fmt: skip
         # Inference mode, not only no-grad: no version counters or autograd bookkeeping on the ~150 small ops
         # of every decode forward (docs/BENCHMARKS.md, engine, second round). Its tensors cannot be saved for

@@ -35,7 +35,7 @@ def resampled_entropies(engine: Engine, samples: int) -> list[float]:
     out = []
     for i in range(samples):
         seed_everything(step_seed(spec.seed, RESAMPLE_STEP_BASE + i))
-        batch, _ = engine.collect()
+        batch, _ = engine.collect(step=RESAMPLE_STEP_BASE + i)  # the re-sample's own sampling streams
         batch = batch.to(engine.device)
         old = no_grad_pass(engine.model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
         mask = batch.response_mask.float()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from trainer.generation import (
     position_ids_from_mask,
     response_mask_from_eos,
 )
+from trainer.sampling import seeds_or_drawn, turn_seeds
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score, shape_reward
 
@@ -152,6 +154,7 @@ def generate(
     greedy: bool = False,
     add_special_tokens: bool = True,
     recorder: SampledTokenStats | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P); B = prompts × samples,
     with HF generate on `model` (`HFGenerate.sample`). What it returns is on the CPU (texts are decoded and
@@ -160,7 +163,7 @@ def generate(
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
     return HFGenerate(model, tokenizer).sample(
         enc["input_ids"], enc["attention_mask"], num_samples=num_samples, temperature=temperature,
-        top_p=top_p, max_new_tokens=max_new_tokens, greedy=greedy, recorder=recorder,
+        top_p=top_p, max_new_tokens=max_new_tokens, greedy=greedy, recorder=recorder, seeds=seeds,
     )  # fmt: skip
 
 
@@ -173,15 +176,17 @@ def rollout(
     *,
     sample_stats: bool = False,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> Rollout:
     """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
     an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
     prompt index), or the first of consecutive ones. `engine`: the rollout engine (default: HF generate on
-    `model`, trainer.generation)."""
+    `model`, trainer.generation). `seeds`: each example's sampling stream (trainer.sampling.SampleStreams;
+    None: drawn from torch's global RNG)."""
     if spec.environment is not None:
-        return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine)
+        return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine, seeds=seeds)
     g = spec.sampling.group_size
     prompts = [
         render_prompt(ex, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
@@ -193,6 +198,7 @@ def rollout(
     out = (engine if engine is not None else HFGenerate(model, tokenizer)).generate(
         enc["input_ids"], enc["attention_mask"], num_samples=g, temperature=spec.sampling.temperature,
         top_p=spec.sampling.top_p, max_new_tokens=spec.sampling.max_new_tokens, record=sample_stats,
+        seeds=seeds,
     )  # fmt: skip
     input_ids, attention_mask, response_mask, p_len = (
         out.input_ids,
@@ -237,12 +243,14 @@ def generate_turn(
     max_new_tokens: int,
     greedy: bool = False,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> tuple[list[list[int]], list[bool], list[list[float]] | None]:
     """One model turn for each context (token ids, unpadded): the sampled ids up to and including the first
     EOS, whether the turn hit max_new_tokens without EOS, and each sampled id's log-prob under the engine's
     sampler where the engine records one (vLLM; None for HF generate, whose sampler is the trainer). The
     contexts go in as ids, left-padded, never as text: the model sees exactly these tokens (token-in,
-    token-out). `engine`: a rollout engine to sample with (default: HF generate on `model`)."""
+    token-out). `engine`: a rollout engine to sample with (default: HF generate on `model`). `seeds`: each
+    context's sampling stream (None: drawn from torch's global RNG)."""
     width = max(len(c) for c in contexts)
     pad = tokenizer.pad_token_id
     ids = torch.full((len(contexts), width), pad, dtype=torch.long)
@@ -253,7 +261,7 @@ def generate_turn(
     if engine is not None:
         out = engine.generate(
             ids, mask, num_samples=1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-            greedy=greedy,
+            greedy=greedy, seeds=seeds,
         )  # fmt: skip
         lengths = out.response_mask.sum(-1).long().tolist()
         turns = out.input_ids[:, out.prompt_length :].tolist()
@@ -263,8 +271,9 @@ def generate_turn(
         return [row[:n] for row, n in zip(turns, lengths)], out.truncated.tolist(), logprobs
     device = model_device(model)
     eos, kwargs = generation_kwargs(
-        model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p
-    )
+        model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
+        seeds=None if greedy else seeds_or_drawn(seeds, len(contexts)),
+    )  # fmt: skip
     with torch.inference_mode():
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
     out = out.to("cpu", copy=True)[:, width:]
@@ -299,10 +308,13 @@ def run_episodes(
     top_p: float,
     greedy: bool = False,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> Episodes:
     """num_samples episodes of spec.environment per example (rows example-major, like `generate`). Each turn
     runs generate over the rows still going; tool results are tokenised on their own and appended to the
-    ids, so the context is always the ids the model produced plus the tools' ids."""
+    ids, so the context is always the ids the model produced plus the tools' ids. `seeds`: each example's
+    stream (None: drawn from torch's global RNG); a row's turn t samples from (its example's stream, its
+    sample index, t), so an episode is the same whatever else is in the batch."""
     from trainer.envs.tool_use import ToolUseEnv
 
     env_spec = spec.environment
@@ -326,8 +338,12 @@ def run_episodes(
     truncated = [False for _ in rows]
     logprobs: list[list[list[float]]] | None = [[] for _ in rows]
     active = list(range(len(rows)))
+    example_seeds = [0] * len(examples) if greedy else seeds_or_drawn(seeds, len(examples))
+    turn_index = 0
     while active:
         contexts = [prompt_ids[i] + [t for ids, _ in pieces[i] for t in ids] for i in active]
+        row_seeds = turn_seeds(example_seeds, num_samples, turn_index)
+        turn_index += 1
         turns, cut, turn_logprobs = generate_turn(
             model,
             tokenizer,
@@ -337,6 +353,7 @@ def run_episodes(
             max_new_tokens=spec.sampling.max_new_tokens,
             greedy=greedy,
             engine=engine,
+            seeds=[row_seeds[i] for i in active],
         )
         if logprobs is not None and turn_logprobs is not None:
             for i, values in zip(active, turn_logprobs):
@@ -438,8 +455,10 @@ def env_rollout(
     spec: TrainSpec,
     *,
     engine: RolloutEngine | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> Rollout:
-    """spec.sampling.group_size episodes of spec.environment per example, scored on their answers."""
+    """spec.sampling.group_size episodes of spec.environment per example, scored on their answers;
+    `seeds`: each example's sampling stream (`run_episodes`)."""
     g = spec.sampling.group_size
     episodes = run_episodes(
         model,
@@ -450,6 +469,7 @@ def env_rollout(
         temperature=spec.sampling.temperature,
         top_p=spec.sampling.top_p,
         engine=engine,
+        seeds=seeds,
     )
     return episodes_rollout(episodes, examples, group_offset, spec, tokenizer.pad_token_id)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from torch import Tensor
 
 from contract.spec import TrainSpec
 from trainer.generation import Generation, HFGenerate, RolloutEngine, hf_model
+from trainer.sampling import seeds_or_drawn
 
 # vLLM reads these when it is imported. In-process engine: the weight push hands tensors to the model
 # runner directly (no copy through a file or a socket). CPU: a 1 GiB KV cache, and no thread pinning, as
@@ -146,9 +147,13 @@ class VLLMGenerate:
         max_new_tokens: int,
         greedy: bool = False,
         record: bool = False,
+        seeds: Sequence[int] | None = None,
     ) -> Generation:
         """num_samples responses per left-padded prompt row, laid out as HFGenerate lays them out; `record`
-        is ignored (no sampling record usable as π_old; the sampler's log-probs always come back)."""
+        is ignored (no sampling record usable as π_old; the sampler's log-probs always come back). Each
+        prompt's request carries its seed (`seeds`, trainer.sampling; None: drawn from torch's global RNG):
+        vLLM samples a seeded request from its own generator, so a prompt's samples do not depend on the
+        batch around it."""
         del record
         llm = self.llm
         self.wake()
@@ -156,11 +161,19 @@ class VLLMGenerate:
             {"prompt_token_ids": [int(t) for t in row[mask.bool()].tolist()]}
             for row, mask in zip(prompt_ids, prompt_mask)
         ]
-        params = self._vllm.SamplingParams(
-            n=num_samples, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-            max_tokens=max_new_tokens, stop_token_ids=self.eos_ids, logprobs=0, detokenize=False,
-            seed=int(torch.randint(0, 2**31 - 1, (1,))),  # from the step's seeded RNG: reruns repeat
-        )  # fmt: skip
+        params = [
+            self._vllm.SamplingParams(
+                n=num_samples,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens,
+                stop_token_ids=self.eos_ids,
+                logprobs=0,
+                detokenize=False,
+                seed=seed,
+            )
+            for seed in ([None] * len(prompts) if greedy else seeds_or_drawn(seeds, len(prompts)))
+        ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         return self._layout(prompt_ids, prompt_mask, num_samples, completions)

@@ -201,6 +201,45 @@ def test_memory_per_device_is_reported_and_refused_when_no_class_has_it(
     assert error["param"] == "spec.distributed.strategy"  # model state dominates: fsdp2 would shard it
 
 
+CONFIG_MODEL = "llama-1b-random"  # an operator's extra model: bench/make_config_model.py --parameters 1.2e9
+
+
+def test_a_from_config_model_ddp_cannot_fit_is_refused_and_placed_under_fsdp2(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    """The from-config model of bench/make_config_model.py (1.18e9 parameters: 24 Llama layers of width
+    2048, SmolLM2's 49 152-token vocabulary; the estimate reads its declared config, never its weights)
+    on a class the size of this 24 GiB machine split over 2 processes, 12 GiB each. ddp keeps the whole fp32
+    model state in each process (weights 4, DDP's gradient and bucket copies 8, AdamW 8 bytes a parameter:
+    23.7 GB): refused with a 422 naming spec.distributed.strategy. fsdp2 × 2 shards it (10.3 GB): placed.
+    An extra model without a declared config is not estimated (never refused on memory)."""
+    from bench.make_config_model import layers_for, shape_config
+
+    width = {"hidden": 2048, "intermediate": 5632, "heads": 32, "kv_heads": 8}
+    config = shape_config(layers=layers_for(1.2e9, **width), **width)
+    box = [{"name": "cpu-24g", "queue": "cpu", "processes_per_node": 2, "memory_per_device_bytes": 12 * GIB}]
+    extra = {CONFIG_MODEL: "Llama shape, random weights (bench/make_config_model.py)"}
+    client = fleet_client(worker_classes=box, extra_models=extra, extra_model_configs={CONFIG_MODEL: config})
+
+    def spec(strategy: str) -> dict[str, Any]:
+        job = _spec(strategy=strategy, processes_per_node=2)
+        job["model"] = {"name": CONFIG_MODEL}
+        job["optim"] = {"steps": 3, "prompts_per_step": 2, "micro_batch_size": 4}
+        job["sampling"] = {"group_size": 4, "max_new_tokens": 64}
+        return job
+
+    error = _refusal(client, fleet_tenant, spec("ddp"))
+    assert error["param"] == "spec.distributed.strategy"
+    assert "'cpu-24g'" in error["message"] and "has 12.00 GiB per device" in error["message"]
+    sharded = _post(client, fleet_tenant, "/v1/jobs/estimate", spec("fsdp2"))
+    assert sharded.status_code == 200, sharded.text
+    memory = sharded.json()["memory_per_device"]
+    assert memory["parameters_bytes"] == 4 * 1_182_894_080 // 2  # fp32, half in each process
+    assert GIB < memory["total_bytes"] <= 12 * GIB
+    unknown = fleet_client(worker_classes=box, extra_models=extra)  # no config: no estimate
+    assert _post(unknown, fleet_tenant, "/v1/jobs/estimate", spec("ddp")).json()["memory_per_device"] is None
+
+
 def test_the_longest_prompt_of_an_uploaded_file_sizes_the_activations(
     fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
 ) -> None:
@@ -321,6 +360,21 @@ def test_bad_declarations_fail_at_startup_naming_the_field(monkeypatch: pytest.M
         with pytest.raises(ValidationError) as info:
             Settings()
         assert named in str(info.value), value
+    monkeypatch.delenv("STARE_WORKER_CLASSES")
+    shape = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1}
+    model_cases = [
+        ({}, {"m": {**shape, "num_attention_heads": 2}}, "'m' is not one of extra_models"),
+        ({"m": "x"}, {"m": shape}, "extra_model_configs.m: num_attention_heads must be a positive integer"),
+        (
+            {"m": "x"},
+            {"m": {**shape, "num_attention_heads": 3}},
+            "extra_model_configs.m: hidden_size must divide",
+        ),
+    ]
+    for models, configs, named in model_cases:
+        with pytest.raises(ValidationError) as info:
+            Settings(extra_models=models, extra_model_configs=configs)
+        assert named in str(info.value), configs
 
 
 # 7 processes: no other test of this module registers a worker that large (a killed one stays in the

@@ -38,7 +38,7 @@ def _prompts_by_group(policy, cursor: int, rank: int, world: int) -> dict[int, s
     seed_everything(step_seed(spec.seed, 1))
     batch, _ = collect(
         model, tokenizer, prompts, spec, rank=rank, world=world, sample_stats=False,
-        reduce=lambda value, *_: torch.tensor(value),
+        reduce=lambda value, *_: torch.tensor(value), step=1,
     )  # fmt: skip
     assert prompts.cursor == cursor + spec.optim.prompts_per_step  # every process moves the cursor alike
     rows = batch.input_ids[:, : batch.prompt_length]

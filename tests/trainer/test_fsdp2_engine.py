@@ -39,6 +39,9 @@ import torch
 from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import small_spec
 
+# Step 1 has equal rewards within every group, step 2 has a group with mixed rewards (each prompt samples
+# from its own stream, trainer.sampling: seed 3, small_spec's, now has a mixed group at step 1).
+SEED = 1
 TOL = 1e-4
 COMPARED = ("loss/policy", "entropy/mean", "reward/mean", "actor/grad_norm", "actor/lr")
 MICRO_BATCH = 3  # rows; small_spec: 3 prompts × 4 samples, i.e. 8 and 4 rows on the 2 processes
@@ -54,6 +57,7 @@ def _run(
     micro_batch_size: int = MICRO_BATCH,
 ) -> Path:
     spec = small_spec(
+        seed=SEED,
         algorithm={"name": "stare", "gate": {"target_entropy": 5.0}, "params": {"scope": "step_batch"}},
         distributed={"strategy": strategy, "processes_per_node": 2},
         optim={"steps": 2, "micro_batch_size": micro_batch_size, "grad_clip": 1.0},

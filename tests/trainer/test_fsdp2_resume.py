@@ -109,7 +109,7 @@ def _step2_shares(checkpoint: Path, processes: int) -> list:
         seed_everything(step_seed(spec.seed, 2))
         batch, _ = collect(
             model, tokenizer, prompts, spec, rank=rank, world=processes, sample_stats=False,
-            reduce=lambda value, *_: torch.tensor(value), engine=rollout_engine,
+            reduce=lambda value, *_: torch.tensor(value), engine=rollout_engine, step=2,
         )  # fmt: skip
         shares.append(batch)
     return shares

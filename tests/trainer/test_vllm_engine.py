@@ -143,6 +143,34 @@ def test_groups_budget_eos_and_top_p(engine: Engine) -> None:
     assert float(nucleus.sampler_logprob.abs().max()) < 1e-5  # type: ignore[union-attr]
 
 
+def _responses(out: object, rows: range) -> list[list[int]]:
+    g = out  # trainer.generation.Generation
+    lengths = g.response_mask.sum(-1).long()  # type: ignore[attr-defined]
+    start = g.prompt_length  # type: ignore[attr-defined]
+    return [g.input_ids[r, start : start + int(lengths[r])].tolist() for r in rows]  # type: ignore[attr-defined]
+
+
+def test_a_prompts_samples_come_from_its_seed_not_its_batch(engine: Engine) -> None:
+    # Per-request seeds (trainer.sampling): one prompt's samples alone, first in a batch and last in
+    # another (other padding, other neighbours) are the same token ids; another seed gives other ones.
+    g = 4
+    kwargs = dict(num_samples=g, temperature=1.5, top_p=0.95, max_new_tokens=12)
+    ids, mask = _encode(engine, ["12*34="])
+    alone = engine.rollout_engine.generate(ids, mask, seeds=[77], **kwargs)  # type: ignore[arg-type]
+    ids, mask = _encode(engine, ["12*34=", "99*10="])
+    first = engine.rollout_engine.generate(ids, mask, seeds=[77, 8], **kwargs)  # type: ignore[arg-type]
+    ids, mask = _encode(engine, ["147*86=", "5*6=", "12*34="])
+    assert mask[2].sum() < mask.shape[1]  # left-padded in this batch
+    last = engine.rollout_engine.generate(ids, mask, seeds=[5, 6, 77], **kwargs)  # type: ignore[arg-type]
+    expected = _responses(alone, range(g))
+    assert _responses(first, range(g)) == expected
+    assert _responses(last, range(2 * g, 3 * g)) == expected
+    assert len({tuple(r) for r in expected}) > 1  # a request's n samples draw apart (seed + i each)
+    ids, mask = _encode(engine, ["12*34="])
+    other = engine.rollout_engine.generate(ids, mask, seeds=[78], **kwargs)  # type: ignore[arg-type]
+    assert _responses(other, range(g)) != expected
+
+
 def test_logprobs_match_the_trainer_after_each_step_and_a_skipped_push_shows(engine: Engine) -> None:
     # Its probe updates are undone at the end: the module's later tests train the SFT'd policy itself.
     model = engine._unwrapped_model
@@ -284,7 +312,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
     engine._unwrapped_model.eval()
     batch, batches = collect(
         engine._unwrapped_model, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
-        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine,
+        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine, step=1,
     )  # fmt: skip
     engine._unwrapped_model.train()
     assert 1 <= batches <= 2
