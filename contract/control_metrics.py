@@ -11,6 +11,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 LAWS = "entropy_pi, stare_pi, clip_pi"
+# The keys the job view, the report and the CLI read (service/views.py control_status).
+OUTPUT = "control/output"
+ERROR = "control/error"
+INTEGRAL = "control/integral"
+SATURATED = "control/saturated"
+SATURATED_STEPS = "control/saturated_steps"
+ACTUATOR = "control/actuator"
+TARGET = "control/target_entropy"
+# Consecutive steps at the clip from which the target counts as not holdable with the actuator: the
+# ControllerSaturated alert (deploy/prometheus/alerts.yml) and the job view's `control.saturated`.
+SATURATION_ALERT_STEPS = 20
 TARGETED = "algorithms with a target entropy"
 
 # (key, unit, help, options): options name the Prometheus series, its help, the surfaces (by Surface

@@ -87,6 +87,7 @@ def _cell(name: str) -> tuple[str, dict[str, Any], Any, tuple[str, ...]]:
         return title, _smollm2_base(2e-5), ABSOLUTE_TARGET, SMOLLM2_LAWS
     if name == "control-gym":
         base = _smollm2_base(2e-5, GYM_TASK)
+        base["task"]["params"] = dict(GYM_TASK["task"]["params"])  # the task's own, not a+b's (merge keeps keys)
         return (
             "SmolLM2 on reasoning-gym chain_sum, lr 2e-5, target 0.7 × H₀",
             base,
