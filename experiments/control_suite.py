@@ -66,8 +66,15 @@ def _smollm2_base(lr: float, task: dict[str, Any] | None = None) -> dict[str, An
 
 
 GYM_TASK: dict[str, Any] = {
-    "task": {"source": "reasoning_gym", "name": "chain_sum", "params": {}, "prompt_template": "{prompt}"},
-    "verifier": {"name": "reasoning_gym"},
+    "task": {
+        "source": "reasoning_gym",
+        "name": "chain_sum",
+        "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        "prompt_template": "{prompt}",
+    },
+    # The answer is the last number of the response (the a+b suite's numeric verifier reads it so too);
+    # the default (the first line) scores SmolLM2's sentences ("The answer is 14.") 0.
+    "verifier": {"name": "reasoning_gym", "params": {"extract": "last_number"}},
     "sampling": {"max_new_tokens": 24},  # as the chain_sum suite of experiments/plan.py
 }
 

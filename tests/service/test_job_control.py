@@ -3,15 +3,19 @@ the latest step's metrics for a job that has a law; null for one that has none."
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from service.routers.pages import chart_groups
 from store import repository
 from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC, FakeWorker, create_job, step_metrics
+from tests.service.test_pages import _signed_in
 
 # A target and no algorithm name: the default law (contract/control.py DEFAULT_LAW).
 CONTROL_SPEC: dict[str, Any] = {**TINY_SPEC, "algorithm": {"control": {"target_entropy": 0.5}}}
@@ -116,3 +120,37 @@ def test_the_openapi_schema_describes_the_control_block(client: TestClient) -> N
     }
     assert "control" in schemas["JobObject"]["properties"]
     assert "control" not in schemas["JobObject"].get("required", [])
+
+
+def _job_data(page: str) -> dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="job-data">(.*?)</script>', page, re.DOTALL)
+    assert found is not None
+    return dict(json.loads(found[1]))
+
+
+def test_the_live_page_carries_the_control_block_and_its_charts(
+    client: TestClient, tenant: TenantKey, db: Database
+) -> None:
+    job_id = create_job(client, tenant.headers, CONTROL_SPEC)
+    worker = FakeWorker(db, job_id)
+    _record(db, job_id, worker, 1, _control_metrics(1, output=1.0, saturated_steps=20))
+    plain_id = create_job(client, tenant.headers)
+    _signed_in(client, tenant.key)
+    page = client.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200, page.text
+    assert '<span id="control"></span>' in page.text  # job.js fills it from the job view (and the stream)
+    control = _job_data(page.text)["control"]
+    assert control["law"] == "entropy_pi" and control["saturated"] is True and control["output"] == 1.0
+    plain = client.get(f"/ui/jobs/{plain_id}")
+    assert _job_data(plain.text)["control"] is None
+    groups = {group["id"]: group for group in chart_groups()}
+    assert [s["key"] for s in groups["control"]["series"]] == [
+        "control/output",
+        "control/error",
+        "control/integral",
+    ]
+    assert [s["key"] for s in groups["actuator"]["series"]] == ["control/actuator"]
+    assert "control/target_entropy" in {s["key"] for s in groups["entropy"]["series"]}
+    # The script renders the block and marks a saturated law (the alert's condition).
+    script = client.get("/ui/static/job.js").text
+    assert "renderControl(job.control)" in script and "control-saturated" in script
