@@ -314,8 +314,12 @@ class EntropyStatus(BaseModel):
 
 
 class ControlStatus(BaseModel):
-    law: str = Field(description="The PI entropy law (entropy_pi, stare_pi or clip_pi; docs/ALGORITHMS.md §11).")
-    target: float | None = Field(description="H*, the law's resolved target entropy (nats); null before step 1.")
+    law: str = Field(
+        description="The PI entropy law (entropy_pi, stare_pi or clip_pi; docs/ALGORITHMS.md §11)."
+    )
+    target: float | None = Field(
+        description="H*, the law's resolved target entropy (nats); null before step 1."
+    )
     output: float | None = Field(description="u, the clipped output at the latest step (> 0 raises entropy).")
     error: float | None = Field(description="e = (H* − H)/H*, the relative shortfall at the latest step.")
     integral: float | None = Field(description="I, the integrated error at the latest step.")

@@ -102,7 +102,9 @@ def test_jobs_get_without_saturation_and_without_a_controller(
     shown: tuple[Console, list[models.Job]],
 ) -> None:
     console, served = shown
-    served.append(_job({**CONTROL, "output": 0.4, "at_clip": False, "saturated_steps": 0, "saturated": False}))
+    served.append(
+        _job({**CONTROL, "output": 0.4, "at_clip": False, "saturated_steps": 0, "saturated": False})
+    )
     assert main(["jobs", "get", "job_0000000000000000000000001"]) == Exit.OK
     text = console.export_text()
     assert "u 0.400" in text and "at its clip" not in text and "saturated" not in text
