@@ -338,7 +338,14 @@ def suite_markdown(entry: dict[str, Any]) -> str:
     rows = rows_of(entry)
     floor = entry.get("noise_floor")
     parts = [f"### {suite.title}", "", suite.description, ""]
-    parts += progress_lines(suite, entry["runs"])
+    parts += [
+        line.replace(
+            "the tables cover the finished runs only.",
+            "a run that has not finished is listed per seed, marked; the verdicts and the paired differences "
+            "cover the finished runs only.",
+        )
+        for line in progress_lines(suite, entry["runs"])
+    ]
     if entry.get("baseline_source"):
         parts += ["", entry["baseline_source"]]
     parts += [

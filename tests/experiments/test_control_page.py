@@ -229,3 +229,9 @@ def test_the_page_command_builds_the_control_page(roots: tuple[Path, Path], tmp_
     assert "**Verdict per arm**" in text and "| default | held |" in text
     html = page.read_text()
     assert "Verdict per arm" in html and "<svg" in html
+
+
+def test_a_partial_page_says_the_running_runs_are_listed_but_not_judged(roots: tuple[Path, Path]) -> None:
+    md = suite_markdown(_entry(roots[0]))
+    assert "**Progress**: 9 of 12 runs finished" in md and "; 1 started, not finished; 2 not started." in md
+    assert "a run that has not finished is listed per seed, marked; the verdicts and the paired" in md
