@@ -11,6 +11,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 LAWS = "entropy_pi, stare_pi, clip_pi"
+# The keys the job view, the report and the CLI read (service/views.py control_status).
+OUTPUT = "control/output"
+ERROR = "control/error"
+INTEGRAL = "control/integral"
+SATURATED = "control/saturated"
+SATURATED_STEPS = "control/saturated_steps"
+ACTUATOR = "control/actuator"
+TARGET = "control/target_entropy"
+# Consecutive steps at the clip from which the target counts as not holdable with the actuator: the
+# ControllerSaturated alert (deploy/prometheus/alerts.yml) and the job view's `control.saturated`.
+SATURATION_ALERT_STEPS = 20
 TARGETED = "algorithms with a target entropy"
 
 # (key, unit, help, options): options name the Prometheus series, its help, the surfaces (by Surface
@@ -20,25 +31,25 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "control/output",
         "output",
         "u, the PI law's clipped output this step (in [−u_min, u_max]; > 0 raises entropy, < 0 lowers it).",
-        {"prometheus": "stare_job_control_output", "shown": ("report",), "applies_to": LAWS},
+        {"prometheus": "stare_job_control_output", "shown": ("job view", "report"), "applies_to": LAWS},
     ),
     (
         "control/error",
         "fraction",
         "e = (H* − H_s)/H*, the relative shortfall of the (smoothed) batch entropy from the target.",
-        {"prometheus": "stare_job_control_error", "shown": ("report",), "applies_to": LAWS},
+        {"prometheus": "stare_job_control_error", "shown": ("job view", "report"), "applies_to": LAWS},
     ),
     (
         "control/integral",
         "fraction·steps",
         "I, the integrated error (not grown while the output sits at its clip in the error's direction).",
-        {"prometheus": "stare_job_control_integral", "shown": ("report",), "applies_to": LAWS},
+        {"prometheus": "stare_job_control_integral", "shown": ("job view", "report"), "applies_to": LAWS},
     ),
     (
         "control/saturated",
         "flag",
         "1 when the output sits at a clip (u = u_max or u = −u_min) this step.",
-        {"applies_to": LAWS},
+        {"shown": ("job view",), "applies_to": LAWS},
     ),
     (
         "control/saturated_steps",
@@ -48,7 +59,7 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         {
             "prometheus": "stare_job_control_saturated_steps",
             "prometheus_help": "Consecutive steps with the PI law's output at its clip.",
-            "shown": ("report",),
+            "shown": ("job view", "report"),
             "applies_to": LAWS,
         },
     ),
@@ -56,13 +67,13 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "control/actuator",
         "value",
         "What the output sets: the bonus coefficient α (entropy_pi), W (stare_pi) or ε_high (clip_pi).",
-        {"prometheus": "stare_job_control_actuator", "shown": ("report",), "applies_to": LAWS},
+        {"prometheus": "stare_job_control_actuator", "shown": ("job view", "report"), "applies_to": LAWS},
     ),
     (
         "control/target_entropy",
         "nats",
         "H*, the PI law's target (algorithm.control.target_entropy, resolved).",
-        {"applies_to": LAWS},
+        {"shown": ("job view",), "applies_to": LAWS},
     ),
     (
         "entropy/ma_hold_fraction",

@@ -39,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--html", type=Path, default=None, help="HTML page (default docs/results.html)")
         p.add_argument("--header", type=Path, default=HEADER, help=f"page header (default {HEADER.name})")
         p.add_argument("--footer", type=Path, default=FOOTER, help=f"page footer (default {FOOTER.name})")
+        p.add_argument(
+            "--baseline-root",
+            type=Path,
+            default=None,
+            help="the SmolLM2 suite's run folders, whose grpo_ds runs the a+b control cells reuse "
+            "(default: ROOT/../smollm2)",
+        )
         if name == "run":
             p.add_argument(
                 "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: cores)"
@@ -71,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         if any(run_dir(root, r).exists() for r in suite.runs)
     ]
     write_page(
-        root, shown, md, page, header=args.header.read_text().strip(), footer=args.footer.read_text().strip()
+        root,
+        shown,
+        md,
+        page,
+        header=args.header.read_text().strip(),
+        footer=args.footer.read_text().strip(),
+        baseline_root=args.baseline_root,
     )
     print(f"wrote {md} and {page}")
     failed = sum(1 for r in runs if not is_finished(run_dir(root, r)))

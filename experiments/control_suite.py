@@ -9,9 +9,20 @@ Cells (each a suite of the plan, runnable and resumable on its own:
   cell has run must say so on the page.
 - held out, 3 seeds each, run only after the defaults are committed: control-lr3e-6 (a+b, lr 3e-6, 0.7 ×
   H₀); control-t0.5 and control-t0.8 (a+b, lr 2e-5, 0.5 × H₀ and 0.8 × H₀); control-abs (a+b, lr 2e-5,
-  an absolute target of 0.6 nats); control-gym (SmolLM2 on reasoning-gym's chain_sum: its start accuracy
-  must be measured with scripts/start_accuracy.py and stated, and fall in 0.05–0.6, before the cell is
-  run); control-tiny (the demo spec's tiny model, with its SFT); control-tool (the tool-use task).
+  an absolute target of 0.6 nats); control-gym (SmolLM2 on reasoning-gym's chain_sum, below); control-tiny
+  (the demo spec's tiny model, with its SFT); control-tool (the tool-use task).
+
+The gym cell's start accuracy (it may run only with one in 0.05–0.6), measured on 2026-12-03 with
+`OMP_NUM_THREADS=1 nice -n 5 python scripts/start_accuracy.py --only gym/cell --k 2 --seeds 0 1 2
+--eval-size 128 --no-greedy` on the 2-core AMD EPYC (AVX-512) machine, shared with two training runs:
+held-out avg@2 at temperature 0.7, 24 new tokens, the cell's chat template and verifier, over 384 prompts
+(128 held-out prompts per task seed 0, 1, 2; 2 samples each): **0.093, 95 % interval [0.070, 0.117]**
+(per seed 0.094, 0.092, 0.095; 1354 s; experiments/start_accuracy_gym.json). GYM_TASK's settings:
+chain_sum with 2 terms of 1–2 digits (+ or −), and the verifier reading the last number of the response.
+Why: at chain_sum's defaults (2–6 terms of 1–4 digits) SmolLM2 scored 0.02 on 48 probe prompts even with
+the last-number reading, and with the default reading (the first line) it scores about 0 on any setting
+(it answers in sentences, "The answer is 14."); 2–3 terms of 1–2 digits scored 0.05 on 48 probe prompts
+(at the range's edge); 2 terms of 1 digit about 0.3 on 32, but that task has only 200 distinct prompts.
 
 Arms: `default` (a spec that sets `algorithm.control` and names no algorithm: the default law), and on the
 SmolLM2 cells also `stare_pi` (O1), `stare_pi_c2` and `clip_pi`. grpo_ds runs on the cells that have no
@@ -66,8 +77,15 @@ def _smollm2_base(lr: float, task: dict[str, Any] | None = None) -> dict[str, An
 
 
 GYM_TASK: dict[str, Any] = {
-    "task": {"source": "reasoning_gym", "name": "chain_sum", "params": {}, "prompt_template": "{prompt}"},
-    "verifier": {"name": "reasoning_gym"},
+    "task": {
+        "source": "reasoning_gym",
+        "name": "chain_sum",
+        "params": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        "prompt_template": "{prompt}",
+    },
+    # The answer is the last number of the response (the a+b suite's numeric verifier reads it so too);
+    # the default (the first line) scores SmolLM2's sentences ("The answer is 14.") 0.
+    "verifier": {"name": "reasoning_gym", "params": {"extract": "last_number"}},
     "sampling": {"max_new_tokens": 24},  # as the chain_sum suite of experiments/plan.py
 }
 
@@ -87,6 +105,9 @@ def _cell(name: str) -> tuple[str, dict[str, Any], Any, tuple[str, ...]]:
         return title, _smollm2_base(2e-5), ABSOLUTE_TARGET, SMOLLM2_LAWS
     if name == "control-gym":
         base = _smollm2_base(2e-5, GYM_TASK)
+        base["task"]["params"] = dict(
+            GYM_TASK["task"]["params"]
+        )  # the task's own, not a+b's (merge keeps keys)
         return (
             "SmolLM2 on reasoning-gym chain_sum, lr 2e-5, target 0.7 × H₀",
             base,
@@ -107,6 +128,29 @@ def _cell(name: str) -> tuple[str, dict[str, Any], Any, tuple[str, ...]]:
     raise ValueError(f"unknown cell {name!r}; valid: {', '.join(CELLS)}")
 
 
+def cell_target(name: str) -> Any:
+    """The cell's target setting (nats, or {relative: r})."""
+    return _cell(name)[2]
+
+
+# The SmolLM2 suite's arms reused on an a+b cell: grpo_ds always (it does not read the target); stare_o1
+# and adaptive_entropy only where their own target was the cell's (0.7 × H₀).
+REUSED_AT_SUITE_TARGET = ("grpo_ds", "stare_o1", "adaptive_entropy")
+
+
+def reused_baseline(name: str) -> tuple[Any, tuple[str, ...]] | None:
+    """(the SmolLM2 suite at the cell's learning rate, the arms reused from it) for an a+b cell; None for a
+    cell that runs its own grpo_ds."""
+    from experiments.smollm2 import TARGET, smollm2_suites
+
+    _title, base, target, arms = _cell(name)
+    if "grpo_ds" in arms or base.get("task", {}).get("source") != "arithmetic":
+        return None
+    lr = base["optim"]["lr"]
+    suite = next(s for s in smollm2_suites(lrs=(lr,)))
+    return suite, REUSED_AT_SUITE_TARGET if target == TARGET else ("grpo_ds",)
+
+
 def control_suite(name: str, *, seeds: int = SEEDS, steps: int | None = None) -> Any:
     """One cell as a suite of the plan: the default law over every seed, then the other arms seed by seed."""
     title, base, target, arms = _cell(name)
@@ -121,9 +165,7 @@ def control_suite(name: str, *, seeds: int = SEEDS, steps: int | None = None) ->
     for arm, seed in pairs:
         spec = merge(base, {"name": f"{name}-{arm}-seed{seed}", "seed": seed})
         spec["algorithm"] = arm_algorithm(arm, target)
-        runs.append(
-            Run(name, f"{arm}/seed{seed}", spec, arm=arm, seed=seed, keep_checkpoints=not smollm2)
-        )
+        runs.append(Run(name, f"{arm}/seed{seed}", spec, arm=arm, seed=seed, keep_checkpoints=not smollm2))
     description = (
         f"{title}. Arms: {', '.join(order)} (docs/ALGORITHMS.md §11; experiments/control_suite.py). "
         "Holding: the 5-step moving average within ±25 % of the target from the settling step, the mean "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import analysis as an
-from experiments import stability_page
+from experiments import control_page, control_suite, stability_page
 from experiments.plan import HEADLINE, Suite
 from experiments.runner import RESULT_FILE, events_of, read_json, run_dir
 from experiments.system import cpu_info, cpu_label
@@ -35,8 +35,10 @@ DEMO_MIN_GAIN = 0.05
 DEMO_MIN_GATE = 0.2
 
 
-def collect(root: Path, plan: Sequence[Suite]) -> dict[str, Any]:
-    """Summaries of every run of the plan that has events (unfinished ones are marked)."""
+def collect(root: Path, plan: Sequence[Suite], baseline_root: Path | None = None) -> dict[str, Any]:
+    """Summaries of every run of the plan that has events (unfinished ones are marked); an entropy-control
+    cell also gets its target, noise floor and reused SmolLM2-suite runs (from `baseline_root`, default
+    root/../smollm2: experiments/control_page.py)."""
     suites = []
     for suite in plan:
         runs = []
@@ -57,7 +59,10 @@ def collect(root: Path, plan: Sequence[Suite]) -> dict[str, Any]:
                 wall_seconds=result.get("wall_seconds"),
             )
             runs.append({"summary": summary, "events": events, "cpu": result.get("cpu")})
-        suites.append({"suite": suite, "runs": runs})
+        entry: dict[str, Any] = {"suite": suite, "runs": runs}
+        if suite.name in control_suite.CELLS:
+            entry.update(control_page.cell_extras(suite, root, baseline_root))
+        suites.append(entry)
     return {"suites": suites}
 
 
@@ -167,6 +172,8 @@ def suite_markdown(entry: dict[str, Any]) -> str:
     suite: Suite = entry["suite"]
     runs = entry["runs"]
     parts = [f"### {suite.title}", "", suite.description, ""]
+    if suite.name in control_suite.CELLS:
+        return control_page.suite_markdown(entry)
     if not runs:
         return "\n".join([*parts, "_No run of this suite has been made yet._", ""])
     if suite.name == "demo" or suite.robustness:
@@ -492,9 +499,16 @@ def stylesheet_href(html_path: Path) -> str:
 
 
 def write_page(
-    root: Path, plan: Sequence[Suite], md_path: Path, html_path: Path, *, header: str, footer: str
+    root: Path,
+    plan: Sequence[Suite],
+    md_path: Path,
+    html_path: Path,
+    *,
+    header: str,
+    footer: str,
+    baseline_root: Path | None = None,
 ) -> dict[str, Any]:
-    data = collect(root, plan)
+    data = collect(root, plan, baseline_root)
     body = "\n".join(suite_markdown(e) for e in data["suites"])
     machine = machine_markdown(data)
     md = f"{header}\n\n## Machine\n\n{machine}\n\n## Results\n\n{body}\n{footer}\n"

@@ -313,6 +313,27 @@ class EntropyStatus(BaseModel):
     )
 
 
+class ControlStatus(BaseModel):
+    law: str = Field(
+        description="The PI entropy law (entropy_pi, stare_pi or clip_pi; docs/ALGORITHMS.md §11)."
+    )
+    target: float | None = Field(
+        description="H*, the law's resolved target entropy (nats); null before step 1."
+    )
+    output: float | None = Field(description="u, the clipped output at the latest step (> 0 raises entropy).")
+    error: float | None = Field(description="e = (H* − H)/H*, the relative shortfall at the latest step.")
+    integral: float | None = Field(description="I, the integrated error at the latest step.")
+    actuator: float | None = Field(
+        description="What the output sets at the latest step: α (entropy_pi), W (stare_pi) or ε_high (clip_pi)."
+    )
+    at_clip: bool | None = Field(description="The output sits at its clip (|u| = u_max) at the latest step.")
+    saturated_steps: int | None = Field(description="Consecutive steps, up to the latest, at the clip.")
+    saturated: bool = Field(
+        description="At the clip for 20 steps or more (the ControllerSaturated alert's condition): the "
+        "target cannot be held with this actuator."
+    )
+
+
 class LatestMetrics(BaseModel):
     step: int
     at: datetime | None
@@ -358,6 +379,10 @@ class JobObject(BaseModel):
     max_lost_workers: int = Field(description="The job fails (worker_lost) when `lost_workers` reaches it.")
     progress: Progress
     entropy: EntropyStatus
+    control: ControlStatus | None = Field(
+        default=None,
+        description="The PI entropy law's state from the latest step's metrics; null for a job without one.",
+    )
     latest_metrics: LatestMetrics | None
     error: JobError | None
     spec: dict[str, Any] = Field(description="The resolved spec the trainer runs.")

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import Row
 
+from contract import control_metrics as cm
+from contract.control import LAW_SETTINGS
 from contract.metrics import (
     BAND_HIGH,
     BAND_LOW,
@@ -80,6 +82,29 @@ def entropy_status(job: JobLike) -> schemas.EntropyStatus:
     )
 
 
+def control_status(job: JobLike) -> schemas.ControlStatus | None:
+    """The PI law's output, error, integral and actuator from the latest step's metrics; None for a job
+    whose algorithm is not a PI law and that has logged no controller output."""
+    metrics = job.last_metrics or {}
+    if job.algorithm not in LAW_SETTINGS and cm.OUTPUT not in metrics:
+        return None
+    flag = metrics.get(cm.SATURATED)
+    at_clip = float(flag) if isinstance(flag, bool) else finite(flag)  # logged as 0/1 or a bool
+    run = finite(metrics.get(cm.SATURATED_STEPS))
+    steps = int(run) if run is not None else None
+    return schemas.ControlStatus(
+        law=job.algorithm,
+        target=finite(metrics.get(cm.TARGET)),
+        output=finite(metrics.get(cm.OUTPUT)),
+        error=finite(metrics.get(cm.ERROR)),
+        integral=finite(metrics.get(cm.INTEGRAL)),
+        actuator=finite(metrics.get(cm.ACTUATOR)),
+        at_clip=bool(at_clip) if at_clip is not None else None,
+        saturated_steps=steps,
+        saturated=steps is not None and steps >= cm.SATURATION_ALERT_STEPS,
+    )
+
+
 def progress(job: JobLike) -> schemas.Progress:
     total = max(job.total_steps, 1)
     step = min(job.current_step, job.total_steps)
@@ -133,6 +158,7 @@ def job_view(job: JobLike) -> schemas.JobObject:
         max_lost_workers=job.max_lost_workers,
         progress=progress(job),
         entropy=entropy_status(job),
+        control=control_status(job),
         latest_metrics=latest,
         error=error,
         spec=job.resolved_spec,

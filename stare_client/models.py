@@ -199,6 +199,20 @@ class EntropyStatus(APIObject):
     post_gate_steps: int | None = None
 
 
+class ControlStatus(APIObject):
+    """The PI entropy law at the latest step (null values before its first step)."""
+
+    law: str
+    target: float | None
+    output: float | None
+    error: float | None
+    integral: float | None
+    actuator: float | None
+    at_clip: bool | None
+    saturated_steps: int | None
+    saturated: bool  # at the clip for 20+ steps: the ControllerSaturated alert's condition
+
+
 class LatestMetrics(APIObject):
     step: int
     at: datetime | None
@@ -233,6 +247,7 @@ class Job(APIObject):
     max_lost_workers: int
     progress: Progress
     entropy: EntropyStatus
+    control: ControlStatus | None = None
     latest_metrics: LatestMetrics | None
     error: JobError | None
     spec: dict[str, Any]

@@ -130,8 +130,25 @@ def chart_groups() -> list[dict[str, Any]]:
             "series": [
                 _series("entropy/mean", "policy entropy"),
                 _series("stare/target_entropy", "target entropy", dash=True),
+                _series("control/target_entropy", "target entropy (PI law)", dash=True),
             ],
             "band": [catalogue.BAND_LOW, catalogue.BAND_HIGH],
+        },
+        {
+            "id": "control",
+            "title": "Entropy controller",
+            "y": "u / e / I",
+            "series": [
+                _series("control/output", "output u"),
+                _series("control/error", "error e (relative)"),
+                _series("control/integral", "integral I", dash=True),
+            ],
+        },
+        {
+            "id": "actuator",
+            "title": "Controller actuator",
+            "y": "α, W or ε_high",
+            "series": [_series("control/actuator", "actuator")],
         },
         {
             "id": "gate",
@@ -395,7 +412,7 @@ def job_page(request: Request, job_id: JobId, caller: PageCaller, session: Sessi
         f'<span id="status" class="status status-{html.escape(view.status)}">{html.escape(view.status)}</span>'
         f' · step <span id="step">{view.progress.step}</span> / {view.progress.total_steps}'
         ' · entropy <span id="entropy-value">—</span> <span id="entropy-state" class="band"></span>'
-        ' <span id="entropy-stability"></span></p>'
+        ' <span id="entropy-stability"></span> <span id="control"></span></p>'
         '<p class="actions">'
         '<button type="button" data-action="pause">Pause</button>'
         '<button type="button" data-action="resume">Resume</button>'

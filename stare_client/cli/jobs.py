@@ -67,6 +67,21 @@ def entropy_text(job: models.Job) -> str:
     return f"[{style}]{e.value:.3f} {e.state or ''}[/]{band}"
 
 
+def control_text(control: models.ControlStatus | None) -> str | None:
+    """The PI entropy law's line (law, target, u, e, I, actuator, steps at the clip); None without a law."""
+    if control is None:
+        return None
+    text = (
+        f"{control.law}: target {fmt(control.target)} · u {fmt(control.output)} · e {fmt(control.error)} · "
+        f"I {fmt(control.integral)} · actuator {fmt(control.actuator)}"
+    )
+    if control.saturated_steps:
+        text += f" · at its clip {control.saturated_steps} steps"
+    if control.saturated:
+        text += " [red]saturated: the target cannot be held with this actuator[/]"
+    return text
+
+
 def show_job(job: models.Job) -> None:
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
@@ -80,6 +95,7 @@ def show_job(job: models.Job) -> None:
         ("progress", f"step {p.step}/{p.total_steps} ({p.fraction:.0%})"),
         ("eta", f"{p.eta_seconds:.0f} s" if p.eta_seconds is not None else "-"),
         ("entropy", entropy_text(job)),
+        *([("controller", ctl)] if (ctl := control_text(job.control)) is not None else []),
         ("attempt", f"{job.attempt} (failures {job.failures}/{job.max_attempts})"),
         ("created / finished", f"{job.created_at:%Y-%m-%d %H:%M:%S} / {job.finished_at or '-'}"),
     ]

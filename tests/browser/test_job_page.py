@@ -60,8 +60,9 @@ WATCHED = {
     "optim": {"steps": 5000, "prompts_per_step": 3, "micro_batch_size": 6},
     "checkpoint": {"interval": 4, "keep_last": 1000},
 }
-OVERLAID = {
+OVERLAID = {  # a job with a PI entropy law (a target, no algorithm named: the default law)
     **BASE_SPEC,
+    "algorithm": {"control": {"target_entropy": {"relative": 0.7}}},
     "name": "overlaid",
     "optim": {"steps": 3, "prompts_per_step": 3, "micro_batch_size": 6},
     "checkpoint": {"interval": 3},
@@ -196,6 +197,17 @@ def _watch_pause_resume(page: Any, tour: _Tour) -> None:
     """The watched job, live: new points arrive on the entropy chart from the stream; then pause and resume
     from the page, the API telling the job's status."""
     _wait("the overlaid job to finish", lambda: tour.status(tour.overlaid) == "succeeded", 120)
+    # The finished job with a PI law: its header line and its charts of u / e / I and of the actuator.
+    page.goto(f"{tour.base}/ui/jobs/{tour.overlaid}")
+    page.wait_for_function("() => window.stare && window.stare.points('control') > 0", timeout=30_000)
+    control = page.text_content("#control") or ""
+    assert control.startswith("· controller entropy_pi: u ") and " · I " in control, control
+    assert page.evaluate("() => window.stare.seriesLabels('control')") == [
+        "output u",
+        "error e (relative)",
+        "integral I",
+    ]
+    assert page.evaluate("() => window.stare.points('actuator')") > 0
     page.goto(f"{tour.base}/ui/jobs/{tour.watched}")
     _mark("overlaid job done; job page opened")
     page.wait_for_function(MORE_POINTS, arg=1, timeout=90_000)
@@ -205,6 +217,7 @@ def _watch_pause_resume(page: Any, tour: _Tour) -> None:
     drawn = page.evaluate("() => Object.keys(window.stare.charts)")
     assert {"entropy", "gate", "quadrants", "reward", "length", "throughput", "step_time"} <= set(drawn)
     assert "tool" not in drawn  # no tool/* metrics in this job: no tool chart
+    assert "control" not in drawn and page.text_content("#control") == ""  # no PI law in this job
     assert "band high" in page.evaluate("() => window.stare.seriesLabels('entropy')")
     # The header says the job's time to collapse (contract/stability.py), as the job view reports it.
     page.wait_for_function(

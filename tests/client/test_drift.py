@@ -32,6 +32,7 @@ PAIRS: dict[type[BaseModel], str] = {
     models.EntropyBand: "EntropyBand",
     models.EntropyStatus: "EntropyStatus",
     models.EntropyTarget: "EntropyTarget",
+    models.ControlStatus: "ControlStatus",
     models.LatestMetrics: "LatestMetrics",
     models.JobError: "JobError",
     models.Job: "JobObject",

@@ -70,3 +70,27 @@ def test_the_plant_estimator_recovers_drift_and_gains(tmp_path: Path) -> None:
     assert est["gain β of stare_w4 (per unit of W − 1)"].value == pytest.approx(0.01)
     assert plant.main([str(tmp_path / "runs")]) == 0
     assert plant.main([str(tmp_path)]) == 2  # no folder with a grpo_ds run: said, not a traceback
+
+
+def test_the_gym_cell_uses_chain_sums_own_params_and_its_measured_start_accuracy_is_in_range() -> None:
+    from experiments.smollm2 import START_ACCURACY_RANGE
+    from trainer.tasks import make_train_eval
+
+    suite = OPTIONAL_SUITES["control-gym"]()
+    for run in suite.runs:  # not a+b's operations/min_operand/max_operand merged in
+        assert run.spec["task"]["params"] == cs.GYM_TASK["task"]["params"]
+        assert run.spec["verifier"] == {"name": "reasoning_gym", "params": {"extract": "last_number"}}
+    spec = TrainSpec.model_validate(suite.runs[0].spec)
+    t = spec.task
+    train, held_out = make_train_eval(
+        t.source, name=t.name, path=t.path, size=64, eval_size=8, seed=0, params=t.params
+    )
+    assert train and len(held_out) == 8
+    # The measurement the cell rests on (experiments/control_suite.py's docstring): the cell's own sampling,
+    # enough prompts for a ±0.05 interval, the whole interval inside the required range.
+    record = json.loads((Path(cs.__file__).parent / "start_accuracy_gym.json").read_text())["gym/cell"]
+    assert record["temperature"] == spec.evaluation.temperature and record["k"] == spec.evaluation.k
+    assert record["max_new_tokens"] == spec.sampling.max_new_tokens
+    low, high = record["sampled_interval95"]
+    assert record["prompts"] >= 384 and high - low <= 0.1
+    assert START_ACCURACY_RANGE[0] <= low and high <= START_ACCURACY_RANGE[1]

@@ -414,5 +414,34 @@ def test_the_controller_section_shows_output_error_integral_and_saturation() -> 
     assert [p[1] for p in report["series"]["control/integral"]][:2] == [0.5, 1.0]
     page = render_html(report)
     assert "Entropy controller (PI law, last step)" in page and "longest run 21 steps" in page
-    # A job without a PI law has no controller rows.
-    assert "Entropy controller" not in render_html(build_report(synthetic_events()))
+    # At its clip for the last 21 steps (≥ the alert's 20): saturated.
+    assert ctl["final_saturated_steps"] == 21 and ctl["saturated"] is True
+    assert "at its clip for the last 21 steps: the target cannot be held" in page
+    # The charts of u, e and I over the steps, and of the actuator: one polyline per trace.
+    assert "<h2>Entropy controller</h2>" in page and "<h2>Controller actuator</h2>" in page
+    controller_chart = page.split("<h2>Entropy controller</h2>", 1)[1].split("</figure>", 1)[0]
+    for label in ("output u", "error e (relative)", "integral I"):
+        assert label in controller_chart
+    assert controller_chart.count("<polyline") == 3
+    actuator_chart = page.split("<h2>Controller actuator</h2>", 1)[1].split("</figure>", 1)[0]
+    assert actuator_chart.count("<polyline") == 1
+    # A job without a PI law has no controller rows and no controller charts.
+    plain = render_html(build_report(synthetic_events()))
+    assert "Entropy controller" not in plain and "Controller actuator" not in plain
+
+
+def test_a_controller_off_its_clip_is_not_saturated() -> None:
+    events = synthetic_events()
+    for e in events:
+        if e["type"] == "step":
+            step = e["step"]
+            at_clip = 5 <= step <= 28  # 24 steps at the clip, then off it
+            e["metrics"] |= {
+                "control/output": 1.0 if at_clip else 0.5,
+                "control/saturated": float(at_clip),
+                "control/saturated_steps": float(step - 4 if at_clip else 0),
+            }
+    ctl = build_report(events)["controller"]
+    assert ctl["longest_saturated_run"] == 24 and ctl["final_saturated_steps"] == 0
+    assert ctl["saturated"] is False
+    assert "the target cannot be held" not in render_html(build_report(events))

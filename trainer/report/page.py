@@ -25,6 +25,10 @@ from trainer.report.summary import (
     ACCURACY,
     BAND_HIGH,
     BAND_LOW,
+    CONTROL_ACTUATOR,
+    CONTROL_ERROR,
+    CONTROL_INTEGRAL,
+    CONTROL_OUTPUT,
     ENTROPY,
     EVAL_AVG,
     EVAL_PASS,
@@ -81,6 +85,40 @@ def _eval_points(report: Mapping[str, Any]) -> tuple[str, Series]:
     history = report["evaluation"]["history"]
     lengths = [(float(r["step"]), r["response_length"]) for r in history if r["response_length"] is not None]
     return (str(k) if k is not None else "k"), lengths
+
+
+def _controller_charts(report: Mapping[str, Any], chart: Any) -> list[tuple[str, str, str]]:
+    """The PI law's output, error and integral over the steps, and its actuator; none for a job without
+    a law (it logged none of them)."""
+    keys = (CONTROL_OUTPUT, CONTROL_ERROR, CONTROL_INTEGRAL, CONTROL_ACTUATOR)
+    if not any(report["series"].get(k) for k in keys):
+        return []
+    return [
+        (
+            "Entropy controller",
+            "The PI law (docs/ALGORITHMS.md §11): error e = (H* − H)/H*, integral I, clipped output "
+            "u = clip(Kp·e + Ki·I, ±u_max); u > 0 raises entropy.",
+            chart(
+                [
+                    Trace("output u", _points(report, CONTROL_OUTPUT), BLUE),
+                    Trace("error e (relative)", _points(report, CONTROL_ERROR), VERMILION),
+                    Trace("integral I", _points(report, CONTROL_INTEGRAL), GREEN, dashed=True),
+                ],
+                title="Entropy controller",
+                y_label="u / e / I",
+            ),
+        ),
+        (
+            "Controller actuator",
+            "What the output sets each step: the bonus coefficient α (entropy_pi), W (stare_pi) or "
+            "ε_high (clip_pi).",
+            chart(
+                [Trace("actuator", _points(report, CONTROL_ACTUATOR), ORANGE)],
+                title="Controller actuator",
+                y_label="α, W or ε_high",
+            ),
+        ),
+    ]
 
 
 def _charts(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -161,6 +199,7 @@ def _charts(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                 y_floor=0.0,
             ),
         ),
+        *_controller_charts(report, chart),
     ]
 
 
@@ -433,6 +472,14 @@ def _controller_html(ctl: Mapping[str, Any] | None) -> str:
             + _muted(f"(longest run {_count(ctl['longest_saturated_run'] or 0, 'step')})"),
         ),
     ]
+    if ctl.get("saturated"):
+        rows.append(
+            (
+                "Saturated",
+                f"at its clip for the last {_count(ctl['final_saturated_steps'], 'step')}: the target cannot "
+                "be held with this actuator",
+            )
+        )
     return f'<h3>Entropy controller (PI law, last step)</h3><table class="kv">{_rows(rows)}</table>'
 
 

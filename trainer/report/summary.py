@@ -19,6 +19,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
+from contract.control_metrics import SATURATION_ALERT_STEPS
 from contract.metrics import BandState
 from contract.metrics import get as metric
 from contract.numbers import finite
@@ -306,6 +307,7 @@ def _controller_summary(s: _Stream) -> dict[str, Any]:
     (absent values: a job without a PI law)."""
     saturated = [v >= 0.5 for _, v in _series(s.steps, CONTROL_SATURATED)]
     runs = [v for _, v in _series(s.steps, CONTROL_SATURATED_STEPS)]
+    current = int(runs[-1]) if runs else None
     return {
         "steps_logged": len(saturated),
         "final_output": _last(s.steps, CONTROL_OUTPUT),
@@ -314,6 +316,9 @@ def _controller_summary(s: _Stream) -> dict[str, Any]:
         "final_actuator": _last(s.steps, CONTROL_ACTUATOR),
         "saturated_fraction": sum(saturated) / len(saturated) if saturated else None,
         "longest_saturated_run": int(max(runs)) if runs else None,
+        "final_saturated_steps": current,
+        # At its clip for the alert's 20 steps or more at the last step (ControllerSaturated).
+        "saturated": current is not None and current >= SATURATION_ALERT_STEPS,
     }
 
 

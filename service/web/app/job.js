@@ -185,6 +185,7 @@
         entropy.post_gate_steps + " post-gate steps");
     }
     document.getElementById("entropy-stability").textContent = parts.length ? "· " + parts.join(" · ") : "";
+    renderControl(job.control);
     const systemFault = job.status === "failed" && job.error && job.error.category === "system";
     const enabled = {
       pause: job.status === "queued" || job.status === "running",
@@ -194,6 +195,26 @@
     for (const button of document.querySelectorAll("button[data-action]")) {
       button.disabled = !enabled[button.dataset.action];
     }
+  }
+
+  // The PI entropy law's state at the latest step (the job view's `control`; null: the job has none).
+  function renderControl(control) {
+    const box = document.getElementById("control");
+    if (!box) return;
+    if (!control) {
+      box.textContent = "";
+      box.className = "";
+      return;
+    }
+    function num(v, digits) { return typeof v === "number" ? v.toFixed(digits) : "—"; }
+    let text = "· controller " + control.law + ": u " + num(control.output, 3) + " · e " +
+      num(control.error, 3) + " · I " + num(control.integral, 2) + " · actuator " + num(control.actuator, 3);
+    if (typeof control.saturated_steps === "number" && control.saturated_steps > 0) {
+      text += " · at its clip " + control.saturated_steps + " steps";
+    }
+    if (control.saturated) text += " — saturated: the target cannot be held with this actuator";
+    box.textContent = text;
+    box.className = control.saturated ? "control control-saturated" : "control";
   }
 
   async function act(action) {
