@@ -343,7 +343,10 @@ def main_bench(args: argparse.Namespace) -> None:
             pids = {bare_port: bare_server.pid, service_port: service_server.pid}
             import httpx
 
-            with httpx.Client(base_url=f"http://127.0.0.1:{service_port}", headers=auth) as client:
+            # Setup, not measured: the first POST waits for the service's task-checking processes to start
+            # (service/offload.py; ~2 s on an idle core, 10 s at a load average of 12), past httpx's 5 s.
+            setup = httpx.Client(base_url=f"http://127.0.0.1:{service_port}", headers=auth, timeout=120)
+            with setup as client:
                 job_ids = [
                     client.post("/v1/jobs", json={"spec": SPEC}).raise_for_status().json()["id"]
                     for _ in range(32)
