@@ -62,419 +62,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
-import tempfile
 import time
-import warnings
-from dataclasses import asdict, dataclass, replace
-from multiprocessing.connection import Connection
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import _common
-
-TARGET_VS_TRL = {"tiny-arith": 1.5, "smollm2-135m-instruct": 1.2}
-STARE_OVERHEAD_TARGET = 0.03
-STARE_PARAMS = {"top_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9, "variant": "O1"}
-STARE_GATE_TARGET = 100.0
-
-# The sides of the comparison with TRL: (label, trainer, options). "heap": the engine's glibc heap setting
-# (trainer/heap.py; on by default in our engine, off by default in any other process); "skip": scoring
-# rows with advantage 0 without autograd (optim.skip_zero_advantage, on by default).
-VARIANTS: dict[str, tuple[str, str, dict[str, bool]]] = {
-    "ours": ("ours (grpo), as shipped", "ours", {"heap": True, "skip": True}),
-    "ours_full": ("ours, every row forward+backward", "ours", {"heap": True, "skip": False}),
-    "ours_plain": ("ours, every row, glibc default heap", "ours", {"heap": False, "skip": False}),
-    "trl": ("TRL GRPOTrainer", "trl", {"heap": False}),
-    "trl_heap": ("TRL GRPOTrainer, our heap setting", "trl", {"heap": True}),
-}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One batch configuration, measured on both sides of a comparison."""
-
-    model: str
-    prompts: int  # P
-    samples: int  # G
-    new_tokens: int  # R (forced: every response is exactly this long)
-    chat: bool  # render prompts with the tokenizer's chat template
-    verifier: str
-    lr: float
-    warmup: int  # untimed steps per side
-    steps: int  # timed steps per side
-    seed: int = 0
-    verifier_params: tuple[tuple[str, Any], ...] = ()
-    variants: tuple[str, ...] = ("ours", "ours_full", "trl")  # sides of the comparison with TRL
-
-    @property
-    def responses(self) -> int:
-        return self.prompts * self.samples
-
-    def label(self) -> str:
-        return f"{self.model}, {self.prompts} prompts × {self.samples} samples × {self.new_tokens} tokens"
-
-
-def default_cases(quick: bool) -> tuple[list[Case], list[Case]]:
-    # A numeric reward with a tolerance: an untrained model's answers then earn mixed rewards, so both
-    # trainers take real gradient steps (an exact-match reward gives these models all-zero rewards, i.e.
-    # all-zero advantages and gradients), and some groups still come out all-equal, as in real runs.
-    loose = (("abs_tol", 60.0),)
-    tiny = Case(
-        "tiny-arith",
-        8,
-        8,
-        16,
-        False,
-        "numeric",
-        2e-4,
-        warmup=3,
-        steps=20,
-        verifier_params=loose,
-        variants=tuple(VARIANTS),
-    )
-    smol = Case(
-        "smollm2-135m-instruct", 4, 4, 16, True, "numeric", 1e-6, warmup=1, steps=5, verifier_params=loose
-    )
-    if quick:
-        tiny = replace(tiny, warmup=1, steps=3)
-        smol = replace(smol, warmup=1, steps=1)
-        return [tiny, smol], [tiny]
-    # About 7 minutes on 2 loaded cores; SmolLM2 steps dominate (~25 s per pair against TRL).
-    return [tiny, smol], [tiny, replace(smol, steps=4)]
-
-
-# ------------------------------------------------------------------------------------------ both sides
-
-
-def train_spec(case: Case, algorithm: str, skip_zero_advantage: bool = True) -> Any:
-    from contract.spec import TrainSpec
-
-    algo: dict[str, Any] = {"name": algorithm}
-    if algorithm == "stare":
-        # The gate is forced on (H̄ < 100 always), so every step pays for the surprisal ranking: the worst
-        # case for the overhead. With the demo's target (0.3) an untrained model's gate would stay off.
-        algo.update(params=STARE_PARAMS, gate={"target_entropy": STARE_GATE_TARGET})
-    return TrainSpec.model_validate(
-        {
-            "name": f"bench-{algorithm}",
-            "seed": case.seed,
-            "model": {"name": case.model},
-            "task": {
-                "source": "arithmetic",
-                "params": {"operations": ["+"], "min_operand": 0, "max_operand": 99},
-                "train_size": 2000,
-                "eval_size": 0,
-                "use_chat_template": case.chat,
-            },
-            "verifier": {"name": case.verifier, "params": dict(case.verifier_params)},
-            "algorithm": algo,
-            "sampling": {
-                "group_size": case.samples,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "max_new_tokens": case.new_tokens,
-            },
-            "optim": {
-                "lr": case.lr,
-                "steps": case.warmup + case.steps,
-                "prompts_per_step": case.prompts,
-                "micro_batch_size": case.responses,
-                "grad_clip": 1.0,
-                "ppo_epochs": 1,
-                "kl_beta": 0.0,
-                "skip_zero_advantage": skip_zero_advantage,
-            },
-        }
-    )
-
-
-def engine_prompt_order(spec: Any, steps: int) -> list[Any]:
-    """The examples the engine takes over `steps` steps, in order, via its own data cursor."""
-    from trainer.data import load_examples
-
-    prompts, _ = load_examples(spec)  # the engine's data cursor, without an engine
-    order: list[Any] = []
-    for _ in range(steps):
-        order.extend(prompts.take(spec.optim.prompts_per_step)[0])
-    return order
-
-
-class OurSide:
-    def __init__(self, case: Case, algorithm: str, scratch: str, skip_zero_advantage: bool = True) -> None:
-        from trainer.engine import Engine, seed_everything
-
-        spec = train_spec(case, algorithm, skip_zero_advantage)
-        self.engine = Engine(spec, scratch, progress=False)
-        seed_everything(spec.seed)
-        self.engine.setup()
-        model = self.engine.runtime.unwrap_model(self.engine.model)
-        model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, see the docstring
-        model.train()
-
-    def step(self) -> dict[str, float]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        m = self.engine.train_step()
-        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-        tokens = round(m["perf/tokens_per_second"] * m["perf/step_seconds"])
-        response = round(m["response/length_mean"] * m["data/responses"])
-        out = {
-            "seconds": seconds,
-            "cpu_seconds": cpu_seconds,
-            "tokens": tokens,
-            "response_tokens": response,
-            "generation_seconds": m["perf/generation_seconds"],
-            "update_seconds": m["perf/update_seconds"],
-            "zero_std_fraction": m["reward/zero_std_fraction"],
-        }
-        if "stare/gate_on" in m:
-            out["gate_on"] = m["stare/gate_on"]
-        return out
-
-
-def trl_reward_function(verifier: str, params: dict[str, Any], chat: bool) -> Any:
-    from trainer.tasks import Example
-    from trainer.verifiers import score, shape_reward
-
-    def reward(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
-        texts = [c[0]["content"] if chat else c for c in completions]
-        return [
-            shape_reward(score(verifier, t, Example(prompt="", answer=a), params), "binary")
-            for t, a in zip(texts, answer)
-        ]
-
-    reward.__name__ = f"verifier_{verifier}"
-    return reward
-
-
-def run_trl(case: Case, conn: Connection, scratch: str) -> None:
-    """Drives GRPOTrainer.train(); a callback hands control to the parent after every optimiser step."""
-    import datasets
-    import torch
-    import transformers
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trainer.models import load_model_and_tokenizer
-    from trainer.tasks import render_prompt
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    warnings.filterwarnings("ignore", category=FutureWarning)  # TRL sets deprecated TrainingArguments
-    spec = train_spec(case, "grpo")
-    total = case.warmup + case.steps
-    examples = engine_prompt_order(spec, total)
-    torch.manual_seed(case.seed)
-    model, tokenizer = load_model_and_tokenizer(case.model, dtype=torch.float32, seed=case.seed)
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": e.prompt}] if case.chat else render_prompt(e),
-            "answer": e.answer,
-        }
-        for e in examples
-    ]
-    config = GRPOConfig(
-        output_dir=scratch,
-        seed=case.seed,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=case.responses,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=case.samples,
-        max_completion_length=case.new_tokens,
-        generation_kwargs={"min_new_tokens": case.new_tokens},
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        loss_type="grpo",
-        beta=0.0,
-        epsilon=0.2,
-        num_iterations=1,
-        scale_rewards="group",
-        entropy_coef=0.0,
-        learning_rate=case.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        optim="adamw_torch",
-        max_grad_norm=1.0,
-        max_steps=total,
-        shuffle_dataset=False,
-        logging_strategy="no",
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        log_completions=False,
-        dataloader_num_workers=0,
-    )
-
-    class Handoff(transformers.TrainerCallback):
-        def __init__(self) -> None:
-            self.t_go = 0.0
-            self.c_go = 0.0
-            self.tokens_seen = 0
-            self.generation_seconds = 0.0
-
-        def wait(self) -> None:
-            message = conn.recv()
-            assert message == "step", message
-            self.t_go, self.c_go = time.perf_counter(), time.process_time()
-
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.wait()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            seconds, cpu_seconds = time.perf_counter() - self.t_go, time.process_time() - self.c_go
-            tokens = int(state.num_input_tokens_seen) - self.tokens_seen
-            self.tokens_seen = int(state.num_input_tokens_seen)
-            conn.send(
-                {
-                    "seconds": seconds,
-                    "cpu_seconds": cpu_seconds,
-                    "tokens": tokens,
-                    "response_tokens": case.responses * case.new_tokens,
-                    "generation_seconds": self.generation_seconds,
-                    "update_seconds": seconds - self.generation_seconds,
-                }
-            )
-            self.generation_seconds = 0.0
-            if state.global_step < total:
-                self.wait()
-
-    handoff = Handoff()
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=trl_reward_function(case.verifier, dict(case.verifier_params), case.chat),
-        args=config,
-        train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[handoff],
-    )
-    trainer.remove_callback(transformers.PrinterCallback)  # the end-of-training summary line
-    generate_and_score = trainer._generate_and_score_completions
-
-    def timed_generate_and_score(*a: Any, **kw: Any) -> Any:  # generation + rewards + advantages
-        t0 = time.perf_counter()
-        try:
-            return generate_and_score(*a, **kw)
-        finally:
-            handoff.generation_seconds += time.perf_counter() - t0
-
-    trainer._generate_and_score_completions = timed_generate_and_score  # type: ignore[method-assign]
-    conn.send({"ready": True, "threads": torch.get_num_threads()})
-    trainer.train()
-
-
-def worker(
-    side: str, case: Case, algorithm: str, threads: int, options: dict[str, bool], conn: Connection
-) -> None:
-    # Before anything allocates: the heap setting is per process (trainer/heap.py reads the variable when
-    # the engine starts; the TRL side applies it here).
-    os.environ["STARE_HEAP_TUNING"] = "1" if options.get("heap", False) else "0"
-    import torch
-
-    from trainer import heap
-
-    if options.get("heap", False):
-        assert heap.keep_freed_heap(), "the heap setting did not apply"
-    torch.set_num_threads(threads)
-    scratch = tempfile.TemporaryDirectory(prefix=f"bench-engine-{side}-")
-    try:
-        if side == "trl":
-            run_trl(case, conn, scratch.name)
-        else:
-            ours = OurSide(case, algorithm, scratch.name, skip_zero_advantage=options.get("skip", True))
-            conn.send({"ready": True, "threads": torch.get_num_threads()})
-            for _ in range(case.warmup + case.steps):
-                message = conn.recv()
-                assert message == "step", message
-                conn.send(ours.step())
-        assert conn.recv() == "stop"
-        conn.send({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
-    except BaseException as err:
-        conn.send({"error": f"{type(err).__name__}: {err}"})
-        raise
-    finally:
-        scratch.cleanup()
-
-
-# ------------------------------------------------------------------------------------------ the parent
-
-
-class Side:
-    def __init__(
-        self, name: str, side: str, case: Case, algorithm: str, threads: int, options: dict[str, bool]
-    ) -> None:
-        self.name = name
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=worker, args=(side, case, algorithm, threads, options, child), daemon=True
-        )
-        self.proc.start()
-        t0 = time.perf_counter()
-        ready = self.recv()
-        self.setup_s = time.perf_counter() - t0
-        self.threads = int(ready["threads"])
-        self.records: list[dict[str, float]] = []
-
-    def recv(self) -> dict[str, Any]:
-        message = self.conn.recv()
-        if "error" in message:
-            raise RuntimeError(f"{self.name}: {message['error']}")
-        return message
-
-    def step(self) -> dict[str, float]:
-        self.conn.send("step")
-        record = self.recv()
-        record["load1"] = os.getloadavg()[0]
-        self.records.append(record)
-        return record
-
-    def stop(self) -> int:
-        self.conn.send("stop")
-        rss = int(self.recv()["peak_rss_bytes"])
-        self.proc.join(timeout=60)
-        return rss
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def summarise_side(side: Side, warmup: int, rss: int) -> dict[str, Any]:
-    timed = side.records[warmup:]
-    seconds = [r["seconds"] for r in timed]
-    cpu = [r["cpu_seconds"] for r in timed]
-    return {
-        "setup_s": side.setup_s,
-        "torch_threads": side.threads,
-        "step_s": seconds,
-        "median_step_s": median(seconds),
-        "min_step_s": min(seconds) if seconds else float("nan"),
-        "cpu_step_s": cpu,
-        "median_cpu_step_s": median(cpu),
-        "median_generation_s": median([r["generation_seconds"] for r in timed]),
-        "median_update_s": median([r["update_seconds"] for r in timed]),
-        "tokens_per_step": median([r["tokens"] for r in timed]),
-        "response_tokens_per_step": median([r["response_tokens"] for r in timed]),
-        "tokens_per_s": median([r["tokens"] / r["seconds"] for r in timed]),
-        "response_tokens_per_s": median([r["response_tokens"] / r["seconds"] for r in timed]),
-        "peak_rss_bytes": rss,
-        **(
-            {"zero_std_fraction": median([r["zero_std_fraction"] for r in timed])}
-            if "zero_std_fraction" in timed[0]
-            else {}
-        ),
-        **({"gate_on_fraction": median([r["gate_on"] for r in timed])} if "gate_on" in timed[0] else {}),
-    }
+from engine_cases import STARE_OVERHEAD_TARGET, TARGET_VS_TRL, VARIANTS, Case, default_cases, smoke_cases
+from engine_report import markdown, median, summarise_side
+from engine_sides import Side
 
 
 def interleaved(
@@ -527,78 +126,6 @@ def interleaved(
     }
 
 
-def fmt_rss(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
-
-
-def markdown(vs_trl: list[dict[str, Any]], stare: list[dict[str, Any]]) -> str:
-    lines = [
-        "| model, batch | side | median step, wall (s) | generation / update (s) | median step, CPU (s) "
-        "| tokens/step (response) | tokens/s | peak RSS | groups with equal rewards "
-        "| speed-up vs TRL, wall: median of pairs (of medians) [quartiles] | CPU time "
-        "| vs TRL with our heap setting | target | met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in vs_trl:
-        target = TARGET_VS_TRL.get(r["case"]["model"], float("nan"))
-        for n, key in enumerate(r["case"]["variants"]):
-            s = r["sides"][key]
-            zero = f"{s['zero_std_fraction']:.0%}" if "zero_std_fraction" in s else ""
-            cells = [
-                r["label"] if n == 0 else "",
-                VARIANTS[key][0],
-                f"{s['median_step_s']:.3f}",
-                f"{s['median_generation_s']:.3f} / {s['median_update_s']:.3f}",
-                f"{s['median_cpu_step_s']:.3f}",
-                f"{s['tokens_per_step']:.0f} ({s['response_tokens_per_step']:.0f})",
-                f"{s['tokens_per_s']:.0f}",
-                fmt_rss(s["peak_rss_bytes"]),
-                zero,
-            ]
-            vs = r["ratios"].get(key, {}).get("trl")
-            if VARIANTS[key][1] == "ours" and vs is not None:
-                q = vs["quartiles"]
-                cells += [
-                    f"**{vs['median_pair_ratio']:.2f}×** ({vs['ratio_of_medians']:.2f}×) "
-                    f"[{q[0]:.2f} / {q[len(q) // 2]:.2f} / {q[-1]:.2f}]",
-                    f"{vs['median_cpu_pair_ratio']:.2f}×",
-                ]
-                heap_vs = r["ratios"][key].get("trl_heap")
-                cells.append(f"{heap_vs['median_pair_ratio']:.2f}×" if heap_vs else "")
-                if key == "ours":
-                    cells += [f"≥ {target}×", "yes" if vs["median_pair_ratio"] >= target else "no"]
-                else:
-                    cells += ["", ""]
-            else:
-                cells += ["", "", "", "", ""]
-            lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| model, batch | algorithm | median step, wall (s) | generation / update (s) | median step, CPU (s) "
-        "| peak RSS | STARE overhead, wall: median of pairs (of medians) | overhead, CPU time | target | met |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in stare:
-        vs = r["ratios"]["grpo_ds"]["stare"]
-        over = vs["median_pair_ratio"] - 1
-        for algo in ("grpo_ds", "stare"):
-            s = r["sides"][algo]
-            gate = f" (gate on in {s['gate_on_fraction']:.0%} of steps)" if "gate_on_fraction" in s else ""
-            lines.append(
-                f"| {r['label'] if algo == 'grpo_ds' else ''} | {algo}{gate} | {s['median_step_s']:.3f} "
-                f"| {s['median_generation_s']:.3f} / {s['median_update_s']:.3f} | {s['median_cpu_step_s']:.3f} "
-                f"| {fmt_rss(s['peak_rss_bytes'])} "
-                + (
-                    f"| **{over:+.1%}** ({vs['ratio_of_medians'] - 1:+.1%}) "
-                    f"| {vs['median_cpu_pair_ratio'] - 1:+.1%} | ≤ +3 % "
-                    f"| {'yes' if over <= STARE_OVERHEAD_TARGET else 'no'} |"
-                    if algo == "stare"
-                    else "| | | | |"
-                )
-            )
-    return "\n".join(lines)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps (about 2 minutes)")
@@ -630,12 +157,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def smoke_cases(trl_cases: list[Case], stare_cases: list[Case]) -> tuple[list[Case], list[Case]]:
-    """--smoke: tiny-arith only, one untimed and one timed step, our shipped side against TRL's."""
-    tiny = [replace(c, warmup=1, steps=1) for c in trl_cases if c.model == "tiny-arith"]
-    return [replace(c, variants=("ours", "trl")) for c in tiny], [
-        replace(c, warmup=1, steps=1) for c in stare_cases if c.model == "tiny-arith"
-    ]
+def run_vs_trl(cases: list[Case], models: set[str], threads: int) -> list[dict[str, Any]]:
+    """Part 1: every side of each case (of the models) against TRL's, interleaved."""
+    vs_trl = []
+    for case in (c for c in cases if c.model in models):
+        print(f"- ours vs TRL: {case.label()} ({', '.join(case.variants)})", flush=True)
+        sides = [(key, VARIANTS[key][1], "grpo", VARIANTS[key][2]) for key in case.variants]
+        r = interleaved(case, sides, threads)
+        tokens = {key: r["sides"][key]["tokens_per_step"] for key in case.variants}
+        if len(set(tokens.values())) != 1:
+            print(f"  WARNING: tokens per step differ: {tokens}", flush=True)
+        for key in case.variants:
+            vs = r["ratios"][key].get("trl")
+            if VARIANTS[key][1] == "ours" and vs is not None:
+                print(
+                    f"  {key}: {vs['median_pair_ratio']:.2f}× TRL wall, {vs['median_cpu_pair_ratio']:.2f}× "
+                    "CPU time (medians of pairs)",
+                    flush=True,
+                )
+        vs_trl.append(r)
+    return vs_trl
+
+
+def run_stare(cases: list[Case], models: set[str], threads: int) -> list[dict[str, Any]]:
+    """Part 2: STARE against grpo_ds on each case (of the models), both as shipped, interleaved."""
+    stare = []
+    for case in (c for c in cases if c.model in models):
+        print(f"- STARE vs grpo_ds: {case.label()}", flush=True)
+        shipped = VARIANTS["ours"][2]
+        r = interleaved(
+            case,
+            [("grpo_ds", "ours", "grpo_ds", shipped), ("stare", "ours", "stare", shipped)],
+            threads,
+        )
+        vs = r["ratios"]["grpo_ds"]["stare"]
+        print(
+            f"  STARE overhead {vs['median_pair_ratio'] - 1:+.1%} wall, "
+            f"{vs['median_cpu_pair_ratio'] - 1:+.1%} CPU time (medians of pairs)",
+            flush=True,
+        )
+        stare.append(r)
+    return stare
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -662,40 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         f"trl {info.get('trl', 'left out')}, load average {os.getloadavg()}",
         flush=True,
     )
-    vs_trl, stare = [], []
-    if args.only in ("all", "trl"):
-        for case in (c for c in trl_cases if c.model in models):
-            print(f"- ours vs TRL: {case.label()} ({', '.join(case.variants)})", flush=True)
-            sides = [(key, VARIANTS[key][1], "grpo", VARIANTS[key][2]) for key in case.variants]
-            r = interleaved(case, sides, args.threads)
-            tokens = {key: r["sides"][key]["tokens_per_step"] for key in case.variants}
-            if len(set(tokens.values())) != 1:
-                print(f"  WARNING: tokens per step differ: {tokens}", flush=True)
-            for key in case.variants:
-                vs = r["ratios"][key].get("trl")
-                if VARIANTS[key][1] == "ours" and vs is not None:
-                    print(
-                        f"  {key}: {vs['median_pair_ratio']:.2f}× TRL wall, {vs['median_cpu_pair_ratio']:.2f}× "
-                        "CPU time (medians of pairs)",
-                        flush=True,
-                    )
-            vs_trl.append(r)
-    if args.only in ("all", "stare"):
-        for case in (c for c in stare_cases if c.model in models):
-            print(f"- STARE vs grpo_ds: {case.label()}", flush=True)
-            shipped = VARIANTS["ours"][2]
-            r = interleaved(
-                case,
-                [("grpo_ds", "ours", "grpo_ds", shipped), ("stare", "ours", "stare", shipped)],
-                args.threads,
-            )
-            vs = r["ratios"]["grpo_ds"]["stare"]
-            print(
-                f"  STARE overhead {vs['median_pair_ratio'] - 1:+.1%} wall, "
-                f"{vs['median_cpu_pair_ratio'] - 1:+.1%} CPU time (medians of pairs)",
-                flush=True,
-            )
-            stare.append(r)
+    vs_trl = run_vs_trl(trl_cases, models, args.threads) if args.only in ("all", "trl") else []
+    stare = run_stare(stare_cases, models, args.threads) if args.only in ("all", "stare") else []
     table = markdown(vs_trl, stare)
     elapsed = time.perf_counter() - started
     print()

@@ -29,7 +29,7 @@ from typing import Any
 
 import _common  # puts the repository root on sys.path
 import torch
-from bench_engine import default_cases, train_spec
+from engine_cases import default_cases, train_spec
 
 
 def engine_for(algorithm: str, micro_batch: int | None) -> Any:

@@ -49,14 +49,12 @@ which its p99 target held.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +69,17 @@ sys.path.insert(0, str(REPO_ROOT))
 
 # As a package module: uvicorn imports this file as bench.bench_service (cwd = the repository root).
 from bench import _common  # noqa: E402
+from bench.service_load import load_main, request_bytes  # noqa: E402
+from bench.service_report import (  # noqa: E402
+    BARE,
+    GET,
+    GET_AT_40,
+    POST,
+    print_verdicts,
+    report_closed,
+    report_open,
+    saturated,
+)
 
 SPEC = {
     "name": "bench",
@@ -79,196 +88,6 @@ SPEC = {
     "algorithm": {"name": "stare"},
     "optim": {"steps": 100},
 }
-
-
-# ------------------------------------------------------------------------------------------ load generator
-
-
-def _request(method: str, path: str, headers: dict[str, str], body: bytes = b"") -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: keep-alive"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    if body or method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-async def _read_response(reader: asyncio.StreamReader) -> int:
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        if line[:15].lower() == b"content-length:":
-            length = int(line[15:])
-    if length:
-        await reader.readexactly(length)
-    return status
-
-
-async def _connection(
-    port: int,
-    requests: list[bytes],
-    deadline: float,
-    budget: list[int],
-    latencies: list[float],
-    errors: list[int],
-) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    i = 0
-    try:
-        while budget[0] > 0 and time.perf_counter() < deadline:
-            budget[0] -= 1
-            payload = requests[i % len(requests)]
-            i += 1
-            start = time.perf_counter()
-            writer.write(payload)
-            status = await _read_response(reader)
-            latencies.append(time.perf_counter() - start)
-            if status >= 400:
-                errors.append(status)
-    finally:
-        writer.close()
-
-
-async def _run_load(
-    port: int, requests: list[bytes], concurrency: int, duration: float, max_requests: int
-) -> dict[str, Any]:
-    # Warm-up: one request per connection's worth, not timed.
-    warm: list[float] = []  # not timed
-    await asyncio.gather(
-        *(
-            _connection(port, requests, time.perf_counter() + 2, [min(concurrency * 4, 400)], warm, [])
-            for _ in range(8)
-        )
-    )
-    latencies: list[float] = []
-    errors: list[int] = []
-    budget = [max_requests]
-    start = time.perf_counter()
-    deadline = start + duration
-    await asyncio.gather(
-        *(_connection(port, requests, deadline, budget, latencies, errors) for _ in range(concurrency))
-    )
-    elapsed = time.perf_counter() - start
-    latencies.sort()
-    return {
-        "requests": len(latencies),
-        "seconds": elapsed,
-        "rps": len(latencies) / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "warmup_requests": len(warm),
-        "errors": len(errors),
-        "error_statuses": sorted(set(errors))[:5],
-    }
-
-
-async def _open_loop_worker(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    requests: list[bytes],
-    schedule: _Schedule,
-    out: _OpenLoopResult,
-) -> None:
-    """One connection of the open loop: take the next scheduled request, wait for its time (never for the
-    server), send it, and time it from when it was *scheduled* (so queueing behind a busy connection or a
-    slow server counts: no coordinated omission)."""
-    try:
-        while (index := schedule.take()) is not None:
-            scheduled = schedule.start + index / schedule.rate
-            now = time.perf_counter()
-            if now < scheduled:
-                await asyncio.sleep(scheduled - now)
-                now = time.perf_counter()
-            if now > schedule.stop_sending:
-                out.unsent.append(scheduled)  # the generator never got a free connection in time
-                continue
-            out.send_lag.append(now - scheduled)
-            writer.write(requests[index % len(requests)])
-            status = await _read_response(reader)
-            done = time.perf_counter()
-            out.latencies.append(done - scheduled)
-            out.last_done = max(out.last_done, done)
-            if status >= 400:
-                out.errors.append(status)
-    finally:
-        writer.close()
-
-
-class _Schedule:
-    """Request i is due at start + i / rate (a constant rate, as wrk2 schedules it)."""
-
-    def __init__(self, rate: float, total: int, start: float, stop_sending: float) -> None:
-        self.rate, self.total, self.start, self.stop_sending = rate, total, start, stop_sending
-        self.next = 0
-
-    def take(self) -> int | None:
-        if self.next >= self.total:
-            return None
-        self.next += 1
-        return self.next - 1
-
-
-class _OpenLoopResult:
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.send_lag: list[float] = []
-        self.unsent: list[float] = []
-        self.errors: list[int] = []
-        self.last_done = 0.0
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else 0.0
-
-
-async def _run_open_loop(
-    port: int, requests: list[bytes], concurrency: int, rate: float, duration: float, grace: float
-) -> dict[str, Any]:
-    """`concurrency` keep-alive connections carry `rate` requests/s for `duration` seconds, each request
-    scheduled in advance. Requests still unsent `grace` seconds after the schedule ends are not sent; they
-    count with the time they had waited by then (a lower bound), so an overloaded row cannot look good."""
-    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(concurrency)]
-    total = max(1, int(rate * duration))
-    start = time.perf_counter() + 0.05
-    schedule = _Schedule(rate, total, start, start + duration + grace)
-    out = _OpenLoopResult()
-    await asyncio.gather(*(_open_loop_worker(r, w, requests, schedule, out) for r, w in connections))
-    end = time.perf_counter()
-    censored = [end - scheduled for scheduled in out.unsent]
-    latencies = sorted(out.latencies + censored)
-    lag = sorted(out.send_lag)
-    window = max(out.last_done, start + 1e-9) - start
-    return {
-        "offered_rps": rate,
-        "scheduled": total,
-        "requests": len(out.latencies),
-        "unsent": len(out.unsent),
-        "seconds": window,
-        "rps": len(out.latencies) / window,
-        "p50_ms": 1000 * _percentile(latencies, 0.50),
-        "p99_ms": 1000 * _percentile(latencies, 0.99),
-        "max_ms": 1000 * latencies[-1],
-        "send_lag_p99_ms": 1000 * _percentile(lag, 0.99),
-        "warmup_requests": 0,
-        "errors": len(out.errors),
-        "error_statuses": sorted(set(out.errors))[:5],
-    }
-
-
-def load_main(args: argparse.Namespace) -> None:
-    spec = json.loads(Path(args.plan).read_text())
-    requests = [
-        _request(r["method"], r["path"], r["headers"], r.get("body", "").encode()) for r in spec["requests"]
-    ]
-    if args.rate > 0:
-        result = asyncio.run(
-            _run_open_loop(spec["port"], requests, args.concurrency, args.rate, args.duration, args.grace)
-        )
-    else:
-        result = asyncio.run(
-            _run_load(spec["port"], requests, args.concurrency, args.duration, args.max_requests)
-        )
-    print(json.dumps(result))
 
 
 # -------------------------------------------------------------------------------------------- orchestration
@@ -284,7 +103,7 @@ def _wait_ready(port: int, path: str, timeout: float = 30.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(_request("GET", path, {}))
+            s.sendall(request_bytes("GET", path, {}))
             if s.recv(64).startswith(b"HTTP/1.1 200"):
                 return
         time.sleep(0.2)
@@ -406,16 +225,6 @@ def _setup_database() -> tuple[str, str, Any]:
     return name, url, admin
 
 
-BARE, GET, POST = "bare GET /bare", "GET /v1/jobs/{id}", "POST /v1/jobs"
-GET_AT_40 = "GET at 40 % of bare"  # open loop at 0.4 × the bare row's saturated throughput of the round
-P99_TARGET_MS = {GET: 50.0, POST: 100.0, GET_AT_40: 50.0}
-
-
-def _saturated(result: dict[str, Any]) -> bool:
-    """The row could not carry its offered rate (it fell behind the schedule)."""
-    return bool(result["unsent"]) or result["rps"] < 0.9 * result["offered_rps"]
-
-
 def _run_rounds(
     args: argparse.Namespace, plans: dict[str, dict[str, Any]], pids: dict[int, int]
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[tuple[str, float], list[dict[str, Any]]]]:
@@ -443,22 +252,15 @@ def _run_rounds(
             result = _load(plan, args, pids[plan["port"]], rate=rate)
             opened.setdefault((row, key), []).append(result)
             print(f"round {round_index + 1} open {rate:g}/s {row}: {json.dumps(result)}", file=sys.stderr)
-            if _saturated(result):
+            if saturated(result):
                 behind.add(row)
     return closed, opened
 
 
-def main_bench(args: argparse.Namespace) -> None:
-    import redis
-    from psycopg import sql
-
-    from store import repository
-    from store.database import Database
-
-    name, url, admin = _setup_database()
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
-    artifacts = tempfile.mkdtemp(prefix="stare-bench-")
-    env = {
+def _service_env(args: argparse.Namespace, url: str, queue: str, artifacts: str) -> dict[str, str]:
+    """The servers' environment: the throwaway database, the bench queue, the rate limiter as --rate-limiter
+    asks (a limit never reached when on)."""
+    return {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),
         "STARE_DATABASE_URL": url,
@@ -474,6 +276,56 @@ def main_bench(args: argparse.Namespace) -> None:
         "STARE_MAX_ACTIVE_JOBS_PER_TENANT": "0",
         "STARE_DATABASE_POOL_SIZE": "20",
     }
+
+
+def _plans(
+    bare_port: int, service_port: int, auth: dict[str, str], job_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Each row's port and requests (the load process cycles over them)."""
+    post_body = json.dumps({"spec": SPEC})
+    return {
+        BARE: {"port": bare_port, "requests": [{"method": "GET", "path": "/bare", "headers": {}}]},
+        GET: {
+            "port": service_port,
+            "requests": [{"method": "GET", "path": f"/v1/jobs/{j}", "headers": auth} for j in job_ids],
+        },
+        POST: {
+            "port": service_port,
+            "requests": [
+                {
+                    "method": "POST",
+                    "path": "/v1/jobs",
+                    "headers": {**auth, "Content-Type": "application/json"},
+                    "body": post_body,
+                }
+            ],
+        },
+    }
+
+
+def _clean_up(admin: Any, name: str, redis_url: str, queue: str) -> None:
+    """Drops the throwaway database and the bench queue (with its bindings)."""
+    import redis
+    from psycopg import sql
+
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    admin.close()
+    broker = redis.Redis.from_url(redis_url)
+    broker.delete(queue)
+    for binding in broker.scan_iter("_kombu.binding.*"):
+        for member in broker.smembers(binding):
+            if queue.encode() in member:
+                broker.srem(binding, member)
+
+
+def main_bench(args: argparse.Namespace) -> None:
+    from store import repository
+    from store.database import Database
+
+    name, url, admin = _setup_database()
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    artifacts = tempfile.mkdtemp(prefix="stare-bench-")
+    env = _service_env(args, url, queue, artifacts)
     try:
         db = Database(url, pool_size=1)
         with db.transaction() as session:
@@ -491,42 +343,18 @@ def main_bench(args: argparse.Namespace) -> None:
             pids = {bare_port: bare_server.pid, service_port: service_server.pid}
             import httpx
 
-            with httpx.Client(base_url=f"http://127.0.0.1:{service_port}", headers=auth) as client:
+            # Setup, not measured: the first POST waits for the service's task-checking processes to start
+            # (service/offload.py; ~2 s on an idle core, 10 s at a load average of 12), past httpx's 5 s.
+            setup = httpx.Client(base_url=f"http://127.0.0.1:{service_port}", headers=auth, timeout=120)
+            with setup as client:
                 job_ids = [
                     client.post("/v1/jobs", json={"spec": SPEC}).raise_for_status().json()["id"]
                     for _ in range(32)
                 ]
-            post_body = json.dumps({"spec": SPEC})
-            plans = {
-                BARE: {"port": bare_port, "requests": [{"method": "GET", "path": "/bare", "headers": {}}]},
-                GET: {
-                    "port": service_port,
-                    "requests": [
-                        {"method": "GET", "path": f"/v1/jobs/{j}", "headers": auth} for j in job_ids
-                    ],
-                },
-                POST: {
-                    "port": service_port,
-                    "requests": [
-                        {
-                            "method": "POST",
-                            "path": "/v1/jobs",
-                            "headers": {**auth, "Content-Type": "application/json"},
-                            "body": post_body,
-                        }
-                    ],
-                },
-            }
+            plans = _plans(bare_port, service_port, auth, job_ids)
             closed, opened = _run_rounds(args, plans, pids)
     finally:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.close()
-        broker = redis.Redis.from_url(args.redis_url)
-        broker.delete(queue)
-        for binding in broker.scan_iter("_kombu.binding.*"):
-            for member in broker.smembers(binding):
-                if queue.encode() in member:
-                    broker.srem(binding, member)
+        _clean_up(admin, name, args.redis_url, queue)
 
     print(
         f"\nService benchmark: {args.concurrency} concurrent connections, {args.rounds} rounds, "
@@ -535,127 +363,16 @@ def main_bench(args: argparse.Namespace) -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     report: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "command"}}
     if any(closed.values()):
-        report["closed"] = _report_closed(closed)
+        report["closed"] = report_closed(closed)
     if opened:
-        report["open"] = _report_open(args, opened)
-    _print_verdicts(args, report)
+        report["open"] = report_open(args, opened)
+    print_verdicts(args, report)
     if args.json:
         report["rounds"] = {
             "closed": closed,
             "open": [{"row": row, "rate": rate, "rounds": runs} for (row, rate), runs in opened.items()],
         }
         Path(args.json).write_text(json.dumps(report, indent=2))
-
-
-def _report_closed(closed: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    best = {row: max(runs, key=lambda r: r["rps"]) for row, runs in closed.items()}
-    bare = best[BARE]["rps"]
-    print("\nClosed loop (saturation): each connection sends its next request when the previous answer")
-    print("arrives; best round by req/s. Mean latency here is connections / throughput (Little's law).")
-    print(
-        "load average (1 min) after each row: "
-        + ", ".join(f"{r['load_average_1m']:.1f}" for r in best.values())
-    )
-    print(
-        f"{'row':<22}{'req/s':>9}{'vs bare':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'requests':>10}"
-        f"{'errors':>8}"
-    )
-    for row, r in best.items():
-        r["vs_bare"] = r["rps"] / bare
-        print(
-            f"{row:<22}{r['rps']:>9.0f}{r['rps'] / bare:>9.1%}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
-            f"{r['server_cpu_ms_per_request']:>12.2f}{r['requests']:>10}{r['errors']:>8}"
-        )
-    return best
-
-
-def _report_open(
-    args: argparse.Namespace, opened: dict[tuple[str, float], list[dict[str, Any]]]
-) -> list[dict[str, Any]]:
-    print(
-        f"\nOpen loop (rate-bounded): {args.concurrency} connections carry a constant offered rate for "
-        f"{args.open_duration:g} s;\nlatency from each request's scheduled send time (queueing included). "
-        "Best round by p99; 'worst' is the worst round's p99.\n'behind': the row fell behind its schedule "
-        "(achieved < 90 % of offered, or requests left unsent); higher rates were skipped."
-    )
-    print(
-        f"{'offered/s':>9} {'row':<22}{'achieved':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'worst':>9}"
-        f"{'cpu ms/req':>11}{'lag p99':>9}{'unsent':>7}{'err':>5}{'load':>6}  verdict"
-    )
-    rows = []
-    order = [BARE, GET, POST, GET_AT_40]
-    for (row, key), runs in sorted(
-        opened.items(), key=lambda item: (item[0][0] == GET_AT_40, item[0][1], order.index(item[0][0]))
-    ):
-        best = min(runs, key=lambda r: r["p99_ms"])
-        rate = best["offered_rps"] if key == 0.0 else key
-        worst_p99 = max(r["p99_ms"] for r in runs)
-        target = P99_TARGET_MS.get(row)
-        verdict = ""
-        if _saturated(best):
-            verdict = "behind"
-        if target is not None:
-            verdict += (" " if verdict else "") + ("p99 met" if best["p99_ms"] <= target else "p99 NOT met")
-        entry = {"row": row, "rate": rate, "rounds": len(runs), "worst_p99_ms": worst_p99, **best}
-        entry["behind"] = _saturated(best)
-        rows.append(entry)
-        print(
-            f"{rate:>9g} {row:<22}{best['rps']:>9.0f}{best['p50_ms']:>9.1f}{best['p99_ms']:>9.1f}"
-            f"{best['max_ms']:>9.1f}{worst_p99:>9.1f}{best['server_cpu_ms_per_request']:>11.2f}"
-            f"{best['send_lag_p99_ms']:>9.1f}{best['unsent']:>7}{best['errors']:>5}"
-            f"{best['load_average_1m']:>6.1f}  {verdict}"
-        )
-    return rows
-
-
-def _slo_capacity(rows: list[dict[str, Any]], row: str) -> float | None:
-    """The highest swept rate at which the row kept up and met its p99 target, with every lower swept rate
-    meeting it too."""
-    capacity = None
-    for entry in sorted((e for e in rows if e["row"] == row), key=lambda e: e["rate"]):
-        if entry["behind"] or entry["p99_ms"] > P99_TARGET_MS[row]:
-            break
-        capacity = entry["rate"]
-    return capacity
-
-
-def _print_verdicts(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    print("\ntargets (64 clients): GET ≥ 40 % of bare throughput, GET p99 ≤ 50 ms, POST p99 ≤ 100 ms")
-    closed, rows = report.get("closed"), report.get("open", [])
-    if closed:
-        get, post = closed[GET], closed[POST]
-        ratio = get["vs_bare"]
-        print(
-            f"saturated (closed loop): GET {ratio:.1%} of bare ({'met' if ratio >= 0.4 else 'NOT met'}); "
-            f"GET p99 {get['p99_ms']:.1f} ms ({'met' if get['p99_ms'] <= 50 else 'NOT met'}); "
-            f"POST p99 {post['p99_ms']:.1f} ms ({'met' if post['p99_ms'] <= 100 else 'NOT met'})"
-        )
-    if not rows:
-        return
-    common = {e["row"]: e for e in rows if e["rate"] == args.common_rate}
-    parts = []
-    for row in (GET, POST):
-        entry = common.get(row)
-        if entry is None:
-            parts.append(f"{row} not run at {args.common_rate:g}/s (behind at a lower rate: NOT met)")
-            continue
-        met = not entry["behind"] and entry["p99_ms"] <= P99_TARGET_MS[row]
-        parts.append(f"{row} p99 {entry['p99_ms']:.1f} ms ({'met' if met else 'NOT met'})")
-    print(f"rate-bounded at the common rate {args.common_rate:g}/s: " + "; ".join(parts))
-    joint = [e for e in rows if e["row"] == GET_AT_40]
-    if joint:
-        entry = joint[0]
-        met = not entry["behind"] and entry["p99_ms"] <= 50
-        print(
-            f"GET at 40 % of bare's saturated throughput ({entry['rate']:g}/s): achieved "
-            f"{entry['rps']:.0f}/s, p99 {entry['p99_ms']:.1f} ms ({'met' if met else 'NOT met'})"
-        )
-    for row in (GET, POST):
-        capacity = _slo_capacity(rows, row)
-        shown = f"{capacity:g}/s" if capacity is not None else "none of the swept rates"
-        print(
-            f"{row}: p99 target held up to {shown} offered (swept: {', '.join(f'{r:g}' for r in args.rates)})"
-        )
 
 
 def main() -> None:

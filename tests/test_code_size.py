@@ -1,8 +1,8 @@
 """The house limits on code size: no function or method over 80 lines (from `def` to its last line,
-docstring included) in the repository's Python, tests included. Benches (bench/) are excluded, as the
-limit says; the repository holds no generated Python (the client's async twin is derived at run time,
-stare_client/driver.py), so nothing else is. And no module over 600 lines, the same files (issue 22 set it
-for the trainer; issue 35 for every package and the tests)."""
+docstring included) in the repository's Python, tests and benches (bench/) included; the repository holds
+no generated Python (the client's async twin is derived at run time, stare_client/driver.py), so nothing is
+excluded but the page's npm packages. And no module over 600 lines, the same files (issue 22 set it for
+the trainer; issue 35 for every package, the tests and the benches)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 80
-EXCLUDED_TOP = {"bench", "node_modules"}  # benches; the page's npm packages (no Python of ours)
+EXCLUDED_TOP = {"node_modules"}  # the page's npm packages (no Python of ours)
 
 
 def _python_files() -> list[Path]:
@@ -49,8 +49,9 @@ def test_the_scan_finds_a_long_function_and_passes_one_at_the_limit() -> None:
 def test_no_function_is_over_80_lines() -> None:
     files = _python_files()
     scanned = {path.relative_to(ROOT).parts[0] for path in files}
-    # the scan reaches every package of the repository, and the tests
+    # the scan reaches every package of the repository, the tests and the benches
     assert {
+        "bench",
         "contract",
         "service",
         "store",
@@ -72,11 +73,12 @@ MODULE_LIMIT = 600
 
 
 def test_no_module_is_over_600_lines() -> None:
-    """Every module the function limit scans (every package, the migrations and the tests; trainer/engine.py
-    sits exactly at it)."""
+    """Every module the function limit scans (every package, the migrations, the tests and the benches;
+    trainer/engine.py sits exactly at it)."""
     modules = _python_files()
     assert ROOT / "trainer" / "engine.py" in modules
     assert ROOT / "stare_client" / "cli" / "jobs.py" in modules
+    assert ROOT / "bench" / "bench_kernels.py" in modules
     over = [
         f"{path.relative_to(ROOT)} ({n} lines)"
         for path in modules
