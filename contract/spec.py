@@ -480,8 +480,9 @@ class TrainSpec(_Strict):
             )
         if self.rollout.engine == "vllm" and self.distributed.strategy == "fsdp2":
             raise ValueError(
-                "rollout.engine: vllm is fed the policy's full weights from one process; "
-                "distributed.strategy 'fsdp2' rolls out with HF generate (rollout.engine hf)"
+                "rollout.engine: vllm is not yet fed from fsdp2's shards (each process's vLLM copy needs "
+                "the full weights gathered); distributed.strategy 'fsdp2' rolls out with HF generate "
+                "(rollout.engine hf)"
             )
         lora = self.model.lora
         if self.distributed.strategy == "fsdp2" and lora is not None and not lora.merge_on_save:

@@ -21,6 +21,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from trainer.algos.kernels import token_stats_from_logits
+from trainer.distributed.strategy import hf_model
 
 SampleRecord = tuple[Tensor, Tensor, Tensor]  # (log-prob, entropy, C), each (B, R), 0 past the response
 
@@ -63,13 +64,6 @@ class RolloutEngine(Protocol):
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-
-
-def hf_model(model: Any) -> Any:
-    """The transformers model inside DDP and peft wrappers."""
-    inner = getattr(model, "module", model)
-    get_base_model = getattr(inner, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else inner
 
 
 def model_device(model: Any) -> torch.device:
@@ -209,7 +203,7 @@ def generation_kwargs(
         "eos_token_id": eos,
         "use_cache": True,
         # Never step-locked across processes (HF turns it on for an FSDP module): generation runs on full
-        # weights (placement.unsharded), and processes make different numbers of generate calls.
+        # weights (Strategy.full_weights), and processes make different numbers of generate calls.
         "synced_gpus": False,
     }
     if greedy:

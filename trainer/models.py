@@ -324,3 +324,20 @@ def apply_lora(
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def model_skeleton(
+    config_dir: Path, tokenizer_dir: Path, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model `config_dir` describes, built on the meta device (shapes only: no weights are read or
+    initialised; trainer.distributed.strategy materialises it and a checkpoint fills it), and the
+    tokenizer of `tokenizer_dir`, ready for batched generation like `load_model_and_tokenizer`'s."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(config_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if (config_dir / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(config_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return _ready_for_batched_generation(model.eval(), tokenizer)

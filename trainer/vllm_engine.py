@@ -1,6 +1,6 @@
 """vLLM as the rollout engine (spec `rollout.engine: vllm`), colocated with the trainer: one in-process
 `vllm.LLM` per trainer process, holding its own copy of the policy's weights, refreshed after every
-optimiser step (`push_weights`, fed by `policy_weights`). docs/ROLLOUTS.md describes it.
+optimiser step (`push_weights`, fed by the strategy's `full_state`). docs/ROLLOUTS.md describes it.
 
 - Token ids in, token ids out: prompts go to vLLM as token ids (`TokensPrompt`) and the sampled ids come
   back as ids; nothing is re-tokenised, so multi-turn episodes keep the exact tokens of every turn.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
-from trainer.generation import Generation, HFGenerate, RolloutEngine, hf_model
+from trainer.distributed.strategy import full_state, hf_model
+from trainer.generation import Generation, HFGenerate, RolloutEngine
 
 # vLLM reads these when it is imported. In-process engine: the weight push hands tensors to the model
 # runner directly (no copy through a file or a socket). CPU: a 1 GiB KV cache, and no thread pinning, as
@@ -51,43 +52,6 @@ def _import_vllm() -> Any:
         # the push copies into the very tensor the layer reads.
         _custom_ops._supports_onednn = False
     return vllm
-
-
-def policy_weights(model: Any) -> Iterator[tuple[str, Tensor]]:
-    """The policy's weights as (name, tensor) in transformers' names, one tensor at a time, detached.
-
-    LoRA (peft): each adapted layer's merged weight W + ΔW, the adapters themselves left out. A sharded
-    parameter (FSDP2's DTensor) is gathered on its own as it is reached, so the push never holds more
-    than one full tensor beyond the shards. Tied weights appear once (named_parameters deduplicates).
-    """
-    inner = getattr(model, "module", model)
-    if callable(getattr(inner, "get_base_model", None)):
-        yield from _merged_lora_weights(inner.get_base_model())
-        return
-    for name, param in inner.named_parameters():
-        yield name, _full_tensor(param)
-
-
-def _full_tensor(param: Tensor) -> Tensor:
-    full_tensor = getattr(param, "full_tensor", None)  # torch.distributed.tensor.DTensor
-    value = full_tensor() if callable(full_tensor) else param
-    return value.detach()
-
-
-def _merged_lora_weights(base: Any) -> Iterator[tuple[str, Tensor]]:
-    modules = dict(base.named_modules())
-    for name, param in base.named_parameters():
-        if ".lora_" in name:
-            continue
-        value = _full_tensor(param)
-        if ".base_layer." in name:
-            owner_name, leaf = name.rsplit(".base_layer.", 1)
-            owner = modules[owner_name]
-            if leaf == "weight":
-                adapters = [a for a in owner.active_adapters if a in owner.lora_A]
-                value = value + sum((owner.get_delta_weight(a).to(value.dtype) for a in adapters), 0)
-            name = f"{owner_name}.{leaf}"
-        yield name, value
 
 
 class VLLMGenerate:
@@ -223,7 +187,7 @@ def _save_policy(model: Any, tokenizer: Any, folder: Path) -> None:
     """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer)."""
     inner = hf_model(model)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.contiguous() for name, tensor in policy_weights(model)}
+    state = {name: tensor.contiguous() for name, tensor in full_state(model)}
     inner.config.save_pretrained(folder)
     inner.generation_config.save_pretrained(folder)
     from safetensors.torch import save_file
@@ -252,4 +216,4 @@ def after_optimizer_step(engine: RolloutEngine, model: Any) -> None:
     """The policy's weights changed: an engine with its own copy of them receives the new ones."""
     push = getattr(engine, "push_weights", None)
     if callable(push):
-        push(policy_weights(model))
+        push(full_state(model))
