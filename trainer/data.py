@@ -71,7 +71,7 @@ def collect(
     world: int,
     sample_stats: bool,
     reduce: Callable[[Any, str, torch.dtype], Tensor],
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
 ) -> tuple[Rollout, int]:
     """This process's rollouts for one step (the model in eval mode): the next prompts_per_step prompts,
     this process's share of them; with dynamic sampling, batches are generated until enough informative

@@ -54,6 +54,8 @@ from trainer.distributed import Strategy
 from trainer.distributed.runtime import Runtime
 from trainer.evaluation import evaluate
 from trainer.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
+from trainer.generation import RolloutEngine
+from trainer.hybrid import Rollouts
 from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
@@ -74,7 +76,7 @@ from trainer.update import (
     reads_sample_stats,
     zero_advantage_skip,
 )
-from trainer.vllm_engine import after_optimizer_step, after_rollout, build_rollout_engine
+from trainer.vllm_engine import build_rollout_engine
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
@@ -154,6 +156,10 @@ class Engine:
         return self.strategy.policy(self.model)
 
     @property
+    def rollout_engine(self) -> RolloutEngine:
+        return self.rollouts.engine
+
+    @property
     def callbacks(self) -> list[EventCallback]:
         return self.events.callbacks
 
@@ -187,15 +193,18 @@ class Engine:
         self.model, self.optimizer = placement.prepare_for_training(self.runtime, model, spec)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
-        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine)
-        self.rollout_engine = build_rollout_engine(spec, self.policy, self.tokenizer)
+        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine), switched
+        # to and from by trainer.hybrid's rollout_mode
+        self.rollouts = Rollouts(
+            self.strategy, self.model, build_rollout_engine(spec, self.policy, self.tokenizer)
+        )
         # The zero-advantage skip, in one process only (under DDP all ranks must make the same forward calls).
         self.skip_zero_advantage = (
             spec.optim.skip_zero_advantage
             and self.world == 1
             and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
         )
-        self.record_sample_stats = self.rollout_engine.gives_pi_old and reads_sample_stats(
+        self.record_sample_stats = self.rollouts.engine.gives_pi_old and reads_sample_stats(
             spec,
             skip_zero_advantage=self.skip_zero_advantage,
             deterministic=self._forward_is_deterministic,
@@ -215,6 +224,7 @@ class Engine:
 
     def _sft(self) -> None:
         run_sft(self.model, self.tokenizer, self.runtime, self.spec, self.prompts.examples, self.emit)
+        self.rollouts.policy_changed()
         self.sft_done = True
 
     def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
@@ -227,10 +237,8 @@ class Engine:
 
     def evaluate(self) -> dict[str, float]:
         examples = self.eval_examples[self.rank :: self.world]
-        with self.strategy.full_weights(self.model) as model:  # shares differ by a prompt: no collectives
-            return evaluate(
-                model, self.tokenizer, self.spec, examples, self._reduce, engine=self.rollout_engine
-            )
+        with self.rollouts.rollout_mode() as (model, engine):  # shares differ by a prompt: no collectives
+            return evaluate(model, self.tokenizer, self.spec, examples, self._reduce, engine=engine)
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -243,14 +251,11 @@ class Engine:
 
     def collect(self) -> tuple[Rollout, int]:
         """Rollout for this step on this process, with dynamic sampling. Returns (rollout, gen batches)."""
-        self.policy.eval()
-        with self.strategy.full_weights(self.model) as model:  # fsdp2: gathered once, not per token
-            batch, batches = collect(
+        with self.rollouts.rollout_mode() as (model, engine):
+            return collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
-                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=self.rollout_engine,
+                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=engine,
             )  # fmt: skip
-        self.policy.train()
-        return batch, batches
 
     def train_step(self) -> dict[str, float]:
         """One optimiser step, these steps in this order:
@@ -268,7 +273,6 @@ class Engine:
         seed_everything(step_seed(spec.seed, step))
         t0 = time.perf_counter()
         batch, gen_batches = self.collect()  # 1
-        after_rollout(self.rollout_engine)
         batch = batch.to(self.device)
         t_gen = time.perf_counter() - t0
 
@@ -304,7 +308,6 @@ class Engine:
         t1 = t_old if old.first_pass is not None else time.perf_counter()
         faults.crash_at(step)
         update_metrics, grad_norm = self.update_policy(step, step_batch, old, n_micro)  # 5
-        after_optimizer_step(self.rollout_engine, self.policy)
         t_update = time.perf_counter() - t1
 
         if h_bar is None:  # π_old is the training pass's (OldPolicy.fill)
@@ -374,6 +377,7 @@ class Engine:
             if spec.optim.grad_clip is not None:
                 grad_norm = float(self.runtime.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
             self.optimizer.step()
+            self.rollouts.policy_changed()
             metrics.update(placement.held_bytes(self.model, self.optimizer, self._reduce))
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -476,6 +480,7 @@ class Engine:
         state = placement.restore_training_state(
             path, self.model, self.optimizer, self.scheduler, runtime=self.runtime
         )
+        self.rollouts.policy_changed()
         self.step = int(state["step"])
         self.prompts.cursor = int(state["cursor"])
         self.controllers.load_state_dict(state)

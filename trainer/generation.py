@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,9 +42,27 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
+    """A sampler of responses. Between rollouts the trainer updates the policy; `trainer.hybrid.rollout_mode`
+    switches it to sampling and back through `owns_weights`, `wake`, `load_weights` and `sleep`."""
+
     # Whether `sample_record` (when recorded) is the trainer's own π_old, so the update may read it in place
     # of a forward. False for an engine with its own kernels and weights copy (vLLM).
     gives_pi_old: bool
+    # Whether it samples from its own copy of the weights (vLLM), which `load_weights` refreshes after an
+    # update; False: it samples from the policy itself (HF generate, inside the strategy's full_weights).
+    owns_weights: bool
+
+    def wake(self) -> None:
+        """Before a rollout: take back the device memory given up by `sleep`."""
+        ...
+
+    def sleep(self) -> None:
+        """After a rollout: give up device memory (weights, KV cache) for the update."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Take the policy's new weights (full tensors in transformers' names, one at a time)."""
+        ...
 
     def generate(
         self,
@@ -238,9 +256,19 @@ class HFGenerate:
     """The rollout engine on the policy itself: transformers' generate (KV cache), in eval mode."""
 
     gives_pi_old = True
+    owns_weights = False  # it samples from the policy: nothing to wake, put to sleep or load
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
+
+    def wake(self) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        pass
 
     def generate(
         self,

@@ -10,6 +10,7 @@ import torch
 
 from contract.spec import TrainSpec
 from trainer.data import load_examples
+from trainer.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
 from trainer.rollout import rollout
 from trainer.scoring import prompts_shareable, response_logits, response_stats
@@ -36,7 +37,15 @@ def _batch(spec: TrainSpec, *, sample_stats: bool):  # type: ignore[no-untyped-d
     examples, first = prompts.take(3)
     torch.manual_seed(4)
     model.eval()
-    batch = rollout(model, tokenizer, examples, first, spec, sample_stats=sample_stats)
+    batch = rollout(
+        model,
+        tokenizer,
+        examples,
+        first,
+        spec,
+        sample_stats=sample_stats,
+        engine=HFGenerate(model, tokenizer),
+    )
     model.train()
     return model, batch
 
