@@ -255,7 +255,7 @@ def _write_hf_folder(
     with storage_writes(tmp):
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+            model.save_pretrained(tmp, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             fsync_tree(tmp)
