@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from contract.catalog import TINY_ARITH
 from contract.protocol import CHECKPOINTS_DIR
 from contract.spec import TrainSpec
 from contract.storage import storage_writes
@@ -30,7 +31,7 @@ from trainer.distributed import export_hf_folder, load_sharded, save_sharded
 from trainer.distributed.checkpoint import CONFIG_DIR, SHARDS_DIR
 from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.runtime import Runtime
-from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton
+from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton, skeleton_of
 from trainer.rollout import Rollout
 from trainer.scoring import align_tensors, micro_batches, response_stats
 
@@ -38,17 +39,26 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REFERENCE_FILE = Path("reference") / "model.safetensors"
 
 
-def load_policy(spec: TrainSpec, checkpoint: Path | None) -> tuple[Any, Any]:
+def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer): the spec's model, or a resumed run's checkpoint weights, with LoRA adapters
     (new, or the checkpoint's), every tensor 64-byte aligned (`align_tensors`). A checkpoint of DCP shards
     (any strategy wrote it) gives a model on the meta device: its weights are read once, by
-    `restore_training_state`, into the shards the strategy materialised."""
+    `restore_training_state`, into the shards the strategy materialised. `skeleton`: a fresh run's model
+    built on the meta device too (`trainer.models.skeleton_of`), for a strategy that fills it from rank 0's
+    (`rank0_fills`)."""
     if spec.model.dtype not in DTYPES:
         raise ValueError(f"model dtype must be one of {', '.join(DTYPES)}, got {spec.model.dtype!r}")
     dtype = DTYPES[spec.model.dtype]
     model: Any
+    built = None
     if checkpoint is not None and (checkpoint / SHARDS_DIR).is_dir():
-        model, tokenizer = model_skeleton(checkpoint / CONFIG_DIR, checkpoint / "model", dtype=dtype)
+        built = model_skeleton(checkpoint / CONFIG_DIR, checkpoint / "model", dtype=dtype)
+    elif skeleton and checkpoint is None:
+        built = skeleton_of(spec.model.name, dtype=dtype, seed=spec.seed)
+        if built is None:
+            raise ValueError(f"model.name: no shapes of {spec.model.name!r} without loading its weights")
+    if built is not None:
+        model, tokenizer = built
         if spec.model.lora is not None:
             lora = spec.model.lora
             model = apply_lora(
@@ -73,10 +83,23 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def prepare_for_training(runtime: Runtime, model: Any, spec: TrainSpec) -> tuple[Any, Any]:
-    """(model, optimiser): the model prepared by the run's strategy (runtime.strategy.prepare), then AdamW
-    over its trainable parameters (under fsdp2 their shards: the optimiser state is sharded with them)."""
-    prepared = runtime.strategy.prepare(model)
+def rank0_fills(runtime: Runtime, spec: TrainSpec, checkpoint: Path | None) -> bool:
+    """Whether a fresh run's model is loaded by rank 0 alone and the others' shards filled from it: where
+    the strategy shards over several processes and the model's shapes are known without its weights."""
+    return (
+        checkpoint is None
+        and runtime.strategy.fills_from_rank0
+        and (spec.model.name == TINY_ARITH or skeleton_of(spec.model.name) is not None)
+    )
+
+
+def prepare_for_training(
+    runtime: Runtime, model: Any, spec: TrainSpec, *, from_rank0: bool = False
+) -> tuple[Any, Any]:
+    """(model, optimiser): the model prepared by the run's strategy (runtime.strategy.prepare; `from_rank0`:
+    rank 0 holds the weights, the others a meta-device skeleton), then AdamW over its trainable parameters
+    (under fsdp2 their shards: the optimiser state is sharded with them)."""
+    prepared = runtime.strategy.prepare(model, from_rank0=from_rank0)
     params = [p for p in prepared.parameters() if p.requires_grad]
     o = spec.optim
     # fused: one kernel per parameter instead of ~10 elementwise passes over it (docs/BENCHMARKS.md).

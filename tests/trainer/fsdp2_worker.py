@@ -193,6 +193,41 @@ def full_state_check(out: Path) -> None:
         torch.save(states, out / "full-state.pt")
 
 
+def rank0_fill_check(out: Path) -> None:
+    """Rank 0 loads the tiny model (and LoRA), the other rank only builds its skeleton on the meta device;
+    the strategy fills every shard from rank 0's weights. Each rank writes its full_state afterwards (and
+    rank 0 the weights it loaded), so the test can compare them."""
+    from trainer.models import skeleton_of
+
+    if rank0():
+        model, _ = build_tiny_arith(seed=0)
+    else:
+        built = skeleton_of("tiny-arith")
+        assert built is not None
+        model = built[0]
+    torch.manual_seed(200 + torch.distributed.get_rank())  # LoRA's A drawn differently per rank
+    model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    meta = [p.is_meta for p in model.parameters()]
+    loaded = {n: t.detach().clone() for n, t in model.state_dict().items()} if rank0() else {}
+    strategy = make_strategy(FSDP2_SPEC(), DEVICE)
+    prepared = strategy.prepare(model, from_rank0=True)
+    report = {
+        "all_meta_before": all(meta),
+        "any_meta_before": any(meta),
+        "state": {n: t.clone() for n, t in strategy.full_state(prepared)},
+        "loaded_merged": {n: t for n, t in full_state_of_loaded(loaded)} if rank0() else {},
+    }
+    torch.save(report, out / f"rank0-fill-rank{torch.distributed.get_rank()}.pt")
+
+
+def full_state_of_loaded(loaded: dict[str, torch.Tensor]) -> Any:
+    """full_state of a plain LoRA model holding `loaded` (rank 0's weights before sharding)."""
+    model, _ = build_tiny_arith(seed=1)
+    lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    lora.load_state_dict(loaded)
+    return make_strategy(DistributedSpec(processes_per_node=1), DEVICE).full_state(lora)
+
+
 def rank0() -> bool:
     return torch.distributed.get_rank() == 0
 
@@ -260,6 +295,7 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
     }
     report.update(variants(spec, out))
     full_state_check(out)
+    rank0_fill_check(out)
     write(out, f"sharded-rank{rank}.json", report)
 
 

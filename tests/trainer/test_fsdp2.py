@@ -309,6 +309,19 @@ def test_full_state_is_the_same_under_ddp_and_fsdp2_with_lora_merged(runs):
 
 
 @pytest.mark.slow
+def test_only_rank_0_loads_the_weights_and_every_shard_is_filled_from_them(runs):
+    """fsdp2 × 2 with rank 0 alone holding the loaded model (LoRA's A drawn per rank on purpose) and rank 1 a
+    meta-device skeleton: after prepare(from_rank0=True) both ranks' full_state is rank 0's loaded model."""
+    reports = [torch.load(runs["out"] / f"rank0-fill-rank{r}.pt") for r in range(2)]
+    assert not reports[0]["any_meta_before"] and reports[1]["all_meta_before"]
+    expected = reports[0]["loaded_merged"]
+    assert expected and set(reports[1]["state"]) == set(expected)
+    for report in reports:
+        for name, tensor in expected.items():
+            assert torch.equal(report["state"][name], tensor), name
+
+
+@pytest.mark.slow
 def test_bf16_offload_checkpointing_and_lora_paths(runs):
     bounds = _tolerances(runs["plain"])[:3]
     fp32 = runs["plain"]["losses"][:3]

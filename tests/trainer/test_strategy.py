@@ -171,3 +171,30 @@ def test_an_fsdp2_resume_reads_the_weights_once_into_a_meta_built_model(tmp_path
     assert on_meta == [True]
     a, b = step_metrics(read_events(full)), step_metrics(read_events(part))
     assert a[2] == b[2] and a[3] == b[3]
+
+
+def test_a_fresh_fsdp2_run_above_one_process_is_loaded_by_rank_0_alone():
+    """The decision (placement.rank0_fills) and the other ranks' model: a skeleton on the meta device,
+    LoRA applied, with the tokenizer ready for batched generation. The fill itself runs in test_fsdp2.py."""
+    from types import SimpleNamespace
+
+    from trainer import placement
+
+    def runtime(strategy: str, processes: int) -> SimpleNamespace:
+        spec = DistributedSpec(strategy=strategy, processes_per_node=processes)
+        return SimpleNamespace(strategy=make_strategy(spec, torch.device("cpu")))
+
+    data = small_spec(model={"name": "tiny-arith", "lora": {"r": 4, "alpha": 8}})
+    spec = TrainSpec.model_validate(data)
+    assert placement.rank0_fills(runtime("fsdp2", 2), spec, None)
+    assert not placement.rank0_fills(runtime("fsdp2", 1), spec, None)
+    assert not placement.rank0_fills(runtime("ddp", 2), spec, None)
+    assert not placement.rank0_fills(runtime("fsdp2", 2), spec, Path("step-000001"))  # a resume: the shards
+    model, tokenizer = placement.load_policy(spec, None, skeleton=True)
+    assert all(p.is_meta for p in model.parameters())
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+    with pytest.raises(ValueError, match=r"model\.name"):
+        placement.load_policy(
+            TrainSpec.model_validate(small_spec(model={"name": "/nowhere/model.gguf"})), None, skeleton=True
+        )

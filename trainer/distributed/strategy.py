@@ -197,7 +197,12 @@ class Strategy:
         all-gather in each call; trainer.update.micro_batch_plan)."""
         return "rows"
 
-    def prepare(self, model: nn.Module, *, trainable: bool = True) -> nn.Module:
+    @property
+    def fills_from_rank0(self) -> bool:
+        """Whether `prepare(..., from_rank0=True)` is taken: rank 0 alone loads the weights."""
+        return False
+
+    def prepare(self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False) -> nn.Module:
         raise NotImplementedError
 
     def policy(self, model: nn.Module) -> nn.Module:
@@ -276,7 +281,8 @@ class DDP(Strategy):
     def prompt_sharing(self) -> PromptSharing:
         return "never" if self.spec.world_size > 1 else "rows"
 
-    def prepare(self, model: nn.Module, *, trainable: bool = True) -> nn.Module:
+    def prepare(self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False) -> nn.Module:
+        del from_rank0  # every ddp process holds the whole model
         self._check_world()
         if trainable and self.spec.activation_checkpointing:
             self._checkpoint_activations(model)
@@ -325,6 +331,10 @@ class FSDP2(Strategy):
         return "agreed" if self.spec.world_size > 1 else "rows"
 
     @property
+    def fills_from_rank0(self) -> bool:
+        return self.spec.world_size > 1
+
+    @property
     def mesh(self) -> Any:
         """The device mesh the parameters are sharded over (one dimension: the processes)."""
         if self._mesh is None:
@@ -333,9 +343,18 @@ class FSDP2(Strategy):
             self._mesh = init_device_mesh(self.device.type, (self.spec.world_size,))
         return self._mesh
 
-    def prepare(self, model: nn.Module, *, trainable: bool = True) -> nn.Module:
+    def prepare(self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False) -> nn.Module:
+        """`from_rank0`: rank 0 holds the loaded weights, every other process a skeleton on the meta device
+        (trainer.models.skeleton_of). Rank 0 keeps its tensors aside and turns its model into a skeleton
+        too; every process shards its skeleton and allocates its shards only; rank 0's tensors are then
+        broadcast into them, so no process but rank 0 ever holds the whole model."""
         self._check_world()
         spec = self.spec
+        loaded: dict[str, Any] = {}
+        if from_rank0 and world_size() > 1 and not any(p.is_meta for p in model.parameters()):  # rank 0
+            loaded = model.state_dict()  # the loaded tensors, kept while the skeleton is sharded
+            model.to("meta")
+            hf_model(model).tie_weights()  # to("meta") makes a new parameter per tied module
         if trainable and spec.activation_checkpointing:
             self._checkpoint_activations(model)
         mp = spec.mixed_precision
@@ -354,9 +373,15 @@ class FSDP2(Strategy):
         for unit in [*decoder_layers(model), hf_model(model)]:
             fully_shard(unit, **options)
             _RESHARD_AFTER_FORWARD[unit] = spec.reshard_after_forward
-        if on_meta:  # each process allocates its shards only; a checkpoint load fills them
+        if on_meta:  # each process allocates its shards only; rank 0's weights or a checkpoint fill them
             model.to_empty(device="cpu" if offload else self.device)
             fill_non_persistent_buffers(model)
+        if from_rank0 and world_size() > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            fill = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(model, loaded, options=fill)
+            loaded.clear()
         return model
 
     def full_copy(self, model: nn.Module) -> nn.Module:
