@@ -248,7 +248,7 @@ def _write_hf_folder(
 ) -> None:
     """`weights`: full tensors in transformers' names, adapters merged (strategy.full_state)."""
     model: Any = build_model(config, None)
-    load_full_state(model, weights)
+    load_full_state(model, weights.items())
     if generation_config is not None:
         model.generation_config = generation_config
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"

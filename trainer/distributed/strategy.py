@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Literal, cast
 
 import torch
@@ -135,17 +135,26 @@ def plain_copy(model: Any) -> Any:
         out: Any = AutoModelForCausalLM.from_config(inner.config, dtype=next(inner.parameters()).dtype)
     device = _local(next(inner.parameters())).device
     out.to_empty(device=device)
-    load_full_state(out, dict(full_state(model)))
+    load_full_state(out, full_state(model))
     fill_non_persistent_buffers(out)
     out.generation_config = copy.deepcopy(inner.generation_config)
     return out
 
 
-def load_full_state(model: Any, weights: dict[str, Tensor]) -> None:
-    """Loads `full_state`'s tensors into a plain transformers model: every key must match but the tied
-    ones full_state gives once (the LM head of tied embeddings), which are tied again after."""
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    untied = sorted(key for key in missing if not _is_tied(model, key))
+def load_full_state(model: Any, weights: Iterable[tuple[str, Tensor]]) -> None:
+    """Copies `full_state`'s tensors into a plain transformers model as they come (one full tensor at a
+    time beside the model): every key must match but the tied ones full_state gives once (the LM head of
+    tied embeddings), which are tied again after."""
+    target = model.state_dict()
+    unexpected, loaded = [], set()
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name not in target:
+                unexpected.append(name)
+                continue
+            target[name].copy_(tensor)
+            loaded.add(name)
+    untied = sorted(key for key in set(target) - loaded if not _is_tied(model, key))
     if unexpected or untied:
         raise ValueError(
             f"full weights do not fit the model: missing {untied}, unexpected {sorted(unexpected)}"
