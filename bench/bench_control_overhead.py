@@ -70,7 +70,7 @@ class Side:
         self.engine = Engine(spec, scratch, progress=False)
         seed_everything(spec.seed)
         self.engine.setup()
-        model = self.engine._unwrapped_model
+        model = self.engine.policy
         model.generation_config.min_new_tokens = new_tokens
         model.train()
 

@@ -1,7 +1,7 @@
 """FSDP2 against DDP at two processes: training step time and what each process holds (issue 23).
 
 For each strategy the script launches itself under `torchrun --nproc-per-node 2` (gloo on CPU, NCCL where
-CUDA is there), loads the model in every process, wraps it with trainer.distributed.wrap_model, and runs
+CUDA is there), loads the model in every process, prepares it with the strategy (trainer.distributed.make_strategy), and runs
 AdamW steps of a token-mean cross-entropy on random tokens (`--rows` rows of `--length` tokens per process,
 no padding). The first `--warmup` steps are not timed; each timed step runs between two barriers, so its
 wall time is the slower process's. Per process it records:
@@ -49,7 +49,7 @@ def child(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     from contract.distributed import DistributedSpec, estimate_memory
-    from trainer.distributed import barrier, init_process_group, model_state_bytes, wrap_model
+    from trainer.distributed import barrier, init_process_group, make_strategy, model_state_bytes
     from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
     from trainer.models import load_model_and_tokenizer
 
@@ -64,7 +64,7 @@ def child(args: argparse.Namespace) -> None:
     model, _ = load_model_and_tokenizer(args.model, seed=0)
     shape = model_shape(model)
     model.train()
-    model = wrap_model(model, spec, device)
+    model = make_strategy(spec, device).prepare(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     generator = torch.Generator().manual_seed(rank)
     vocab = shape.vocab_size

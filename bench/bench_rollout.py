@@ -43,7 +43,7 @@ def measure(model: str, engine_name: str, repeats: int, out: str) -> dict[str, f
         ["12+34=", "5+6=", "99+1=", "7+70="], return_tensors="pt", padding=True
     ).values()
     rollout_s, tokens, step_s = [], [], []
-    engine._unwrapped_model.eval()
+    engine.policy.eval()
     for i in range(repeats + 1):
         t = time.perf_counter()
         g = engine.rollout_engine.generate(
@@ -52,7 +52,7 @@ def measure(model: str, engine_name: str, repeats: int, out: str) -> dict[str, f
         if i:  # the first call warms the shape up
             rollout_s.append(time.perf_counter() - t)
             tokens.append(float(g.response_mask.sum()))
-    engine._unwrapped_model.train()
+    engine.policy.train()
     for i in range(repeats + 1):
         t = time.perf_counter()
         engine.train_step()

@@ -44,7 +44,7 @@ def engine_for(algorithm: str, micro_batch: int | None) -> Any:
     engine = Engine(spec, tempfile.mkdtemp(prefix="bench-sample-stats-"), progress=False)
     seed_everything(spec.seed)
     engine.setup()
-    model = engine.runtime.unwrap_model(engine.model)
+    model = engine.policy
     model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, as in bench_engine
     model.train()
     assert engine.record_sample_stats, "this configuration does not record sampling statistics"

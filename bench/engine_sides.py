@@ -24,7 +24,7 @@ class OurSide:
         self.engine = Engine(spec, scratch, progress=False)
         seed_everything(spec.seed)
         self.engine.setup()
-        model = self.engine.runtime.unwrap_model(self.engine.model)
+        model = self.engine.policy
         model.generation_config.min_new_tokens = case.new_tokens  # equal lengths, see the docstring
         model.train()
 

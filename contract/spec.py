@@ -362,6 +362,9 @@ class RolloutSpec(_Strict):
     # Truncated importance sampling: each token's advantage is weighted by min(π_trainer/π_sampler, tis_cap)
     # (docs/ALGORITHMS.md). None: off.
     tis_cap: Annotated[float, Field(ge=1.0, le=1000.0)] | None = None
+    # vllm on a GPU: the share of each device's memory the engine may take while awake (its weights and KV
+    # cache). None: from the memory estimate, what the training state leaves (trainer.vllm_engine).
+    gpu_memory_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
 
 
 class EntropyBandSpec(_Strict):
@@ -481,8 +484,9 @@ class TrainSpec(_Strict):
             )
         if self.rollout.engine == "vllm" and self.distributed.strategy == "fsdp2":
             raise ValueError(
-                "rollout.engine: vllm is fed the policy's full weights from one process; "
-                "distributed.strategy 'fsdp2' rolls out with HF generate (rollout.engine hf)"
+                "rollout.engine: vllm is not yet fed from fsdp2's shards (each process's vLLM copy needs "
+                "the full weights gathered); distributed.strategy 'fsdp2' rolls out with HF generate "
+                "(rollout.engine hf)"
             )
         lora = self.model.lora
         if self.distributed.strategy == "fsdp2" and lora is not None and not lora.merge_on_save:

@@ -110,7 +110,7 @@ def blocks(spec: TrainSpec, fleet: Fleet) -> bool:
 def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage) -> Placement:
     """The class and queue the job goes to, with its memory per device; else Unprocessable
     (exceeds_capacity, the field named). May block (see `blocks`)."""
-    memory = job_memory_per_device(spec, storage, fleet.settings.extra_model_configs)
+    memory, param = job_memory_per_device(spec, storage, fleet.settings.extra_model_configs)
     dist = spec.distributed
     raw_dist = raw.get("distributed")
     spelled_num_processes = isinstance(raw_dist, Mapping) and "num_processes" in raw_dist
@@ -122,7 +122,7 @@ def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: Ar
         memory_per_device_bytes=memory.total_bytes if memory is not None else None,
         processes_param="spec.distributed."
         + ("num_processes" if spelled_num_processes else "processes_per_node"),
-        memory_param=_memory_param(spec, memory),
+        memory_param=param,
     )
     try:
         offer = place(needs, fleet.offers(), prefer_queue=fleet.settings.training_queue)
@@ -131,34 +131,21 @@ def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: Ar
     return Placement(offer, memory)
 
 
-def _memory_param(spec: TrainSpec, memory: MemoryPerDevice | None) -> str:
-    if memory is None:
-        return "spec.model.name"
-    from contract.distributed import MemoryEstimate
-
-    estimate = MemoryEstimate(
-        memory.parameters_bytes,
-        memory.gradients_bytes,
-        memory.optimizer_bytes,
-        memory.gathered_bytes,
-        memory.activations_bytes,
-        memory.not_coexisting_bytes,
-    )
-    return memory_param(spec, estimate)
-
-
 def job_memory_per_device(
     spec: TrainSpec, storage: ArtifactStorage, configs: Mapping[str, Mapping[str, int | bool]] | None = None
-) -> MemoryPerDevice | None:
-    """contract.fleet.job_memory for a built-in model or an extra model whose config the deployment
-    declares (`configs`, settings.extra_model_configs); None for a model whose config the service does not
-    have (its memory is not estimated and never refused on)."""
+) -> tuple[MemoryPerDevice | None, str]:
+    """(contract.fleet.job_memory for a built-in model or an extra model whose config the deployment declares
+    (`configs`, settings.extra_model_configs), the spec field that drives it: contract.fleet.memory_param,
+    read off the estimate itself). None for a model whose config the service does not have (its memory is
+    not estimated and never refused on; the field is the model)."""
     shape = model_shape(spec.model.name, configs or {})
     if shape is None:
-        return None
+        return None, "spec.model.name"
     prompt = prompt_tokens(spec, storage)
     estimate = job_memory(spec, shape, prompt)
-    return MemoryPerDevice.of(spec, estimate, prompt, micro_batch_tokens(spec, prompt))
+    return MemoryPerDevice.of(spec, estimate, prompt, micro_batch_tokens(spec, prompt)), memory_param(
+        spec, estimate
+    )
 
 
 def prompt_tokens(spec: TrainSpec, storage: ArtifactStorage) -> int:

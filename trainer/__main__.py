@@ -18,43 +18,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from contract.protocol import (
-    ERROR_FILE_ENV,
-    EVENT_PREFIX,
-    EVENTS_FILE,
-    ExitCode,
-    exit_report,
-    format_event_line,
-)
-from contract.spec import TrainSpec, load_spec
+from contract.protocol import ERROR_FILE_ENV, EVENTS_FILE, ExitCode, exit_report, format_event_line
+from trainer.job import Refused, add_run_arguments, load_job_spec, run_job
 
 
 def _print_event(event: dict[str, Any]) -> None:
     sys.stdout.write(format_event_line(event) + "\n")
     sys.stdout.flush()
-
-
-def _format_validation(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(spec)"
-        lines.append(f"  {loc}: {e['msg']}")
-    return "invalid job spec:\n" + "\n".join(lines)
-
-
-class Refused(Exception):
-    """The job cannot run as given (exit 2); the message says why."""
-
-
-def _load(path: str) -> TrainSpec:
-    try:
-        return load_spec(path)
-    except ValidationError as err:
-        raise Refused(_format_validation(err)) from None
-    except (OSError, ValueError) as err:
-        raise Refused(f"cannot read job spec: {err}") from None
 
 
 def _report_exit(message: str, callstack: str = "") -> None:
@@ -86,16 +56,7 @@ def _main(argv: list[str] | None) -> int:
         prog="python -m trainer", description="Entropy-stable RL fine-tuning engine"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a job spec")
-    run.add_argument("spec")
-    run.add_argument("--out", required=True, help="output directory (events, checkpoints, report)")
-    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    run.add_argument("--no-progress", action="store_true")
-    run.add_argument(
-        "--events-stdout",
-        action="store_true",
-        help=f"also print each event to stdout as one line '{EVENT_PREFIX}<json>' (for a supervising worker)",
-    )
+    add_run_arguments(sub.add_parser("run", help="run a job spec"))
     val = sub.add_parser("validate", help="validate a job spec and print it with defaults resolved")
     val.add_argument("spec")
     rep = sub.add_parser("report", help="(re)build report.json and report.html from OUT/events.jsonl")
@@ -103,7 +64,7 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "validate":
-        print(json.dumps(_load(args.spec).resolved(), indent=2))
+        print(json.dumps(load_job_spec(args.spec).resolved(), indent=2))
         return ExitCode.OK
     if args.command == "report":
         from trainer.report import load_events, write_report
@@ -111,18 +72,13 @@ def _main(argv: list[str] | None) -> int:
         paths = write_report(load_events(Path(args.out) / EVENTS_FILE), Path(args.out))
         print("\n".join(str(p) for p in paths))
         return ExitCode.OK
-    spec = _load(args.spec)
-    from trainer.engine import Engine  # heavy imports only when training
-
-    callbacks = [_print_event] if args.events_stdout else []
-    engine = Engine(
-        spec, args.out, resume=args.resume, callbacks=callbacks, progress=False if args.no_progress else None
+    return run_job(
+        args.spec,
+        args.out,
+        resume=args.resume,
+        callbacks=[_print_event] if args.events_stdout else [],
+        progress=False if args.no_progress else None,
     )
-    try:
-        code = engine.run()
-    except ValueError as err:  # bad task data or parameters discovered at load time
-        raise Refused(f"error: {err}") from None
-    return int(code)
 
 
 if __name__ == "__main__":

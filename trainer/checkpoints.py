@@ -109,7 +109,9 @@ def _write(
     if is_lora:
         model.save_pretrained(folder / "adapter")
         if merge_lora:
-            merged = _merged_copy(model)
+            from trainer.distributed.strategy import plain_copy
+
+            merged = plain_copy(model)  # the adapters merged into a copy; the training model keeps its own
             merged.save_pretrained(folder / "model", safe_serialization=True)
             tokenizer.save_pretrained(folder / "model")
         tokenizer.save_pretrained(folder / "adapter")
@@ -169,13 +171,6 @@ def replace_folder(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
-
-
-def _merged_copy(model: Any) -> Any:
-    """A merged full model from a peft model, leaving the training model's adapters in place."""
-    import copy
-
-    return copy.deepcopy(model).merge_and_unload()
 
 
 def prune(root: Path, keep_last: int) -> list[int]:

@@ -15,7 +15,6 @@ from typing import Any
 
 from torch import Tensor
 
-from contract import algorithms
 from contract.hyperparams import ClipLossParams
 from contract.spec import TrainSpec
 from contract.stability import StabilityState, StabilityTracker
@@ -136,7 +135,3 @@ class Controllers:
             self.stability = StabilityTracker(StabilityState.from_dict(state["stability"]))
         else:  # a checkpoint from before these metrics: counted from the resumed step on
             self.stability = StabilityTracker(StabilityState(steps=int(state.get("step", 0))))
-
-    @property
-    def measures_entropy_first(self) -> bool:
-        return algorithms.get(self.spec.algorithm.name).measures_entropy_first

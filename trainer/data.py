@@ -73,7 +73,7 @@ def collect(
     sample_stats: bool,
     reduce: Callable[[Any, str, torch.dtype], Tensor],
     step: int,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
 ) -> tuple[Rollout, int]:
     """This process's rollouts for step `step` (the model in eval mode): the next prompts_per_step prompts,
     this process's share of them; with dynamic sampling, batches are generated until enough informative

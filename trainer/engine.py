@@ -12,12 +12,10 @@ One optimiser step k (`Engine.train_step`):
      target resolves on the first step); their state is passed to the loss (trainer.controllers);
   5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
   6. one event with every metric; checkpoint / evaluation at their intervals.
-Each step reseeds the RNGs from (seed, step) and each prompt samples from its own stream (trainer.sampling),
-so a resumed run repeats the uninterrupted one exactly, at any process count.
+Each step reseeds the RNGs from (seed, step), each prompt samples from its own stream (trainer.sampling).
 
-The engine owns the step and the run loop; the rest is one module per concept: update (the update and π_old),
-scoring, sft, evaluation, data (prompts), events (event I/O), placement (the model's loading, wrapping,
-checkpoints and reference), controllers (run-time controllers) and rollout, all in trainer/.
+The engine owns the step and the run loop; the rest is one module per concept in trainer/: update, scoring,
+sft, evaluation, data, events, distributed/strategy (ddp/fsdp2), hybrid (rollout mode), controllers, rollout.
 
 Exit codes (contract.protocol.ExitCode, re-exported here): 0 done; 2 invalid spec or data (user error);
 3 non-finite loss or entropy (the error names the step; the last checkpoint stays); 74 a write to the run
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import sys
 import time
@@ -47,20 +44,23 @@ from contract.metrics import BandState
 from contract.protocol import CHECKPOINTS_DIR, EVENTS_FILE, ErrorCode, EventType, ExitCode
 from contract.spec import TrainSpec
 from contract.storage import UNAMBIGUOUS, StorageError
-from trainer import checkpoints, heap, placement
+from trainer import checkpoints, faults, heap, placement
 from trainer.algos import compute_advantages, make_loss_params, quadrant_analysis, zero_advantage_rows_inert
 from trainer.algos.control import StepStatistics
 from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
+from trainer.distributed import Strategy
 from trainer.distributed.runtime import Runtime
 from trainer.evaluation import evaluate
-from trainer.events import EventCallback, EventLog, _now, stop_signals
+from trainer.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
+from trainer.generation import RolloutEngine
+from trainer.hybrid import Rollouts
 from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
 from trainer.rollout import Rollout, reflection_rate
 from trainer.sampling import SampleStreams
 from trainer.scoring import forward_is_deterministic
-from trainer.sft import run_sft, sft_transcripts
+from trainer.sft import run_sft
 from trainer.tasks import Example
 from trainer.update import (
     LossSetup,
@@ -76,23 +76,12 @@ from trainer.update import (
     reads_sample_stats,
     zero_advantage_skip,
 )
-from trainer.vllm_engine import after_optimizer_step, after_rollout, build_rollout_engine
+from trainer.vllm_engine import build_rollout_engine
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
 
-NAN_STEP_ENV = "STARE_INJECT_NAN_STEP"  # fault injection for tests: the loss at this step becomes NaN
-STEP_DELAY_ENV = "STARE_STEP_DELAY_S"  # for fault tests: sleep this long after each step (a slow model)
-CRASH_STEP_ENV = "STARE_INJECT_CRASH_STEP"  # fault injection for tests: this step raises (a trainer crash)
 REDUCTIONS = ("sum", "max")
-
-
-def _inject_crash(step: int) -> None:
-    """Fault injection for the worker's tests: with STARE_INJECT_CRASH_STEP=k, step k raises (every attempt
-    that reaches it: a crash loop)."""
-    crash_step = os.environ.get(CRASH_STEP_ENV)
-    if crash_step is not None and int(crash_step) == step:
-        raise RuntimeError(f"injected crash at step {step} ({CRASH_STEP_ENV})")
 
 
 class Interrupted(Exception):
@@ -115,7 +104,6 @@ class Engine:
 
     prompts: PromptOrder  # set by setup()
     eval_examples: list[Example]
-    REFERENCE_FILE = placement.REFERENCE_FILE
 
     def __init__(
         self,
@@ -125,12 +113,12 @@ class Engine:
         resume: bool = False,
         callbacks: Sequence[EventCallback] | None = None,
         progress: bool | None = None,
+        stop: StopPolicy | None = None,
     ) -> None:
         self.spec = spec
         self.out = Path(out_dir)
         self.resume = resume
         self.progress = sys.stderr.isatty() if progress is None else progress
-        self._stop_signal: int | None = None
         if not self.progress:
             import transformers
 
@@ -143,6 +131,8 @@ class Engine:
             heap.keep_freed_heap()  # no page faults for the activations every step reallocates
         self.rank, self.world = self.runtime.process_index, self.runtime.num_processes
         self.is_main = self.runtime.is_main_process
+        # When to stop early (SIGTERM/SIGINT, or a launcher's request): agreed over the processes above one.
+        self.stop = stop if stop is not None else stop_policy(self.world)
         self.events = EventLog(self.out, callbacks or [], is_main=self.is_main)
         # optim.kl_beta is the KL penalty's weight (β·k3 to the reference policy, ALGORITHMS.md); the spec
         # keeps it out of algorithm.params so there is one place to set it.
@@ -154,6 +144,20 @@ class Engine:
         self.step = 0
         self.steps_out_of_band = 0
         self.sft_done = False
+
+    @property
+    def strategy(self) -> Strategy:
+        """How the policy is laid out over the processes (trainer.distributed.strategy)."""
+        return self.runtime.strategy
+
+    @property
+    def policy(self) -> Any:
+        """The policy's module under any training wrapper (DDP's); under fsdp2 the sharded model itself."""
+        return self.strategy.policy(self.model)
+
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        return self.rollouts.engine
 
     @property
     def callbacks(self) -> list[EventCallback]:
@@ -185,21 +189,29 @@ class Engine:
 
     def _load_model(self, checkpoint: Path | None) -> None:
         spec = self.spec
-        model, self.tokenizer = placement.load_policy(spec, checkpoint)
-        self.model, self.optimizer, self._unwrapped_model = placement.wrap_for_training(
-            self.runtime, model, spec
+        # Under fsdp2 a fresh run's weights are loaded by rank 0 alone; the others build a meta-device skeleton
+        # and take their shards from it (the strategy), so no other process holds the whole model.
+        from_rank0 = placement.rank0_fills(self.runtime, spec, checkpoint)
+        model, self.tokenizer = placement.load_policy(
+            spec, checkpoint, skeleton=from_rank0 and self.rank != 0
+        )
+        self.model, self.optimizer = placement.prepare_for_training(
+            self.runtime, model, spec, from_rank0=from_rank0
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
-        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine)
-        self.rollout_engine = build_rollout_engine(spec, self._unwrapped_model, self.tokenizer)
+        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine), switched
+        # to and from by trainer.hybrid's rollout_mode
+        self.rollouts = Rollouts(
+            self.strategy, self.model, build_rollout_engine(spec, self.policy, self.tokenizer)
+        )
         # The zero-advantage skip, in one process only (under DDP all ranks must make the same forward calls).
         self.skip_zero_advantage = (
             spec.optim.skip_zero_advantage
             and self.world == 1
             and zero_advantage_rows_inert(spec.algorithm.name, self.loss_params)
         )
-        self.record_sample_stats = self.rollout_engine.gives_pi_old and reads_sample_stats(
+        self.record_sample_stats = self.rollouts.engine.gives_pi_old and reads_sample_stats(
             spec,
             skip_zero_advantage=self.skip_zero_advantage,
             deterministic=self._forward_is_deterministic,
@@ -210,10 +222,8 @@ class Engine:
         """π_ref (placement.ReferencePolicy), only with optim.kl_beta > 0."""
         if self.spec.optim.kl_beta > 0:
             self.reference = placement.ReferencePolicy(
-                self._unwrapped_model, self.spec, self.out, self.runtime, resumed=resumed
+                self.policy, self.spec, self.out, self.runtime, resumed=resumed
             )
-
-    _init_reference = init_reference
 
     def _lr_lambda(self, step: int) -> float:
         o = self.spec.optim
@@ -221,12 +231,8 @@ class Engine:
 
     def _sft(self) -> None:
         run_sft(self.model, self.tokenizer, self.runtime, self.spec, self.prompts.examples, self.emit)
+        self.rollouts.policy_changed()
         self.sft_done = True
-
-    def _sft_transcripts(
-        self, examples: list[Example], prompt_ids: list[list[int]]
-    ) -> tuple[list[list[int]], list[list[bool]]]:
-        return sft_transcripts(self.tokenizer, self.spec, examples, prompt_ids)
 
     def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
         """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
@@ -239,11 +245,9 @@ class Engine:
     def evaluate(self) -> dict[str, float]:
         share = range(self.rank, len(self.eval_examples), self.world)  # seeds by global index: any world size
         seeds = SampleStreams(self.spec.seed, "eval", self.step).prompt_seeds(share)
-        with placement.unsharded(self._unwrapped_model) as model:  # shares differ by a prompt: no collectives
-            return evaluate(
-                model, self.tokenizer, self.spec, [self.eval_examples[i] for i in share], self._reduce,
-                engine=self.rollout_engine, seeds=seeds,
-            )  # fmt: skip
+        examples = [self.eval_examples[i] for i in share]
+        with self.rollouts.rollout_mode() as (model, eng):  # shares differ by a prompt: no collectives
+            return evaluate(model, self.tokenizer, self.spec, examples, self._reduce, engine=eng, seeds=seeds)
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -257,15 +261,12 @@ class Engine:
     def collect(self, step: int | None = None) -> tuple[Rollout, int]:
         """Rollout for step `step` (default: the next one) on this process, with dynamic sampling; the
         step names the prompts' sampling streams (trainer.sampling). Returns (rollout, gen batches)."""
-        self._unwrapped_model.eval()
-        with placement.unsharded(self._unwrapped_model) as model:  # fsdp2: gathered once, not per token
-            batch, batches = collect(
+        with self.rollouts.rollout_mode() as (model, engine):
+            return collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
-                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=self.rollout_engine,
+                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=engine,
                 step=self.step + 1 if step is None else step,
             )  # fmt: skip
-        self._unwrapped_model.train()
-        return batch, batches
 
     def train_step(self) -> dict[str, float]:
         """One optimiser step, these steps in this order:
@@ -283,25 +284,28 @@ class Engine:
         seed_everything(step_seed(spec.seed, step))
         t0 = time.perf_counter()
         batch, gen_batches = self.collect()  # 1
-        after_rollout(self.rollout_engine)
         batch = batch.to(self.device)
         t_gen = time.perf_counter() - t0
 
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
         counts = self._reduce([batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64)
         global_tokens, global_sequences = float(counts[0]), float(counts[1])  # 2
-        sharded = self.world > 1 and placement.is_sharded(self.model)
-        n_micro, share = micro_batch_plan(batch, spec.optim.micro_batch_size, self._reduce, sharded=sharded)
+        n_micro, share = micro_batch_plan(
+            batch, spec.optim.micro_batch_size, self._reduce, sharing=self.strategy.prompt_sharing
+        )
         skip_rows = zero_advantage_skip(advantages) if self.skip_zero_advantage else None
 
         t_old = time.perf_counter()
         old = measure_old_policy(
             self.model, batch, skip_rows, spec=spec, n_micro=n_micro,
             deterministic=self._forward_is_deterministic, entropy_grad=self.algorithm.differentiable_entropy,
-            full_weights=placement.unsharded, share_prompts=share,
+            full_weights=self.strategy.full_weights, share_prompts=share,
         )  # 3  # fmt: skip
         if spec.rollout.tis_cap is not None and old.logprob is None and batch.size:
-            old = no_grad_pass(self.model, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
+            # The TIS correction's π_old. Processes hold different numbers of rows (dynamic sampling): full
+            # weights, so their different numbers of forwards meet in no collective.
+            with self.strategy.full_weights(self.model) as full:
+                old = no_grad_pass(full, batch, spec.sampling.temperature, spec.optim.micro_batch_size)
         h_bar = None
         if self.algorithm.measures_entropy_first:  # 4
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
@@ -313,9 +317,8 @@ class Engine:
             old.ratio_logprob, reference, token_weights, global_tokens, global_sequences, skip_rows, share,
         )  # fmt: skip
         t1 = t_old if old.first_pass is not None else time.perf_counter()
-        _inject_crash(step)
+        faults.crash_at(step)
         update_metrics, grad_norm = self.update_policy(step, step_batch, old, n_micro)  # 5
-        after_optimizer_step(self.rollout_engine, self._unwrapped_model)
         t_update = time.perf_counter() - t1
 
         if h_bar is None:  # π_old is the training pass's (OldPolicy.fill)
@@ -356,7 +359,6 @@ class Engine:
         """ppo_epochs × (forward/backward over the micro-batches, gradient clip, optimiser step), then the
         scheduler's step. Returns the last epoch's loss metrics and gradient norm (NaN without a clip)."""
         spec = self.spec
-        nan_step = os.environ.get(NAN_STEP_ENV)
         loss = LossSetup(
             spec.algorithm.name,
             self.loss_params,
@@ -376,7 +378,7 @@ class Engine:
                 micro_batch_size=spec.optim.micro_batch_size,
                 max_response_length=spec.sampling.max_new_tokens,
                 num_micro_batches=n_micro,
-                nan_injection=nan_step is not None and int(nan_step) == step,
+                nan_injection=faults.nan_loss_at(step),
                 step=step,
                 first_pass=old.first_pass if epoch == 0 else None,
             )
@@ -386,6 +388,7 @@ class Engine:
             if spec.optim.grad_clip is not None:
                 grad_norm = float(self.runtime.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
             self.optimizer.step()
+            self.rollouts.policy_changed()
             metrics.update(placement.held_bytes(self.model, self.optimizer, self._reduce))
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -485,7 +488,10 @@ class Engine:
         return path
 
     def _restore(self, path: Path) -> None:
-        state = placement.restore_training_state(path, self.model, self.optimizer, self.scheduler)
+        state = placement.restore_training_state(
+            path, self.model, self.optimizer, self.scheduler, runtime=self.runtime
+        )
+        self.rollouts.policy_changed()
         self.step = int(state["step"])
         self.prompts.cursor = int(state["cursor"])
         self.controllers.load_state_dict(state)
@@ -495,7 +501,7 @@ class Engine:
     # ------------------------------------------------------------------ run
     def request_stop(self, signum: int) -> None:
         """Stops the run after the step in progress, with a checkpoint (what SIGTERM and SIGINT do)."""
-        self._stop_signal = signum
+        self.stop.request(signum)
 
     def run(self) -> ExitCode:
         spec = self.spec
@@ -544,11 +550,11 @@ class Engine:
             if spec.sft is not None and spec.sft.steps > 0 and not self.sft_done:
                 self._sft()
             # π_ref is on disk before the step-0 checkpoint: a run that has a checkpoint has its reference.
-            self._init_reference(resumed=False)
+            self.init_reference(resumed=False)
             self._run_eval()
             self.save()  # step 0: the starting point (after SFT), so every run has a resumable checkpoint
         else:
-            self._init_reference(resumed=True)
+            self.init_reference(resumed=True)
         bar = None
         if self.progress and self.is_main:
             from tqdm import tqdm
@@ -558,8 +564,7 @@ class Engine:
         while self.step < spec.optim.steps:
             metrics = self.train_step()
             self.emit({"type": EventType.STEP, "step": self.step, "metrics": metrics})
-            if os.environ.get(STEP_DELAY_ENV):
-                time.sleep(float(os.environ[STEP_DELAY_ENV]))
+            faults.after_step()
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(H=f"{metrics['entropy/mean']:.3f}", acc=f"{metrics['reward/accuracy']:.2f}")
@@ -572,12 +577,11 @@ class Engine:
             if self.step % spec.checkpoint.interval == 0:
                 self.save()
                 last_saved = self.step
-            if self._stop_signal is not None:
+            signum = self.stop.agreed()  # every process, once a step, at this point
+            if signum is not None:
                 if last_saved != self.step:
                     self.save()
-                self.emit(
-                    {"type": EventType.INTERRUPTED, "step": self.step, "signal": int(self._stop_signal)}
-                )
+                self.emit({"type": EventType.INTERRUPTED, "step": self.step, "signal": signum})
                 raise Interrupted
         if bar is not None:
             bar.close()

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
-from trainer.generation import HFGenerate, RolloutEngine
+from trainer.generation import RolloutEngine
 from trainer.rollout import run_episodes
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score
@@ -27,13 +27,13 @@ def evaluate(
     examples: list[Example],
     reduce: Reduce,
     *,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
-    processes; `engine`: the rollout engine (default: HF generate on `model`); `seeds`: each example's
-    sampling stream (trainer.sampling: (job seed, "eval", step, its index in the evaluation set); None:
-    drawn from torch's global RNG). The model is left in train mode."""
+    processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.sampling:
+    (job seed, "eval", step, its index in the evaluation set); None: drawn from torch's global RNG). The
+    model is left in train mode."""
     ev = spec.evaluation
     model.eval()
     k = 1 if ev.greedy else ev.k
@@ -74,7 +74,7 @@ def eval_responses(
     spec: TrainSpec,
     chunk: list[Example],
     k: int,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> list[tuple[float, float, list[float]]]:
     """k single-turn responses per example: per example (mean score, 1.0 if a sample scores 1, the
@@ -87,7 +87,7 @@ def eval_responses(
     enc = tokenizer(
         prompts, return_tensors="pt", padding=True, add_special_tokens=not spec.task.use_chat_template
     )
-    generated = (engine if engine is not None else HFGenerate(model, tokenizer)).generate(
+    generated = engine.generate(
         enc["input_ids"], enc["attention_mask"], num_samples=k, temperature=ev.temperature, top_p=ev.top_p,
         max_new_tokens=spec.sampling.max_new_tokens, greedy=ev.greedy, seeds=seeds,
     )  # fmt: skip
@@ -111,7 +111,7 @@ def eval_episodes(
     spec: TrainSpec,
     chunk: list[Example],
     k: int,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
     """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean

@@ -115,3 +115,41 @@ def stop_signals(request_stop: Callable[[int], None]) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+class StopPolicy:
+    """When the run stops after the step in progress, with a checkpoint. `request(signum)` comes from a
+    signal handler (`stop_signals`) or a watcher thread (the Ray worker's relay poll); the engine calls
+    `agreed()` once at every step's end, in every process at the same point, and stops where it returns a
+    signal number. This one answers from its own process: the right answer for one process."""
+
+    def __init__(self) -> None:
+        self.requested: int | None = None
+
+    def request(self, signum: int) -> None:
+        if self.requested is None:
+            self.requested = int(signum)
+
+    def agreed(self) -> int | None:
+        return self.requested
+
+
+class AgreedStop(StopPolicy):
+    """Above one process: the OR over every process, one all-reduce at each step's end, so every process
+    stops after the same step even where the request reached them at different steps (the Ray relay is
+    polled by each process; two could see it a step apart, and one would start a checkpoint's collectives
+    while the other started the next step's). A process that was not asked itself stops with SIGTERM's
+    number."""
+
+    def agreed(self) -> int | None:
+        from trainer.distributed.process_group import all_reduce_sum
+
+        asked = all_reduce_sum({"stop": 1.0 if self.requested is not None else 0.0})["stop"]
+        if asked == 0:
+            return None
+        return self.requested if self.requested is not None else int(signal.SIGTERM)
+
+
+def stop_policy(world: int) -> StopPolicy:
+    """The policy a run of `world` processes takes when none is given: agreed above one process."""
+    return AgreedStop() if world > 1 else StopPolicy()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ from torch import Tensor
 from transformers import DynamicCache, LogitsProcessorList
 
 from trainer.algos.kernels import token_stats_from_logits
+from trainer.distributed.strategy import hf_model
 from trainer.sampling import SeededSampler, seeds_or_drawn
 
 SampleRecord = tuple[Tensor, Tensor, Tensor]  # (log-prob, entropy, C), each (B, R), 0 past the response
@@ -43,9 +44,27 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
+    """A sampler of responses. Between rollouts the trainer updates the policy; `trainer.hybrid.rollout_mode`
+    switches it to sampling and back through `owns_weights`, `wake`, `load_weights` and `sleep`."""
+
     # Whether `sample_record` (when recorded) is the trainer's own π_old, so the update may read it in place
     # of a forward. False for an engine with its own kernels and weights copy (vLLM).
     gives_pi_old: bool
+    # Whether it samples from its own copy of the weights (vLLM), which `load_weights` refreshes after an
+    # update; False: it samples from the policy itself (HF generate, inside the strategy's full_weights).
+    owns_weights: bool
+
+    def wake(self) -> None:
+        """Before a rollout: take back the device memory given up by `sleep`."""
+        ...
+
+    def sleep(self) -> None:
+        """After a rollout: give up device memory (weights, KV cache) for the update."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Take the policy's new weights (full tensors in transformers' names, one at a time)."""
+        ...
 
     def generate(
         self,
@@ -67,13 +86,6 @@ class RolloutEngine(Protocol):
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-
-
-def hf_model(model: Any) -> Any:
-    """The transformers model inside DDP and peft wrappers."""
-    inner = getattr(model, "module", model)
-    get_base_model = getattr(inner, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else inner
 
 
 def model_device(model: Any) -> torch.device:
@@ -223,7 +235,7 @@ def generation_kwargs(
         "eos_token_id": eos,
         "use_cache": True,
         # Never step-locked across processes (HF turns it on for an FSDP module): generation runs on full
-        # weights (placement.unsharded), and processes make different numbers of generate calls.
+        # weights (Strategy.full_weights), and processes make different numbers of generate calls.
         "synced_gpus": False,
     }
     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -260,9 +272,19 @@ class HFGenerate:
     """The rollout engine on the policy itself: transformers' generate (KV cache), in eval mode."""
 
     gives_pi_old = True
+    owns_weights = False  # it samples from the policy: nothing to wake, put to sleep or load
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
+
+    def wake(self) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        pass
 
     def generate(
         self,

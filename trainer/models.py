@@ -324,3 +324,37 @@ def apply_lora(
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def skeleton_of(
+    name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase] | None:
+    """What `load_model_and_tokenizer(name_or_path)` gives, with the model built on the meta device (no
+    weights read or initialised); None where the shapes cannot be had without loading the weights (a .gguf
+    file, a hub id). The same answer in every process, from the name alone."""
+    if name_or_path == TINY_ARITH:
+        with torch.device("meta"):
+            model, tokenizer = build_tiny_arith(seed)
+        torch.nn.Module.to(model, dtype=dtype)
+        return _ready_for_batched_generation(model.eval(), tokenizer)
+    folder = _smollm2_folder() if name_or_path == SMOLLM2_135M_INSTRUCT else Path(name_or_path).expanduser()
+    if not (folder.is_dir() and (folder / "config.json").is_file()):
+        return None
+    return model_skeleton(folder, folder, dtype=dtype)
+
+
+def model_skeleton(
+    config_dir: Path, tokenizer_dir: Path, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model `config_dir` describes, built on the meta device (shapes only: no weights are read or
+    initialised; trainer.distributed.strategy materialises it and a checkpoint fills it), and the
+    tokenizer of `tokenizer_dir`, ready for batched generation like `load_model_and_tokenizer`'s."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(config_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if (config_dir / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(config_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return _ready_for_batched_generation(model.eval(), tokenizer)

@@ -1,13 +1,11 @@
-"""Where the policy lives: loading it, wrapping it for training, its checkpoint save and restore, and the
-KL reference policy. Each is behind one function, so the strategy (ddp or fsdp2, docs/DISTRIBUTED.md) is
-decided here alone:
-- `load_policy`: the model and tokenizer, from the spec's source or a checkpoint, LoRA applied, aligned;
-- `wrap_for_training`: the process-group wrapping (trainer.distributed.wrap_model: DDP, or FSDP2's
-  per-decoder-layer `fully_shard` after a copy of rank 0's weights; activation checkpointing; bfloat16
-  compute) and then the optimiser, built on the wrapped (sharded) parameters;
-- `unsharded`: full weights in every process for a block of no-grad forwards (generation, evaluation,
-  π_old and π_ref passes), so that processes that make different numbers of such calls (dynamic sampling,
-  uneven shares) never meet in a collective;
+"""Where the policy lives: loading it, preparing it for training, its checkpoint save and restore, and the
+KL reference policy. How the model is laid out over the processes is the run's strategy
+(trainer.distributed.strategy, held by the Runtime); these functions ask it:
+- `load_policy`: the model and tokenizer, from the spec's source or a checkpoint, LoRA applied, aligned; a
+  checkpoint of DCP shards is read once, into a model built on the meta device (no weights loaded first);
+- `prepare_for_training`: the strategy's `prepare` (DDP, or FSDP2's per-decoder-layer `fully_shard`;
+  activation checkpointing; the precision policy) and then the optimiser, built on the prepared (sharded)
+  parameters;
 - `save_training_state` / `restore_training_state`: a checkpoint of the model, optimiser, scheduler, RNG
   and the engine's state, and its restore (under fsdp2 a sharded one every process writes, with a
   consolidated Hugging Face `model/` folder inside; restored at any world size and strategy);
@@ -17,24 +15,23 @@ decided here alone:
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from contract.catalog import TINY_ARITH
 from contract.protocol import CHECKPOINTS_DIR
 from contract.spec import TrainSpec
 from contract.storage import storage_writes
 from trainer import checkpoints
-from trainer.distributed import export_hf_folder, generation_context, load_sharded, save_sharded, wrap_model
-from trainer.distributed.checkpoint import SHARDS_DIR
-from trainer.distributed.fsdp import base_model, fsdp_units, model_state_bytes
+from trainer.distributed import export_hf_folder, load_sharded, save_sharded
+from trainer.distributed.checkpoint import CONFIG_DIR, SHARDS_DIR
+from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.runtime import Runtime
-from trainer.models import apply_lora, load_model_and_tokenizer
+from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton, skeleton_of
 from trainer.rollout import Rollout
 from trainer.scoring import align_tensors, micro_batches, response_stats
 
@@ -42,16 +39,36 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REFERENCE_FILE = Path("reference") / "model.safetensors"
 
 
-def load_policy(spec: TrainSpec, checkpoint: Path | None) -> tuple[Any, Any]:
+def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer): the spec's model, or a resumed run's checkpoint weights, with LoRA adapters
-    (new, or the checkpoint's), every tensor 64-byte aligned (`align_tensors`)."""
+    (new, or the checkpoint's), every tensor 64-byte aligned (`align_tensors`). A checkpoint of DCP shards
+    (any strategy wrote it) gives a model on the meta device: its weights are read once, by
+    `restore_training_state`, into the shards the strategy materialised. `skeleton`: a fresh run's model
+    built on the meta device too (`trainer.models.skeleton_of`), for a strategy that fills it from rank 0's
+    (`rank0_fills`)."""
     if spec.model.dtype not in DTYPES:
         raise ValueError(f"model dtype must be one of {', '.join(DTYPES)}, got {spec.model.dtype!r}")
+    dtype = DTYPES[spec.model.dtype]
+    model: Any
+    built = None
+    if checkpoint is not None and (checkpoint / SHARDS_DIR).is_dir():
+        built = model_skeleton(checkpoint / CONFIG_DIR, checkpoint / "model", dtype=dtype)
+    elif skeleton and checkpoint is None:
+        built = skeleton_of(spec.model.name, dtype=dtype, seed=spec.seed)
+        if built is None:
+            raise ValueError(f"model.name: no shapes of {spec.model.name!r} without loading its weights")
+    if built is not None:
+        model, tokenizer = built
+        if spec.model.lora is not None:
+            lora = spec.model.lora
+            model = apply_lora(
+                model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules
+            )
+        return model, tokenizer
     source = spec.model.name
     if checkpoint is not None and (checkpoint / "model").is_dir() and spec.model.lora is None:
         source = str(checkpoint / "model")
-    model: Any
-    model, tokenizer = load_model_and_tokenizer(source, dtype=DTYPES[spec.model.dtype], seed=spec.seed)
+    model, tokenizer = load_model_and_tokenizer(source, dtype=dtype, seed=spec.seed)
     if spec.model.lora is not None:
         lora = spec.model.lora
         if checkpoint is not None and (checkpoint / "adapter").is_dir():
@@ -66,44 +83,30 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def wrap_for_training(runtime: Runtime, model: Any, spec: TrainSpec) -> tuple[Any, Any, Any]:
-    """(wrapped model, optimiser, unwrapped model): the model wrapped for the process group under
-    spec.distributed, then AdamW over its trainable parameters (under fsdp2 their shards: the optimiser
-    state is sharded with them). The unwrapped model is what generation and saving use (under fsdp2 the
-    model itself: fully_shard wraps in place)."""
-    dist = spec.distributed
-    if dist.strategy == "ddp" and dist.mixed_precision.param_dtype == "bfloat16":
-        _autocast_forward(base_model(model), runtime.device)
-    wrapped = wrap_model(model, dist, runtime.device)
-    params = [p for p in wrapped.parameters() if p.requires_grad]
+def rank0_fills(runtime: Runtime, spec: TrainSpec, checkpoint: Path | None) -> bool:
+    """Whether a fresh run's model is loaded by rank 0 alone and the others' shards filled from it: where
+    the strategy shards over several processes and the model's shapes are known without its weights."""
+    return (
+        checkpoint is None
+        and runtime.strategy.fills_from_rank0
+        and (spec.model.name == TINY_ARITH or skeleton_of(spec.model.name) is not None)
+    )
+
+
+def prepare_for_training(
+    runtime: Runtime, model: Any, spec: TrainSpec, *, from_rank0: bool = False
+) -> tuple[Any, Any]:
+    """(model, optimiser): the model prepared by the run's strategy (runtime.strategy.prepare; `from_rank0`:
+    rank 0 holds the weights, the others a meta-device skeleton), then AdamW over its trainable parameters
+    (under fsdp2 their shards: the optimiser state is sharded with them)."""
+    prepared = runtime.strategy.prepare(model, from_rank0=from_rank0)
+    params = [p for p in prepared.parameters() if p.requires_grad]
     o = spec.optim
     # fused: one kernel per parameter instead of ~10 elementwise passes over it (docs/BENCHMARKS.md).
     # Deterministic run to run like the single-tensor loop, so resumed runs stay bit-exact; its rounding
     # differs from that loop's in the last bits. It runs on DTensor shards too.
     optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, fused=True)
-    return wrapped, optimizer, runtime.unwrap_model(wrapped)
-
-
-def _autocast_forward(hf_model: Any, device: torch.device) -> None:
-    """ddp with mixed_precision.param_dtype bfloat16: the forward (training passes and generate's) runs
-    under bfloat16 autocast; the weights, their gradients (so DDP's all-reduce) and AdamW stay float32."""
-    forward = hf_model.forward
-    hf_model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(forward)
-
-
-def is_sharded(model: Any) -> bool:
-    return bool(fsdp_units(model))
-
-
-@contextlib.contextmanager
-def unsharded(model: Any) -> Iterator[Any]:
-    """The module to run no-grad forwards and generate on, with full weights in every process while the
-    block runs (trainer.distributed.generation_context); the model itself when it is not sharded."""
-    if not is_sharded(model):
-        yield model
-        return
-    with generation_context(model) as full:
-        yield full
+    return prepared, optimizer
 
 
 def held_bytes(model: Any, optimizer: Any, reduce: Any) -> dict[str, float]:
@@ -130,15 +133,17 @@ def save_training_state(
     writes the checkpoint (returns its path; None elsewhere), the others wait. fsdp2: every process writes
     its shards (trainer.distributed.save_sharded) and the consolidated HF folder `model/` is exported into
     the checkpoint before it is committed, so a step-* folder always holds a loadable model/."""
-    if is_sharded(model):
+    strategy = runtime.strategy
+    if strategy.sharded:
         folder = checkpoints.checkpoint_dir(out / CHECKPOINTS_DIR, step)
 
         def export(tmp: Path) -> None:
             export_hf_folder(model, tmp / "model", tokenizer=tokenizer)
 
         save_sharded(
-            folder, model, optimizer, {**state, "step": step}, scheduler=scheduler, before_commit=export
-        )
+            folder, model, optimizer, {**state, "step": step}, scheduler=scheduler, before_commit=export,
+            strategy=strategy.name,
+        )  # fmt: skip
         return folder if runtime.is_main_process else None
     path = None
     if runtime.is_main_process:
@@ -146,7 +151,7 @@ def save_training_state(
         path = checkpoints.save_checkpoint(
             out / CHECKPOINTS_DIR,
             step,
-            model=runtime.unwrap_model(model),
+            model=strategy.policy(model),
             tokenizer=tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,
@@ -158,17 +163,20 @@ def save_training_state(
     return path
 
 
-def restore_training_state(path: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def restore_training_state(
+    path: Path, model: Any, optimizer: Any, scheduler: Any, *, runtime: Runtime
+) -> dict[str, Any]:
     """Restores the optimiser, scheduler and RNG states of the checkpoint at `path` and returns the
     engine's state (state.json). A sharded checkpoint (any world size, any strategy) also restores the
-    weights, into whatever `model` is (sharded or not: collective); an unsharded one's weights were loaded
-    by `load_policy`, and its optimiser state is positional, so it loads only into an unsharded model."""
+    weights, into whatever `model` is (sharded or not: collective; `load_policy` built it without weights);
+    an unsharded one's weights were loaded by `load_policy`, and its optimiser state is positional, so it
+    loads only into an unsharded model."""
     if (path / SHARDS_DIR).is_dir():
         state = load_sharded(path, model, optimizer, scheduler=scheduler)
         if int(state["step"]) == 0:  # saved before any update: its moments are save_sharded's placeholders
             optimizer.state.clear()
         return state
-    if is_sharded(model):
+    if runtime.strategy.sharded:
         raise ValueError(
             f"{path.name}: a ddp checkpoint does not resume under distributed.strategy 'fsdp2' "
             "(its optimizer state is not keyed by parameter)"
@@ -189,7 +197,7 @@ class ReferencePolicy:
     """
 
     def __init__(self, policy: Any, spec: TrainSpec, out: Path, runtime: Runtime, *, resumed: bool):
-        self.policy, self.spec = policy, spec
+        self.policy, self.spec, self.strategy = policy, spec, runtime.strategy
         self.model: Any = None
         self.adapters_off = spec.model.lora is not None and (spec.sft is None or spec.sft.steps == 0)
         if self.adapters_off:
@@ -197,10 +205,9 @@ class ReferencePolicy:
         from safetensors.torch import load_model, save_model
 
         path = out / REFERENCE_FILE
-        sharded = is_sharded(policy)
-        # A sharded policy is not deep-copied (its parameters are DTensor shards tied to FSDP's state): π_ref
-        # is a fresh model built from the gathered full weights (LoRA merged), sharded below like the policy.
-        reference = _full_copy(policy) if sharded else copy.deepcopy(policy)
+        # A copy with full weights (under fsdp2 a fresh model from the gathered full weights, LoRA merged),
+        # then laid out like the policy by the strategy, without autograd or activation checkpointing.
+        reference = self.strategy.full_copy(policy)
         if resumed:
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: the KL reference policy of this run is missing")
@@ -215,10 +222,7 @@ class ReferencePolicy:
         align_tensors(reference)
         reference.eval()
         reference.requires_grad_(False)
-        if sharded:
-            no_checkpointing = spec.distributed.model_copy(update={"activation_checkpointing": False})
-            reference = wrap_model(reference, no_checkpointing, runtime.device)
-        self.model = reference
+        self.model = self.strategy.prepare(reference, trainable=False)
 
     def logprob(self, batch: Rollout) -> Tensor:
         """log π_ref of every response token (B, R), without autograd (full weights while it runs)."""
@@ -227,27 +231,10 @@ class ReferencePolicy:
         else:
             model, off = self.model, contextlib.nullcontext()
         spec = self.spec
-        with torch.no_grad(), off, unsharded(model) as full:
+        with torch.no_grad(), off, self.strategy.full_weights(model) as full:
             return torch.cat(
                 [
                     response_stats(full, batch, idx, spec.sampling.temperature, with_entropy=False)[0]
                     for idx in micro_batches(batch.size, spec.optim.micro_batch_size)
                 ]
             )
-
-
-def _full_copy(model: Any) -> Any:
-    """A plain (unsharded, unwrapped) HF model with `model`'s full weights, LoRA adapters merged, on the
-    CPU. Collective under fsdp2: every process gathers the shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from trainer.distributed.checkpoint import build_model, peft_config_of
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    hf_model = base_model(model)
-    copy_: Any = build_model(hf_model.config, peft_config_of(model))
-    copy_.load_state_dict({name: torch.as_tensor(t).cpu() for name, t in full.items()}, strict=True)
-    if peft_config_of(model) is not None:
-        copy_ = copy_.merge_and_unload()
-    copy_.generation_config = hf_model.generation_config
-    return copy_.to(next(iter(model.parameters())).dtype)

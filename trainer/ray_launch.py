@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from contract.protocol import ExitCode, format_event_line
 from contract.spec import TrainSpec
+from trainer.job import Refused, add_run_arguments, load_job_spec
 
 POLL_S = 0.2
 LOSS_POLL_S = 0.5  # how often a failed attempt asks the cluster whether one of its nodes died
@@ -42,12 +43,8 @@ WORKER_ENV_PREFIXES = ("STARE_", "OMP_", "MKL_", "TOKENIZERS_", "HF_", "TRANSFOR
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer.ray_launch", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a job spec on a Ray cluster")
-    run.add_argument("spec")
-    run.add_argument("--out", required=True, help="the run folder: on storage every Ray node sees")
-    run.add_argument("--resume", action="store_true")
-    run.add_argument("--no-progress", action="store_true")
-    run.add_argument("--events-stdout", action="store_true")
+    run = sub.add_parser("run", help="run a job spec on a Ray cluster (--out: on storage every node sees)")
+    add_run_arguments(run)  # python -m trainer run's own
     run.add_argument("--address", required=True, help="the cluster: 'auto', 'HOST:PORT' or 'ray://HOST:PORT'")
     run.add_argument("--connect-timeout-s", type=float, default=30.0)
     run.add_argument("--start-timeout-s", type=float, default=120.0)
@@ -319,9 +316,11 @@ def lost_workers(error: BaseException, started: dict[int, dict[str, Any]]) -> st
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from trainer.__main__ import _load
-
-    spec = _load(args.spec)  # exit 2 on a bad spec, before touching the cluster
+    try:
+        spec = load_job_spec(args.spec)  # exit 2 on a bad spec, before touching the cluster
+    except Refused as err:
+        print(err, file=sys.stderr, flush=True)
+        return ExitCode.USER_ERROR
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     driver: Driver | None = None
     pending: list[int] = []

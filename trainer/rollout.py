@@ -25,10 +25,7 @@ from trainer.generation import (
     HFGenerate,
     RolloutEngine,
     SampledTokenStats,
-    generation_kwargs,
-    model_device,
     position_ids_from_mask,
-    response_mask_from_eos,
 )
 from trainer.sampling import seeds_or_drawn, turn_seeds
 from trainer.tasks import Example, render_prompt
@@ -175,16 +172,16 @@ def rollout(
     spec: TrainSpec,
     *,
     sample_stats: bool = False,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> Rollout:
     """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
     an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
-    prompt index), or the first of consecutive ones. `engine`: the rollout engine (default: HF generate on
-    `model`, trainer.generation). `seeds`: each example's sampling stream (trainer.sampling.SampleStreams;
-    None: drawn from torch's global RNG)."""
+    prompt index), or the first of consecutive ones. `engine`: the rollout engine (trainer.generation).
+    `seeds`: each example's sampling stream (trainer.sampling.SampleStreams; None: drawn from torch's global
+    RNG)."""
     if spec.environment is not None:
         return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine, seeds=seeds)
     g = spec.sampling.group_size
@@ -195,7 +192,7 @@ def rollout(
     enc = tokenizer(
         prompts, return_tensors="pt", padding=True, add_special_tokens=not spec.task.use_chat_template
     )
-    out = (engine if engine is not None else HFGenerate(model, tokenizer)).generate(
+    out = engine.generate(
         enc["input_ids"], enc["attention_mask"], num_samples=g, temperature=spec.sampling.temperature,
         top_p=spec.sampling.top_p, max_new_tokens=spec.sampling.max_new_tokens, record=sample_stats,
         seeds=seeds,
@@ -242,15 +239,15 @@ def generate_turn(
     top_p: float,
     max_new_tokens: int,
     greedy: bool = False,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> tuple[list[list[int]], list[bool], list[list[float]] | None]:
     """One model turn for each context (token ids, unpadded): the sampled ids up to and including the first
     EOS, whether the turn hit max_new_tokens without EOS, and each sampled id's log-prob under the engine's
     sampler where the engine records one (vLLM; None for HF generate, whose sampler is the trainer). The
     contexts go in as ids, left-padded, never as text: the model sees exactly these tokens (token-in,
-    token-out). `engine`: a rollout engine to sample with (default: HF generate on `model`). `seeds`: each
-    context's sampling stream (None: drawn from torch's global RNG)."""
+    token-out). `engine`: the rollout engine to sample with. `seeds`: each context's sampling stream (None:
+    drawn from torch's global RNG)."""
     width = max(len(c) for c in contexts)
     pad = tokenizer.pad_token_id
     ids = torch.full((len(contexts), width), pad, dtype=torch.long)
@@ -258,28 +255,16 @@ def generate_turn(
     for row, context in enumerate(contexts):
         ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
         mask[row, width - len(context) :] = 1
-    if engine is not None:
-        out = engine.generate(
-            ids, mask, num_samples=1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-            greedy=greedy, seeds=seeds,
-        )  # fmt: skip
-        lengths = out.response_mask.sum(-1).long().tolist()
-        turns = out.input_ids[:, out.prompt_length :].tolist()
-        logprobs = None
-        if out.sampler_logprob is not None:
-            logprobs = [row[:n] for row, n in zip(out.sampler_logprob.tolist(), lengths)]
-        return [row[:n] for row, n in zip(turns, lengths)], out.truncated.tolist(), logprobs
-    device = model_device(model)
-    eos, kwargs = generation_kwargs(
-        model, tokenizer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
-        seeds=None if greedy else seeds_or_drawn(seeds, len(contexts)),
+    out = engine.generate(
+        ids, mask, num_samples=1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+        greedy=greedy, seeds=seeds,
     )  # fmt: skip
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-    out = out.to("cpu", copy=True)[:, width:]
-    response_mask, truncated = response_mask_from_eos(out, eos)
-    lengths = response_mask.sum(-1).long().tolist()
-    return [row[:n] for row, n in zip(out.tolist(), lengths)], truncated.tolist(), None
+    lengths = out.response_mask.sum(-1).long().tolist()
+    turns = out.input_ids[:, out.prompt_length :].tolist()
+    logprobs = None
+    if out.sampler_logprob is not None:
+        logprobs = [row[:n] for row, n in zip(out.sampler_logprob.tolist(), lengths)]
+    return [row[:n] for row, n in zip(turns, lengths)], out.truncated.tolist(), logprobs
 
 
 @dataclass
@@ -307,7 +292,7 @@ def run_episodes(
     temperature: float,
     top_p: float,
     greedy: bool = False,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> Episodes:
     """num_samples episodes of spec.environment per example (rows example-major, like `generate`). Each turn
@@ -454,7 +439,7 @@ def env_rollout(
     group_offset: int | list[int],
     spec: TrainSpec,
     *,
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
 ) -> Rollout:
     """spec.sampling.group_size episodes of spec.environment per example, scored on their answers;

@@ -98,11 +98,12 @@ def response_logits(
     response token only ever serves as a target, so it is not run.
 
     The shared-prompt path makes two forward calls, the full forward one. Where the processes meet in every
-    forward call, each process must make the same calls whatever its rows: under DDP (each call syncs
-    buffers) every call is the full forward; in an FSDP2 training forward each call all-gathers every
-    layer (and its backward reduce-scatters), so the caller passes `share_prompts`, agreed over the
-    processes for the step (trainer.update.micro_batch_plan): True takes the shared-prompt path even where
-    the rows share no prompt, False never. None: by the rows (one process, or full weights).
+    forward call, each process must make the same calls whatever its rows, so the caller passes
+    `share_prompts` as the run's strategy says (trainer.update.micro_batch_plan): under DDP (each call
+    syncs buffers) False, every call the full forward; in an FSDP2 training forward (each call all-gathers
+    every layer, its backward reduce-scatters) the choice agreed over the processes for the step: True
+    takes the shared-prompt path even where the rows share no prompt. None: by the rows (one process, or
+    full weights).
     """
     b, width = input_ids.shape
     r_len = width - p_len
@@ -112,7 +113,7 @@ def response_logits(
         share_prompts = distinct.shape[0] < b and prompts_shareable(p_len, width)
     elif share_prompts and not prompts_shareable(p_len, width):
         raise ValueError(f"share_prompts: rows of {p_len} prompt and {r_len} response tokens cannot share")
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or not share_prompts:
+    if not share_prompts:
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -46,7 +46,7 @@ def sft_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
 def run_sft(
     model: torch.nn.Module,
     tokenizer: Any,
-    accelerator: Collective,
+    collective: Collective,
     spec: TrainSpec,
     examples: list[Example],
     emit: Callable[[dict[str, Any]], None],
@@ -63,7 +63,7 @@ def run_sft(
     )
     params = [p for group in opt.param_groups for p in group["params"]]
     gen = torch.Generator().manual_seed(spec.seed + 11)
-    rank, world = accelerator.process_index, accelerator.num_processes
+    rank, world = collective.process_index, collective.num_processes
     model.train()
     loss_value = float("nan")
     for i in range(sft.steps):
@@ -71,9 +71,9 @@ def run_sft(
         exs = [examples[j] for j in idx[rank::world]]
         ids, attn, labels = sft_batch(tokenizer, spec, exs)
         ids, attn, labels = (
-            ids.to(accelerator.device),
-            attn.to(accelerator.device),
-            labels.to(accelerator.device),
+            ids.to(collective.device),
+            attn.to(collective.device),
+            labels.to(collective.device),
         )
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
         if sft.label_smoothing > 0:
@@ -82,9 +82,9 @@ def run_sft(
         else:
             loss = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
-        accelerator.backward(loss)
+        collective.backward(loss)
         if sft.grad_clip is not None:
-            accelerator.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
+            collective.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
         for group in opt.param_groups:
             group["lr"] = sft.lr * sft_lr_factor(sft, i)
         opt.step()

@@ -30,6 +30,7 @@ from contract.spec import TrainSpec
 from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
 from trainer.distributed.runtime import Collective
+from trainer.distributed.strategy import PromptSharing
 from trainer.rollout import Rollout
 from trainer.scoring import micro_batches, prompts_shareable, response_stats
 
@@ -87,7 +88,7 @@ class LossSetup:
 
 def policy_update(
     model: torch.nn.Module,
-    accelerator: Collective,
+    collective: Collective,
     batch: StepBatch,
     loss: LossSetup,
     *,
@@ -117,11 +118,11 @@ def policy_update(
     for i in range(total):
         padding = i >= len(rows)
         idx = rows[0][:1] if padding else rows[i]
-        ctx = contextlib.nullcontext() if i == total - 1 else accelerator.no_sync(model)
+        ctx = contextlib.nullcontext() if i == total - 1 else collective.no_sync(model)
         with ctx:
             stats = first_pass if i == 0 and first_pass is not None else None
             (logprob, entropy, correction), metrics = _micro_batch(
-                model, accelerator, batch, loss, idx, stats, padding=padding, temperature=temperature,
+                model, collective, batch, loss, idx, stats, padding=padding, temperature=temperature,
                 max_response_length=max_response_length, nan_injection=nan_injection, step=step,
             )  # fmt: skip
         if padding:
@@ -145,7 +146,7 @@ def policy_update(
 
 def _micro_batch(
     model: torch.nn.Module,
-    accelerator: Collective,
+    collective: Collective,
     batch: StepBatch,
     loss_setup: LossSetup,
     idx: Tensor,
@@ -196,18 +197,20 @@ def _micro_batch(
     # DDP averages gradients over processes; the local loss is a share of the global sum. A loss without a
     # graph comes from a micro-batch of skipped rows only (StepBatch.skip_rows).
     if loss.requires_grad:
-        accelerator.backward(loss * accelerator.num_processes)
+        collective.backward(loss * collective.num_processes)
     return stats, metrics
 
 
 def micro_batch_plan(
-    batch: Rollout, micro_batch_size: int, reduce: Callable[..., Tensor], *, sharded: bool
+    batch: Rollout, micro_batch_size: int, reduce: Callable[..., Tensor], *, sharing: PromptSharing
 ) -> tuple[int, bool | None]:
     """(micro-batches, share_prompts): how the update runs on this process, the same on every process (one
     all-reduce of host numbers: `reduce(values, "max", dtype)`).
 
     Micro-batches: the most of any process; a process with fewer rows pads with zero-weight micro-batches.
-    share_prompts, where the model is sharded (FSDP2 over several processes; None otherwise): each forward
+    share_prompts follows the strategy's `sharing` (Strategy.prompt_sharing): "rows" (one process) None,
+    each call decides by its rows; "never" (DDP over several processes: each call syncs buffers) False;
+    "agreed", where the model is sharded (FSDP2 over several processes): each forward
     call of a sharded layer all-gathers its weights and its backward reduce-scatters the gradients, so every
     process must make the same forward calls in each micro-batch. `response_logits` left to itself runs a
     group's shared prompt once (two calls) only where the micro-batch's rows share one: a padding
@@ -219,7 +222,8 @@ def micro_batch_plan(
     width = batch.input_ids.shape[1]
     unshareable = not prompts_shareable(batch.prompt_length, width)
     plan = reduce([len(micro_batches(batch.size, micro_batch_size)), int(unshareable)], "max", torch.int64)
-    return int(plan[0]), (not bool(plan[1])) if sharded else None
+    share = {"rows": None, "never": False, "agreed": not bool(plan[1])}[sharing]
+    return int(plan[0]), share
 
 
 # ------------------------------------------------------------------------------------------ π_old
@@ -251,7 +255,7 @@ def reads_sample_stats(
     """Whether rollouts record the sample stats: each token's log-prob, entropy and C under the sampling
     policy, taken during generation (`rollout(sample_stats=True)`), which the update then reads in place of
     a forward (docs/BENCHMARKS.md). It reads them for the zero-advantage skip's rows, and as π_old of
-    on-policy STARE (or the adaptive entropy bonus) over more than one micro-batch (`Engine.old_policy`;
+    on-policy STARE (or the adaptive entropy bonus) over more than one micro-batch (`measure_old_policy`;
     one micro-batch takes π_old from its training forward). Generation runs in eval mode, so only where the
     training forward has no dropout (`deterministic`) are they the same numbers, up to float rounding.
     """
@@ -302,7 +306,7 @@ def measure_old_policy(
 
     The documented path is `no_grad_pass`; the one-pass path and the sampling record are optimisations
     with the same numbers (see the module docstring), taken where they apply. `full_weights(model)`: the
-    context the no-grad pass runs in (placement.unsharded: under fsdp2, full weights, so that processes
+    context the no-grad pass runs in (Strategy.full_weights: under fsdp2, full weights, so that processes
     with different numbers of micro-batches make no collective calls); the one-pass path is a training
     forward and runs sharded, on every process alike (`share_prompts`: its forward path, micro_batch_plan).
     """

@@ -1,6 +1,7 @@
 """vLLM as the rollout engine (spec `rollout.engine: vllm`), colocated with the trainer: one in-process
-`vllm.LLM` per trainer process, holding its own copy of the policy's weights, refreshed after every
-optimiser step (`push_weights`, fed by `policy_weights`). docs/ROLLOUTS.md describes it.
+`vllm.LLM` per trainer process, holding its own copy of the policy's weights, refreshed before the first
+rollout after an optimiser step (`load_weights`, fed the strategy's `full_state` by trainer.hybrid's
+`rollout_mode`). docs/ROLLOUTS.md describes it.
 
 - Token ids in, token ids out: prompts go to vLLM as token ids (`TokensPrompt`) and the sampled ids come
   back as ids; nothing is re-tokenised, so multi-turn episodes keep the exact tokens of every turn.
@@ -9,15 +10,16 @@ optimiser step (`push_weights`, fed by `policy_weights`). docs/ROLLOUTS.md descr
   (`trainer.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
   for the mismatch metrics and the truncated importance-sampling correction (`trainer.mismatch`).
 - Sleep and wake: on a GPU the engine is built with `enable_sleep_mode` and sleeps (weights offloaded, KV
-  cache freed) while the trainer updates, so both fit one device. On the CPU there is nothing to free
-  (vLLM's CPU backend has no sleep mode): `sleep` and `wake` do nothing there.
+  cache freed) while the trainer updates, so both fit one device; its share of the device while awake is
+  rollout.gpu_memory_fraction, or what the estimated training state leaves (`memory_fraction`). On the CPU
+  there is nothing to free (vLLM's CPU backend has no sleep mode): `sleep` and `wake` do nothing there.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,8 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
-from trainer.generation import Generation, HFGenerate, RolloutEngine, hf_model
+from trainer.distributed.strategy import full_state, hf_model
+from trainer.generation import Generation, HFGenerate, RolloutEngine
 from trainer.sampling import seeds_or_drawn
 
 # vLLM reads these when it is imported. In-process engine: the weight push hands tensors to the model
@@ -54,50 +57,25 @@ def _import_vllm() -> Any:
     return vllm
 
 
-def policy_weights(model: Any) -> Iterator[tuple[str, Tensor]]:
-    """The policy's weights as (name, tensor) in transformers' names, one tensor at a time, detached.
-
-    LoRA (peft): each adapted layer's merged weight W + ΔW, the adapters themselves left out. A sharded
-    parameter (FSDP2's DTensor) is gathered on its own as it is reached, so the push never holds more
-    than one full tensor beyond the shards. Tied weights appear once (named_parameters deduplicates).
-    """
-    inner = getattr(model, "module", model)
-    if callable(getattr(inner, "get_base_model", None)):
-        yield from _merged_lora_weights(inner.get_base_model())
-        return
-    for name, param in inner.named_parameters():
-        yield name, _full_tensor(param)
-
-
-def _full_tensor(param: Tensor) -> Tensor:
-    full_tensor = getattr(param, "full_tensor", None)  # torch.distributed.tensor.DTensor
-    value = full_tensor() if callable(full_tensor) else param
-    return value.detach()
-
-
-def _merged_lora_weights(base: Any) -> Iterator[tuple[str, Tensor]]:
-    modules = dict(base.named_modules())
-    for name, param in base.named_parameters():
-        if ".lora_" in name:
-            continue
-        value = _full_tensor(param)
-        if ".base_layer." in name:
-            owner_name, leaf = name.rsplit(".base_layer.", 1)
-            owner = modules[owner_name]
-            if leaf == "weight":
-                adapters = [a for a in owner.active_adapters if a in owner.lora_A]
-                value = value + sum((owner.get_delta_weight(a).to(value.dtype) for a in adapters), 0)
-            name = f"{owner_name}.{leaf}"
-        yield name, value
-
-
 class VLLMGenerate:
     """The rollout engine on an in-process vLLM copy of the policy (trainer.generation.RolloutEngine)."""
 
     gives_pi_old = False  # its log-probs are the sampler's, not the trainer's π_old (module docstring)
+    owns_weights = True  # its own copy, fed by load_weights (trainer.hybrid.rollout_mode)
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_model_len: int | None = None,
+        gpu_memory_fraction: float | None = None,
+        training_bytes: int = 0,
+    ) -> None:
+        """`gpu_memory_fraction`: the device share the engine may take (None: what `training_bytes`, the
+        training state that stays on the device while the engine is awake, leaves: `memory_fraction`)."""
         self.model, self.tokenizer = model, tokenizer
+        self.gpu_memory_fraction, self.training_bytes = gpu_memory_fraction, training_bytes
         inner = hf_model(model)
         self.on_gpu = next(iter(inner.parameters())).device.type == "cuda"
         limit = int(getattr(inner.config, "max_position_embeddings", MAX_MODEL_LEN_CAP))
@@ -126,13 +104,19 @@ class VLLMGenerate:
                     max_num_seqs=256,
                     enforce_eager=True,  # CUDA graphs / torch.compile start slower than short jobs gain
                     enable_sleep_mode=self.on_gpu,
-                    gpu_memory_utilization=0.3,
+                    gpu_memory_utilization=self._memory_fraction(),
                     # The log-probs of the distribution the tokens were drawn from: after temperature, top-p.
                     logprobs_mode="processed_logprobs",
                     seed=0,
                 )
             self._vllm = vllm
         return self._llm
+
+    def _memory_fraction(self) -> float:
+        if self.gpu_memory_fraction is not None or not self.on_gpu:
+            return self.gpu_memory_fraction or MEMORY_FRACTION_BOUNDS[1]
+        _, device_bytes = torch.cuda.mem_get_info()
+        return memory_fraction(self.training_bytes, device_bytes)
 
     # ------------------------------------------------------------------ sampling
 
@@ -206,7 +190,7 @@ class VLLMGenerate:
 
     # ------------------------------------------------------------------ weights and memory
 
-    def push_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Loads (name, tensor) pairs into the engine's model, one at a time as the iterator yields them,
         and drops the prefix cache (its KV entries were computed by the old weights). Before the engine is
         built there is nothing to update: it will read the weights then."""
@@ -224,11 +208,14 @@ class VLLMGenerate:
             self.asleep = True
 
     def wake(self, *, weights_only: bool = False) -> None:
+        """Before a rollout: built here if it is not yet (in every process at the same point: under fsdp2
+        building it gathers the policy's full weights), then weights and KV cache back on the GPU."""
+        llm = self.llm
         if self.on_gpu and self.asleep:
             if weights_only:
-                self.llm.wake_up(tags=["weights"])
+                llm.wake_up(tags=["weights"])
                 return
-            self.llm.wake_up()
+            llm.wake_up()
             self.asleep = False
 
 
@@ -236,7 +223,7 @@ def _save_policy(model: Any, tokenizer: Any, folder: Path) -> None:
     """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer)."""
     inner = hf_model(model)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.contiguous() for name, tensor in policy_weights(model)}
+    state = {name: tensor.contiguous() for name, tensor in full_state(model)}
     inner.config.save_pretrained(folder)
     inner.generation_config.save_pretrained(folder)
     from safetensors.torch import save_file
@@ -247,22 +234,34 @@ def _save_policy(model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+MEMORY_FRACTION_BOUNDS = (0.05, 0.9)
+MEMORY_MARGIN = 0.1  # of the device: the CUDA context, allocator fragmentation, activations of a scoring pass
+
+
+def memory_fraction(training_bytes: int, device_bytes: int) -> float:
+    """vLLM's share of a device: what the training state that stays there while vLLM is awake (parameters
+    and optimizer state: gradients are freed after each step) leaves, less a margin, within the bounds."""
+    free = 1.0 - training_bytes / device_bytes - MEMORY_MARGIN
+    low, high = MEMORY_FRACTION_BOUNDS
+    return round(min(high, max(low, free)), 3)
+
+
 def build_rollout_engine(spec: TrainSpec, model: Any, tokenizer: Any) -> RolloutEngine:
     """The spec's rollout engine (rollout.engine) on the policy `model` (unwrapped)."""
     if spec.rollout.engine == "vllm":
-        return VLLMGenerate(model, tokenizer)
+        from contract.fleet import job_memory
+        from trainer.distributed.memory import model_shape
+
+        # The training state per device, from the estimate (prompts bounded by the engine's context).
+        limit = min(
+            int(getattr(hf_model(model).config, "max_position_embeddings", MAX_MODEL_LEN_CAP)),
+            MAX_MODEL_LEN_CAP,
+        )
+        estimate = job_memory(spec, model_shape(model), max(1, limit - spec.sampling.max_new_tokens))
+        return VLLMGenerate(
+            model,
+            tokenizer,
+            gpu_memory_fraction=spec.rollout.gpu_memory_fraction,
+            training_bytes=estimate.parameters_bytes + estimate.optimizer_bytes,
+        )
     return HFGenerate(model, tokenizer)
-
-
-def after_rollout(engine: RolloutEngine) -> None:
-    """The step's rollouts are done: a colocated engine frees its device memory for the update."""
-    sleep = getattr(engine, "sleep", None)
-    if callable(sleep):
-        sleep()
-
-
-def after_optimizer_step(engine: RolloutEngine, model: Any) -> None:
-    """The policy's weights changed: an engine with its own copy of them receives the new ones."""
-    push = getattr(engine, "push_weights", None)
-    if callable(push):
-        push(policy_weights(model))

@@ -82,9 +82,9 @@ TRAINER_STARE_VARS = frozenset(
         "STARE_BWRAP",  # trainer/envs/sandbox.py: the python tool's bubblewrap
         "STARE_TOOL_PYTHON",  # trainer/envs/sandbox.py: the python tool's interpreter
         "STARE_TOOL_UID",  # trainer/envs/sandbox.py: the user a root trainer runs tool calls as
-        "STARE_INJECT_NAN_STEP",  # trainer/engine.py: fault injection (tests)
-        "STARE_INJECT_CRASH_STEP",  # trainer/engine.py: fault injection (tests)
-        "STARE_STEP_DELAY_S",  # trainer/engine.py: slow steps (fault tests)
+        "STARE_INJECT_NAN_STEP",  # trainer/faults.py: fault injection (tests)
+        "STARE_INJECT_CRASH_STEP",  # trainer/faults.py: fault injection (tests)
+        "STARE_STEP_DELAY_S",  # trainer/faults.py: slow steps (fault tests)
     }
 )
 TRAINER_ENV_NAMES = TRAINER_STARE_VARS | frozenset(
@@ -157,6 +157,13 @@ def _parent_of(pid: int) -> int | None:
 TORCHRUN = "torch.distributed.run"
 
 
+def run_arguments(spec_path: Path, out_dir: Path, *, resume: bool) -> list[str]:
+    """The `run` command's arguments, as trainer.job.add_run_arguments declares them: the same for
+    `python -m trainer` (alone or under torchrun) and for the Ray driver."""
+    args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
+    return [*args, "--resume"] if resume else args
+
+
 def trainer_command(
     python: str,
     spec_path: Path,
@@ -168,9 +175,7 @@ def trainer_command(
 ) -> list[str]:
     """The trainer's command line; above one process under torchrun, which waits stop_grace_s for its
     processes to stop after a SIGTERM before it SIGKILLs them."""
-    args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
-    if resume:
-        args.append("--resume")
+    args = run_arguments(spec_path, out_dir, resume=resume)
     if num_processes > 1:
         # torchrun (torch's own launcher) on this node: the trainer's processes find each other through
         # its local rendezvous (--standalone: a free port, no fixed address), one agent per job.
@@ -208,9 +213,7 @@ def ray_command(
 ) -> list[str]:
     """The Ray driver for a multi-node job (trainer/ray_launch.py): the same arguments and output as
     `python -m trainer run`, plus the cluster's address, timeouts and per-process resources."""
-    args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
-    if resume:
-        args.append("--resume")
+    args = run_arguments(spec_path, out_dir, resume=resume)
     return [
         python,
         "-m",

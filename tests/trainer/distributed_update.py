@@ -71,6 +71,9 @@ def main(out_path: str, loss_name: str, micro_batch_size: int) -> None:
         token_weights=token_weights,
         global_tokens=float(batch.response_mask.sum()),
         global_sequences=float(batch.size),
+        # What the ddp strategy's plan gives above one process (Strategy.prompt_sharing "never"): DDP syncs
+        # in every forward call, so every call is the full forward on every process.
+        share_prompts=False if world > 1 else None,
     )
     n_micro = len(micro_batches(local.size, micro_batch_size))
     n_micro = int(accelerator.reduce(torch.tensor(n_micro), reduction="max"))

@@ -30,15 +30,14 @@ from contract.distributed import DistributedSpec, estimate_memory
 from trainer.distributed import (
     all_reduce_sum,
     export_hf_folder,
-    generation_context,
     init_process_group,
     load_sharded,
+    make_strategy,
     model_state_bytes,
     save_sharded,
-    wrap_model,
 )
-from trainer.distributed.fsdp import base_model
 from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
+from trainer.distributed.strategy import hf_model
 from trainer.models import apply_lora, build_tiny_arith, build_tiny_arith_tokenizer
 
 STEPS = 6
@@ -98,10 +97,10 @@ def fresh(spec: DistributedSpec, *, lora: bool = False) -> tuple[Any, torch.opti
     model.train()
     if lora:
         # peft draws LoRA's initial A from the global RNG: seeded per rank on purpose, so that the adapters
-        # start alike only if wrap_model hands every process rank 0's weights (as the plain run has them).
+        # start alike only if the strategy hands every process rank 0's weights (as the plain run has them).
         torch.manual_seed(200 + torch.distributed.get_rank())
         model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=None)
-    model = wrap_model(model, spec, DEVICE)
+    model = make_strategy(spec, DEVICE).prepare(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=LR)
     return (
@@ -122,7 +121,14 @@ def base_run(spec: DistributedSpec, out: Path, tag: str) -> tuple[Any, torch.opt
     torch.manual_seed(
         100 + torch.distributed.get_rank()
     )  # a distinct RNG stream per rank, to see it restored
-    save_sharded(folder, model, optimizer, {"step": SAVE_AFTER, "note": tag}, scheduler=scheduler)
+    save_sharded(
+        folder,
+        model,
+        optimizer,
+        {"step": SAVE_AFTER, "note": tag},
+        scheduler=scheduler,
+        strategy=spec.strategy,
+    )
     write(out, f"rng-{tag}-rank{torch.distributed.get_rank()}.json", rng_draws())
     save_logits(model, out / f"logits-{tag}-at-checkpoint.pt")
     losses += train(model, optimizer, scheduler, range(SAVE_AFTER, STEPS))
@@ -150,6 +156,76 @@ def save_logits(model: Any, path: Path) -> None:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if rank0():
         torch.save(logits, path)
+
+
+def FSDP2_SPEC() -> DistributedSpec:
+    world = torch.distributed.get_world_size()
+    nodes = int(os.environ.get("STARE_TEST_NODES", "1"))
+    return DistributedSpec(strategy="fsdp2", nodes=nodes, processes_per_node=world // nodes)
+
+
+def full_state_check(out: Path) -> None:
+    """full_state of one LoRA model (trained-looking adapters: B ≠ 0) under fsdp2 and under ddp at this
+    world size, and peft's own merge of a plain copy: rank 0 writes the three, the test compares them."""
+    states = {}
+    for name, spec in [
+        ("fsdp2", FSDP2_SPEC()),
+        ("ddp", DistributedSpec(processes_per_node=FSDP2_SPEC().world_size)),
+    ]:
+        model, _ = build_tiny_arith(seed=0)
+        states["base"] = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        torch.manual_seed(5)
+        model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+        g = torch.Generator().manual_seed(6)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        if name == "ddp" and rank0():
+            import copy
+
+            states["peft_merge"] = {
+                n: t.detach().clone() for n, t in copy.deepcopy(model).merge_and_unload().state_dict().items()
+            }
+        prepared = make_strategy(spec, DEVICE).prepare(model)
+        states[name] = {n: t.clone() for n, t in make_strategy(spec, DEVICE).full_state(prepared)}
+    if rank0():
+        torch.save(states, out / "full-state.pt")
+
+
+def rank0_fill_check(out: Path) -> None:
+    """Rank 0 loads the tiny model (and LoRA), the other rank only builds its skeleton on the meta device;
+    the strategy fills every shard from rank 0's weights. Each rank writes its full_state afterwards (and
+    rank 0 the weights it loaded), so the test can compare them."""
+    from trainer.models import skeleton_of
+
+    if rank0():
+        model, _ = build_tiny_arith(seed=0)
+    else:
+        built = skeleton_of("tiny-arith")
+        assert built is not None
+        model = built[0]
+    torch.manual_seed(200 + torch.distributed.get_rank())  # LoRA's A drawn differently per rank
+    model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    meta = [p.is_meta for p in model.parameters()]
+    loaded = {n: t.detach().clone() for n, t in model.state_dict().items()} if rank0() else {}
+    strategy = make_strategy(FSDP2_SPEC(), DEVICE)
+    prepared = strategy.prepare(model, from_rank0=True)
+    report = {
+        "all_meta_before": all(meta),
+        "any_meta_before": any(meta),
+        "state": {n: t.clone() for n, t in strategy.full_state(prepared)},
+        "loaded_merged": {n: t for n, t in full_state_of_loaded(loaded)} if rank0() else {},
+    }
+    torch.save(report, out / f"rank0-fill-rank{torch.distributed.get_rank()}.pt")
+
+
+def full_state_of_loaded(loaded: dict[str, torch.Tensor]) -> Any:
+    """full_state of a plain LoRA model holding `loaded` (rank 0's weights before sharding)."""
+    model, _ = build_tiny_arith(seed=1)
+    lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    lora.load_state_dict(loaded)
+    return make_strategy(DistributedSpec(processes_per_node=1), DEVICE).full_state(lora)
 
 
 def rank0() -> bool:
@@ -218,6 +294,8 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
         "resumed_as_fsdp2": resumed(spec, out / "ckpt-ddp" / "step-000003"),
     }
     report.update(variants(spec, out))
+    full_state_check(out)
+    rank0_fill_check(out)
     write(out, f"sharded-rank{rank}.json", report)
 
 
@@ -236,9 +314,9 @@ def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
     ]:
         variant = DistributedSpec.model_validate({**spec.model_dump(), **change})
         model, optimizer, scheduler = fresh(variant, lora=lora)
-        hf_model = base_model(model)
+        inner = hf_model(model)
         seen: list[str] = []
-        layer = hf_model.model.layers[0].self_attn.q_proj
+        layer = inner.model.layers[0].self_attn.q_proj
         hook = layer.register_forward_hook(lambda m, args, output, seen=seen: seen.append(str(output.dtype)))
         frozen_before = {n: p.to_local().clone() for n, p in model.named_parameters() if not p.requires_grad}
         report[name] = {"losses": train(model, optimizer, scheduler, range(3))}
@@ -249,7 +327,7 @@ def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
             placements=sorted({",".join(map(str, p.placements)) for p in model.parameters()}),
             local_devices=sorted({str(p.to_local().device) for p in model.parameters()}),
             # torch has no public getter for it; the test only reads it.
-            offload_policy=type(hf_model._get_fsdp_state()._fsdp_param_group.offload_policy).__name__,
+            offload_policy=type(inner._get_fsdp_state()._fsdp_param_group.offload_policy).__name__,
             trainable=layout(model, trainable_only=True) if lora else None,
             frozen_changed=[
                 n
@@ -276,7 +354,7 @@ def failed_save(model: Any, optimizer: torch.optim.Optimizer, out: Path) -> dict
     if rank == world - 1:
         checkpoint_module.rng_state = full_disk
     try:
-        save_sharded(out / "ckpt-fsdp2" / "step-000004", model, optimizer, {"step": 4})
+        save_sharded(out / "ckpt-fsdp2" / "step-000004", model, optimizer, {"step": 4}, strategy="fsdp2")
         raised = None
     except Exception as err:
         raised = {"type": type(err).__name__, "code": getattr(err, "code", None), "message": str(err)}
@@ -311,7 +389,7 @@ def memory_after_backward(model: Any, optimizer: torch.optim.Optimizer) -> dict[
 
 
 def generation_check(model: Any) -> dict[str, Any]:
-    """Greedy generation inside generation_context against a plain copy built from the gathered weights."""
+    """Greedy generation inside the strategy's full_weights against a plain copy built from the gathered weights."""
     tokenizer = build_tiny_arith_tokenizer()
     prompt = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
@@ -322,7 +400,7 @@ def generation_check(model: Any) -> dict[str, Any]:
     with torch.no_grad():
         expected = reference.generate(**prompt, **kwargs)
     model.eval()
-    with torch.no_grad(), generation_context(model) as generator:
+    with torch.no_grad(), make_strategy(FSDP2_SPEC(), DEVICE).full_weights(model) as generator:
         inside_full = all(not isinstance(p, DTensor) for p in generator.parameters())
         got = generator.generate(**prompt, **kwargs)
     model.train()
@@ -350,7 +428,7 @@ def measure_memory(spec: DistributedSpec, out: Path) -> None:
     model, _ = build_tiny_arith(seed=0)
     shape = model_shape(model)
     model.train()
-    model = wrap_model(model, spec, DEVICE)
+    model = make_strategy(spec, DEVICE).prepare(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     for step in range(2):
         batch = global_batch(step, VOCAB, rows * world, length)

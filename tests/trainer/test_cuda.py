@@ -121,6 +121,7 @@ def test_engine_trains_checkpoints_and_resumes_on_cuda(tmp_path: Path, algorithm
 def test_sampling_statistics_on_cuda_match_the_training_pass() -> None:
     """The per-token numbers recorded during generation on the GPU (Triton kernel where available) are the
     training forward's, up to float rounding, in fp32."""
+    from trainer.generation import HFGenerate
     from trainer.models import load_model_and_tokenizer
     from trainer.rollout import rollout
     from trainer.scoring import response_stats
@@ -133,7 +134,9 @@ def test_sampling_statistics_on_cuda_match_the_training_pass() -> None:
     )
     examples = [Example(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in [(1, 2), (30, 4), (55, 66)]]
     torch.manual_seed(0)
-    batch = rollout(model, tokenizer, examples, 0, spec, sample_stats=True)
+    batch = rollout(
+        model, tokenizer, examples, 0, spec, sample_stats=True, engine=HFGenerate(model, tokenizer)
+    )
     assert batch.sample_logprob is not None and batch.sample_entropy is not None
     with torch.no_grad():
         logprob, entropy, _ = response_stats(

@@ -20,6 +20,7 @@ from tests.trainer.test_engine import small_spec
 from trainer import placement
 from trainer.data import collect, load_examples
 from trainer.engine import seed_everything, step_seed
+from trainer.generation import HFGenerate
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def _prompts_by_group(policy, cursor: int, rank: int, world: int) -> dict[int, s
     seed_everything(step_seed(spec.seed, 1))
     batch, _ = collect(
         model, tokenizer, prompts, spec, rank=rank, world=world, sample_stats=False,
-        reduce=lambda value, *_: torch.tensor(value), step=1,
+        reduce=lambda value, *_: torch.tensor(value), step=1, engine=HFGenerate(model, tokenizer),
     )  # fmt: skip
     assert prompts.cursor == cursor + spec.optim.prompts_per_step  # every process moves the cursor alike
     rows = batch.input_ids[:, : batch.prompt_length]

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from contract.spec import TrainSpec
 from trainer.engine import Engine, ExitCode
+from trainer.placement import REFERENCE_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -474,7 +475,7 @@ def test_kl_penalty_to_the_reference_policy(tmp_path):
     assert all(m["kl/ref_k3"] > 0 for m in with_kl[1:])
     assert with_kl[1]["loss/policy"] != without[1]["loss/policy"]
     out = tmp_path / "beta-0.5"
-    reference = load_file(str(out / Engine.REFERENCE_FILE))
+    reference = load_file(str(out / REFERENCE_FILE))
     start = load_file(str(out / "checkpoints" / "step-000000" / "model" / "model.safetensors"))
     shared = reference.keys() & start.keys()
     assert len(shared) >= len(start) - 1  # tied embeddings may be stored under either name
@@ -493,7 +494,7 @@ def test_resumed_run_keeps_its_kl_reference(tmp_path):
     wa, wb = final_weights(full), final_weights(part)
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
-    (part / Engine.REFERENCE_FILE).unlink()
+    (part / REFERENCE_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="reference"):
         Engine(spec, part, resume=True).run()
 
@@ -510,7 +511,7 @@ def test_lora_kl_reference_is_the_base_model_with_adapters_off(tmp_path):
     steps = _steps(out)
     assert steps[0]["kl/ref_k3"] == 0.0  # B = 0 at the start: the adapters add exactly nothing
     assert all(m["kl/ref_k3"] > 0 for m in steps[1:])
-    assert not (out / Engine.REFERENCE_FILE.parent).exists()  # no copy of the model is kept
+    assert not (out / REFERENCE_FILE.parent).exists()  # no copy of the model is kept
 
     # The same run resumed from step 2 reaches the same step 3: π_ref comes back without a file.
     part = tmp_path / "part"

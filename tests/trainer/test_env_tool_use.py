@@ -18,6 +18,7 @@ from trainer.engine import Engine
 from trainer.envs.tool_use import COUNT_FIELDS, transcript
 from trainer.rollout import Rollout
 from trainer.scoring import response_logits
+from trainer.sft import sft_transcripts
 
 SPEC = Path(__file__).resolve().parents[2] / "trainer" / "specs" / "tool_use_tiny.yaml"
 TOOL_KEYS = [m.key for m in CATALOGUE if m.key.startswith("tool/")]
@@ -155,7 +156,7 @@ def test_sft_transcripts_call_the_calculator_and_label_model_turns_only(engine: 
     assert pieces[0][0] == "(1)" + example.prompt[:-1]
     assert pieces[1][0] == example.answer + "\n" and pieces[2][0] == example.answer
     prompt = engine.tokenizer([example.prompt])["input_ids"]
-    seqs, targets = engine._sft_transcripts([example], prompt)
+    seqs, targets = sft_transcripts(engine.tokenizer, engine.spec, [example], prompt)
     result_ids = engine.tokenizer(pieces[1][0], add_special_tokens=False)["input_ids"]
     start = len(prompt[0]) + len(pieces[0][0]) + 1
     assert seqs[0][start : start + len(result_ids)] == result_ids

@@ -293,6 +293,35 @@ def test_greedy_generation_in_the_context_equals_the_unsharded_model(runs):
 
 
 @pytest.mark.slow
+def test_full_state_is_the_same_under_ddp_and_fsdp2_with_lora_merged(runs):
+    """strategy.full_state of one LoRA model (adapters B ≠ 0) prepared under fsdp2 × 2 and ddp × 2: the same
+    tensors, in transformers' names, equal to peft's own merge of a plain copy (float rounding of ΔW only)."""
+    states = torch.load(runs["out"] / "full-state.pt")
+    fsdp2, ddp, merged = states["fsdp2"], states["ddp"], states["peft_merge"]
+    assert set(fsdp2) == set(ddp)
+    assert not any("lora_" in name or "base_layer" in name for name in fsdp2)
+    for name, tensor in ddp.items():
+        assert torch.equal(fsdp2[name], tensor), name  # gathered shards are the very values
+        torch.testing.assert_close(tensor, merged[name], rtol=1e-6, atol=1e-6)
+    assert set(merged) - set(ddp) <= {"lm_head.weight"}  # tied to the embeddings: given once
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert (fsdp2[q] - states["base"][q]).abs().max() > 1e-3  # ΔW is in
+
+
+@pytest.mark.slow
+def test_only_rank_0_loads_the_weights_and_every_shard_is_filled_from_them(runs):
+    """fsdp2 × 2 with rank 0 alone holding the loaded model (LoRA's A drawn per rank on purpose) and rank 1 a
+    meta-device skeleton: after prepare(from_rank0=True) both ranks' full_state is rank 0's loaded model."""
+    reports = [torch.load(runs["out"] / f"rank0-fill-rank{r}.pt") for r in range(2)]
+    assert not reports[0]["any_meta_before"] and reports[1]["all_meta_before"]
+    expected = reports[0]["loaded_merged"]
+    assert expected and set(reports[1]["state"]) == set(expected)
+    for report in reports:
+        for name, tensor in expected.items():
+            assert torch.equal(report["state"][name], tensor), name
+
+
+@pytest.mark.slow
 def test_bf16_offload_checkpointing_and_lora_paths(runs):
     bounds = _tolerances(runs["plain"])[:3]
     fp32 = runs["plain"]["losses"][:3]
@@ -352,9 +381,9 @@ def test_decoder_layers_are_found_through_wrappers():
         decoder_layers(torch.nn.Linear(2, 2))
 
 
-def test_wrap_model_refuses_a_world_size_the_launch_did_not_give():
+def test_the_strategy_refuses_a_world_size_the_launch_did_not_give():
     from contract.distributed import DistributedSpec
-    from trainer.distributed import wrap_model
+    from trainer.distributed import make_strategy
     from trainer.models import build_tiny_arith
 
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1:
@@ -362,7 +391,9 @@ def test_wrap_model_refuses_a_world_size_the_launch_did_not_give():
         torch.distributed.destroy_process_group()
     assert not torch.distributed.is_initialized()
     with pytest.raises(ValueError, match="process group has 1 processes, the spec 2"):
-        wrap_model(build_tiny_arith(seed=0)[0], DistributedSpec(processes_per_node=2), torch.device("cpu"))
+        make_strategy(DistributedSpec(processes_per_node=2), torch.device("cpu")).prepare(
+            build_tiny_arith(seed=0)[0]
+        )
 
 
 def test_reductions_without_a_group_return_their_input():

@@ -5,8 +5,9 @@ and a job run by 1 fsdp2 process resumes from its step-1 checkpoint in 2. (fsdp2
 sharded format; ddp × 1 writes trainer_state.pt, whose positional optimizer state fsdp2 refuses.) The
 step-2 checkpoint is removed first, so the resumed run redoes step 2 at the other size. Asserted:
 - the shards restore the checkpoint's weights: restored into a model initialised otherwise, the logits equal
-  those of the checkpoint's consolidated model/ folder (1e-6). The resuming engine builds its model from
-  model/ before it reads the shards, so this is checked on a fresh model, where a broken restore shows;
+  those of the checkpoint's consolidated model/ folder (1e-6). Checked on a fresh (initialised) model,
+  where a broken restore shows (the resuming engine builds its model on the meta device and reads the
+  shards into it: test_strategy.py);
 - the resumed step 2 sampled from those weights: each process's share of step 2's prompts, generated here
   from model/ with the step's seed, gives rank 0's rewards and lengths and the step's token-mean entropy
   (over both shares) that the resumed run logged; every resumed process held the restored weights;
@@ -77,15 +78,14 @@ def _restored_in_this_process(checkpoint: Path, tmp: Path):
     """An fsdp2 engine at one process with freshly initialised weights, then the checkpoint restored into
     it (weights, optimizer, scheduler, engine state) as a resume does. Returns the engine and its logits
     before and after the restore."""
-    from trainer import placement
     from trainer.engine import Engine
 
     engine = Engine(TrainSpec.model_validate(_spec(1)), tmp / "probe")
     engine.setup(None)
-    with placement.unsharded(engine.model) as full:
+    with engine.strategy.full_weights(engine.model) as full:
         before = _logits(full)
     engine._restore(checkpoint)
-    with placement.unsharded(engine.model) as full:
+    with engine.strategy.full_weights(engine.model) as full:
         after = _logits(full)
     return engine, before, after
 
@@ -93,13 +93,13 @@ def _restored_in_this_process(checkpoint: Path, tmp: Path):
 def _step2_shares(checkpoint: Path, processes: int) -> list:
     """Each process's step-2 rollouts as the resumed run must have sampled them: its share of the step's
     prompts (from the checkpoint's cursor), generated from the checkpoint's model/ with the step's seed."""
-    from trainer import placement
     from trainer.data import collect, load_examples
     from trainer.engine import seed_everything, step_seed
+    from trainer.models import load_model_and_tokenizer
     from trainer.vllm_engine import build_rollout_engine
 
     spec = TrainSpec.model_validate(_spec(processes))
-    model, tokenizer = placement.load_policy(spec, checkpoint)  # model/'s weights
+    model, tokenizer = load_model_and_tokenizer(str(checkpoint / "model"))  # model/'s weights
     model.eval()
     rollout_engine = build_rollout_engine(spec, model, tokenizer)
     prompts, _ = load_examples(spec)
@@ -116,10 +116,10 @@ def _step2_shares(checkpoint: Path, processes: int) -> list:
 
 
 def _token_mean_entropy(checkpoint: Path, shares: list, temperature: float) -> float:
-    from trainer import placement
+    from trainer.models import load_model_and_tokenizer
     from trainer.scoring import response_stats
 
-    model, _ = placement.load_policy(TrainSpec.model_validate(_spec(1)), checkpoint)
+    model, _ = load_model_and_tokenizer(str(checkpoint / "model"))
     total, tokens = 0.0, 0.0
     with torch.no_grad():
         for batch in shares:

@@ -8,6 +8,7 @@ import torch
 
 from contract.spec import TrainSpec
 from trainer.data import load_examples
+from trainer.generation import HFGenerate
 from trainer.models import apply_lora, load_model_and_tokenizer
 from trainer.rollout import SampledTokenStats, concat_rollouts, generate, rollout
 from trainer.scoring import response_stats
@@ -41,7 +42,7 @@ def test_generated_tensors_are_ordinary_tensors_that_a_training_pass_can_save():
     spec = tiny_spec()
     examples = [Example(prompt="12+3=", answer="15"), Example(prompt="7+45=", answer="52")]
     torch.manual_seed(0)
-    batch = rollout(model, tokenizer, examples, 0, spec)
+    batch = rollout(model, tokenizer, examples, 0, spec, engine=HFGenerate(model, tokenizer))
     assert torch.equal(batch.input_ids, out[0])  # same seed, same samples
     model.train()
     logprob, _, _ = response_stats(model, batch, torch.arange(batch.size), 1.0, with_entropy=True)
@@ -54,7 +55,7 @@ def test_rollout_texts_and_rewards_follow_each_row():
     spec = tiny_spec()
     examples = [Example(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in [(1, 2), (30, 4), (55, 66)]]
     torch.manual_seed(2)
-    batch = rollout(model, tokenizer, examples, 10, spec)
+    batch = rollout(model, tokenizer, examples, 10, spec, engine=HFGenerate(model, tokenizer))
     g = spec.sampling.group_size
     responses = batch.input_ids[:, batch.prompt_length :]
     for i, text in enumerate(batch.texts):
@@ -116,9 +117,11 @@ def test_sampling_statistics_are_the_training_pass_values(group_size, temperatur
         Example(prompt=f"{a}+{b}=", answer=str(a + b)) for a, b in [(1, 2), (30, 4), (55, 66), (9, 10)]
     ]
     torch.manual_seed(0)
-    batch = rollout(model, tokenizer, examples, 0, spec, sample_stats=True)
+    batch = rollout(
+        model, tokenizer, examples, 0, spec, sample_stats=True, engine=HFGenerate(model, tokenizer)
+    )
     torch.manual_seed(0)
-    plain = rollout(model, tokenizer, examples, 0, spec)
+    plain = rollout(model, tokenizer, examples, 0, spec, engine=HFGenerate(model, tokenizer))
     assert torch.equal(batch.input_ids, plain.input_ids)  # recording does not change what is sampled
     assert not plain.has_sample_stats
     lengths = batch.response_lengths
@@ -144,9 +147,25 @@ def test_sampling_statistics_follow_rows_through_select_and_concat():
     model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=4)
     spec = tiny_spec()
     torch.manual_seed(1)
-    a = rollout(model, tokenizer, [Example(prompt="1+2=", answer="3")], 0, spec, sample_stats=True)
+    a = rollout(
+        model,
+        tokenizer,
+        [Example(prompt="1+2=", answer="3")],
+        0,
+        spec,
+        sample_stats=True,
+        engine=HFGenerate(model, tokenizer),
+    )
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("1")
-    b = rollout(model, tokenizer, [Example(prompt="123+45=", answer="168")], 1, spec, sample_stats=True)
+    b = rollout(
+        model,
+        tokenizer,
+        [Example(prompt="123+45=", answer="168")],
+        1,
+        spec,
+        sample_stats=True,
+        engine=HFGenerate(model, tokenizer),
+    )
     joined = concat_rollouts([a, b], tokenizer.pad_token_id)
     width = joined.response_mask.shape[1]
     assert joined.sample_logprob is not None and joined.sample_logprob.shape == (a.size + b.size, width)
@@ -160,7 +179,9 @@ def test_sampling_statistics_follow_rows_through_select_and_concat():
     assert torch.equal(picked.sample_entropy, joined.sample_entropy[[3, 0]])
     assert picked.texts == [joined.texts[3], joined.texts[0]]
     # Without statistics on every part, the joined rollout has none (never half-filled).
-    assert not concat_rollouts([a, rollout(model, tokenizer, a_examples(), 2, spec)], 0).has_sample_stats
+    assert not concat_rollouts(
+        [a, rollout(model, tokenizer, a_examples(), 2, spec, engine=HFGenerate(model, tokenizer))], 0
+    ).has_sample_stats
 
 
 def a_examples() -> list[Example]:

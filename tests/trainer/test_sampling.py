@@ -127,7 +127,7 @@ def _samples_by_group(policy, rank: int, world: int, *, step: int, spec=None) ->
     seed_everything(1000 + rank)
     batch, _ = collect(
         model, tokenizer, prompts, spec, rank=rank, world=world, sample_stats=False,
-        reduce=lambda value, *_: torch.tensor(value), step=step,
+        reduce=lambda value, *_: torch.tensor(value), step=step, engine=HFGenerate(model, tokenizer),
     )  # fmt: skip
     lengths = batch.response_mask.sum(-1).long()
     out: dict[int, list[list[int]]] = {}
@@ -207,7 +207,7 @@ def _threaded_collect(policy, spec, world: int, step: int) -> list[tuple]:
             own_model = copy.deepcopy(model)  # each "process" its own copy of the weights
             batch, batches = collect(
                 own_model, tokenizer, prompts, spec, rank=rank, world=world, sample_stats=False,
-                reduce=reduce, step=step,
+                reduce=reduce, step=step, engine=HFGenerate(own_model, tokenizer),
             )  # fmt: skip
             results[rank] = (batch, batches, prompts.cursor)
         except BaseException as err:  # re-raised in the test's thread

@@ -10,6 +10,7 @@ import torch
 
 from contract.spec import TrainSpec
 from trainer.data import load_examples
+from trainer.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
 from trainer.rollout import rollout
 from trainer.scoring import prompts_shareable, response_logits, response_stats
@@ -36,7 +37,15 @@ def _batch(spec: TrainSpec, *, sample_stats: bool):  # type: ignore[no-untyped-d
     examples, first = prompts.take(3)
     torch.manual_seed(4)
     model.eval()
-    batch = rollout(model, tokenizer, examples, first, spec, sample_stats=sample_stats)
+    batch = rollout(
+        model,
+        tokenizer,
+        examples,
+        first,
+        spec,
+        sample_stats=sample_stats,
+        engine=HFGenerate(model, tokenizer),
+    )
     model.train()
     return model, batch
 
@@ -104,9 +113,10 @@ def test_the_micro_batch_plan_is_agreed_and_fixes_the_forward_calls() -> None:
         return len(calls), logprob
 
     assert prompts_shareable(batch.prompt_length, batch.input_ids.shape[1])
-    assert micro_batch_plan(batch, 2, _max_with([0, 0]), sharded=False) == (5, None)
-    assert micro_batch_plan(batch, 2, _max_with([7, 0]), sharded=True) == (7, True)
-    assert micro_batch_plan(batch, 2, _max_with([1, 1]), sharded=True) == (5, False)  # the other can't
+    assert micro_batch_plan(batch, 2, _max_with([0, 0]), sharing="rows") == (5, None)
+    assert micro_batch_plan(batch, 2, _max_with([7, 0]), sharing="agreed") == (7, True)
+    assert micro_batch_plan(batch, 2, _max_with([1, 1]), sharing="agreed") == (5, False)  # the other can't
+    assert micro_batch_plan(batch, 2, _max_with([0, 0]), sharing="never") == (5, False)  # DDP: full forwards
     # By the rows: a padding micro-batch (one row) or distinct prompts run the full forward (one call),
     # rows of one group the shared-prompt path (two calls). Agreed: the same calls whatever the rows.
     for index in ([0], [0, 3, 6], [0, 1, 2]):

@@ -75,7 +75,7 @@ def _trainer_logprob(engine: Engine, out: object) -> torch.Tensor:
         correct=torch.zeros(len(g.input_ids)), group_ids=torch.zeros(len(g.input_ids), dtype=torch.long),  # type: ignore[attr-defined]
         truncated=g.truncated,  # type: ignore[attr-defined]
     )  # fmt: skip
-    model = engine._unwrapped_model
+    model = engine.policy
     model.eval()
     with torch.no_grad():
         logprob, _, _ = response_stats(model, batch, torch.arange(batch.size), 1.0, with_entropy=False)
@@ -104,9 +104,9 @@ def test_greedy_rollouts_equal_hf_token_for_token(engine: Engine) -> None:
     ids, mask = _encode(engine, [*PROMPTS, "3*4=", "(1)"])
     kwargs = dict(num_samples=1, temperature=1.0, top_p=1.0, max_new_tokens=16, greedy=True)
     fast = engine.rollout_engine.generate(ids, mask, **kwargs)  # type: ignore[arg-type]
-    engine._unwrapped_model.eval()
-    reference = HFGenerate(engine._unwrapped_model, engine.tokenizer).generate(ids, mask, **kwargs)  # type: ignore[arg-type]
-    engine._unwrapped_model.train()
+    engine.policy.eval()
+    reference = HFGenerate(engine.policy, engine.tokenizer).generate(ids, mask, **kwargs)  # type: ignore[arg-type]
+    engine.policy.train()
     width = min(fast.input_ids.shape[1], reference.input_ids.shape[1])
     assert fast.prompt_length == reference.prompt_length
     assert torch.equal(fast.response_mask.sum(-1), reference.response_mask.sum(-1))
@@ -173,21 +173,19 @@ def test_a_prompts_samples_come_from_its_seed_not_its_batch(engine: Engine) -> N
 
 def test_logprobs_match_the_trainer_after_each_step_and_a_skipped_push_shows(engine: Engine) -> None:
     # Its probe updates are undone at the end: the module's later tests train the SFT'd policy itself.
-    model = engine._unwrapped_model
+    model = engine.policy
     saved = {name: t.detach().clone() for name, t in model.state_dict().items()}
     try:
         _probe_updates(engine)
     finally:
         model.load_state_dict(saved)
-        from trainer.vllm_engine import after_optimizer_step
-
-        after_optimizer_step(engine.rollout_engine, model)
+        engine.rollout_engine.load_weights(engine.strategy.full_state(engine.model))
     assert _max_mismatch(engine) < LOGPROB_TOLERANCE  # the restored weights reached vLLM too
 
 
 def _probe_updates(engine: Engine) -> None:
     assert _max_mismatch(engine) < LOGPROB_TOLERANCE
-    params = [p for p in engine._unwrapped_model.parameters() if p.requires_grad]
+    params = [p for p in engine.policy.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=1e-3)
     ids, mask = _encode(engine, PROMPTS)
     for step in range(2):
@@ -208,9 +206,7 @@ def _probe_updates(engine: Engine) -> None:
         optimizer.zero_grad(set_to_none=True)
         stale = _max_mismatch(engine)
         assert stale > 20 * LOGPROB_TOLERANCE, f"step {step}: the update did not move the policy ({stale})"
-        from trainer.vllm_engine import after_optimizer_step
-
-        after_optimizer_step(engine.rollout_engine, engine._unwrapped_model)
+        engine.rollout_engine.load_weights(engine.strategy.full_state(engine.model))
         fresh = _max_mismatch(engine)
         assert fresh < LOGPROB_TOLERANCE, f"step {step}: {fresh} nats after the push (stale: {stale})"
 
@@ -240,7 +236,7 @@ def _turn_logprobs(model: torch.nn.Module, context: list[int], turn: list[int]) 
 
 
 def _tool_episodes(engine: Engine) -> tuple[Episodes, Rollout]:
-    model = engine._unwrapped_model
+    model = engine.policy
     examples = engine.prompts.examples[:4]
     model.eval()
     torch.manual_seed(5)
@@ -260,7 +256,7 @@ def test_the_correction_on_tool_episodes_weights_the_sampled_tokens_only(engine:
     assert int(tool.sum()) > 0  # tool results inside the episodes
     assert float(batch.sampler_logprob[~sampled].abs().max()) == 0.0  # no sampler value off the samples
     # A trainer that differs from the sampler: the policy with perturbed weights (the engine keeps its own).
-    trainer = copy.deepcopy(engine._unwrapped_model).eval()
+    trainer = copy.deepcopy(engine.policy).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in trainer.parameters():
@@ -309,24 +305,31 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
     optim = spec.optim.model_copy(update={"dynamic_sampling": {"enabled": True, "max_gen_batches": 2}})
     dynamic = spec.model_copy(update={"optim": optim})
     dynamic = type(spec).model_validate(dynamic.model_dump())
-    engine._unwrapped_model.eval()
+    engine.policy.eval()
     batch, batches = collect(
-        engine._unwrapped_model, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
+        engine.policy, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
         sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine, step=1,
     )  # fmt: skip
-    engine._unwrapped_model.train()
+    engine.policy.train()
     assert 1 <= batches <= 2
     assert batch.tool_counts is None or float(batch.tool_counts[:, -1].sum()) == 0.0
     examples = engine.eval_examples[:8]
     on_vllm = evaluate(
-        engine._unwrapped_model,
+        engine.policy,
         engine.tokenizer,
         spec,
         examples,
         engine._reduce,
         engine=engine.rollout_engine,
     )
-    on_hf = evaluate(engine._unwrapped_model, engine.tokenizer, spec, examples, engine._reduce)
+    on_hf = evaluate(
+        engine.policy,
+        engine.tokenizer,
+        spec,
+        examples,
+        engine._reduce,
+        engine=HFGenerate(engine.policy, engine.tokenizer),
+    )
     assert on_vllm["eval/num_prompts"] == 8.0
     # Greedy tool-use episodes: the same tokens on both engines, so the same scores.
     assert on_vllm["eval/avg@k"] == on_hf["eval/avg@k"]

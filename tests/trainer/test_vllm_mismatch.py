@@ -1,5 +1,5 @@
 """The rollout mismatch metrics and the truncated importance-sampling correction (trainer.mismatch), on
-hand-computed values; no vLLM needed. The weight push's iterator (trainer.vllm_engine.policy_weights):
+hand-computed values; no vLLM needed. The weight push's iterator (trainer.distributed.strategy.full_state):
 LoRA layers come out merged, under the base model's names."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from contract.spec import TrainSpec
 from trainer.algos import compute_policy_loss, make_loss_params
 from trainer.algos.aggregation import aggregate
 from trainer.algos.surrogate import PolicyLossInputs, clipped_surrogate
+from trainer.distributed.strategy import full_state
 from trainer.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
 from trainer.models import apply_lora, build_tiny_arith
-from trainer.vllm_engine import policy_weights
 
 
 def _identity_reduce(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
@@ -93,7 +93,7 @@ def test_lora_weights_are_pushed_merged_under_the_base_names() -> None:
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.1)  # a trained adapter: ΔW ≠ 0
     base_q = lora.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight.detach().clone()
-    pushed = dict(policy_weights(lora))
+    pushed = dict(full_state(lora))
     assert set(pushed) == names
     assert not torch.allclose(pushed["model.layers.0.self_attn.q_proj.weight"], base_q)  # ΔW is in
     merged = lora.merge_and_unload()

@@ -3,7 +3,7 @@
 A controller is tensor-free: once per optimiser step, before the update, it reads the step's measured
 statistics (H̄, the token-mean entropy of π_old over the training batch) and moves its state, which the
 loss reads as its `control` argument. It owns its metrics and its checkpointed state. The engine holds a
-list of them (`make_controllers`) and never asks which algorithm it runs.
+list of them (`trainer.controllers.Controllers`) and never asks which algorithm it runs.
 
 Implementations: STARE's gate (`stare.StareGate`), the adaptive entropy coefficient
 (`entropy_control.EntropyCoefController`) and the PI entropy laws (`pi_control`: entropy_pi, stare_pi,

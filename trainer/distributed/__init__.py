@@ -1,17 +1,20 @@
-"""Training over several processes and machines: process group, DDP/FSDP2 wrapping, sharded checkpoints.
+"""Training over several processes and machines: process group, the strategy (DDP or FSDP2), sharded
+checkpoints.
 
 The engine's wiring is a few calls (docs/DISTRIBUTED.md):
 
     rank, world = init_process_group(spec.distributed, device)
-    model = wrap_model(model, spec.distributed, device)          # before building the optimizer
-    with generation_context(model) as generator: ...generate...  # rollouts with full parameters
-    save_sharded(checkpoint_dir(root, step), model, optimizer, state, scheduler=scheduler)
+    strategy = make_strategy(spec.distributed, device)
+    model = strategy.prepare(model)                              # before building the optimizer
+    with strategy.full_weights(model) as full: ...generate...    # rollouts with full parameters
+    for name, tensor in strategy.full_state(model): ...          # full tensors, LoRA merged
+    save_sharded(checkpoint_dir(root, step), model, optimizer, state, strategy=strategy.name)
     state = load_sharded(folder, model, optimizer, scheduler=scheduler)   # at any world size
     export_hf_folder(model_or_checkpoint_folder, out_dir, tokenizer=tokenizer)
 """
 
 from trainer.distributed.checkpoint import export_hf_folder, load_sharded, save_sharded
-from trainer.distributed.fsdp import decoder_layers, generation_context, model_state_bytes, wrap_model
+from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.process_group import (
     all_reduce_mean,
     all_reduce_sum,
@@ -20,19 +23,20 @@ from trainer.distributed.process_group import (
     rank,
     world_size,
 )
+from trainer.distributed.strategy import Strategy, decoder_layers, make_strategy
 
 __all__ = [
+    "Strategy",
     "all_reduce_mean",
     "all_reduce_sum",
     "barrier",
     "decoder_layers",
     "export_hf_folder",
-    "generation_context",
     "init_process_group",
     "load_sharded",
+    "make_strategy",
     "model_state_bytes",
     "rank",
     "save_sharded",
     "world_size",
-    "wrap_model",
 ]

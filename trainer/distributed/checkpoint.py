@@ -34,17 +34,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from contract.storage import fsync_dir, fsync_tree, storage_writes
 from trainer.checkpoints import replace_folder, rng_state, set_rng_state
-from trainer.distributed.fsdp import base_model, fsdp_units
 from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
+from trainer.distributed.strategy import full_state, hf_model, load_full_state, peft_config_of
 
 SHARDS_DIR = "sharded"
 RNG_DIR = "rng"
@@ -66,12 +61,14 @@ def save_sharded(
     *,
     scheduler: Any = None,
     before_commit: Callable[[Path], None] | None = None,
+    strategy: str,
 ) -> Path:
     """Writes the checkpoint `folder` (e.g. trainer.checkpoints.checkpoint_dir(root, step)) from every
     process; returns it once committed. Collective: every process calls it with its own model.
     `before_commit(tmp)` (collective, optional) adds to the temp folder after the shards are written and
     before the commit (the engine exports the consolidated HF folder `model/` there); a failure in it on
-    any process aborts the checkpoint like a failed shard write."""
+    any process aborts the checkpoint like a failed shard write. `strategy`: the one it was written under
+    (recorded in distributed.json, for information)."""
     folder = Path(folder)
     tmp = Path(str(broadcast_object(str(folder.parent / f".tmp-{folder.name}-{os.getpid()}"))))
     error: BaseException | None = None
@@ -100,7 +97,7 @@ def save_sharded(
     if rank() == 0:
         try:
             with storage_writes(tmp):
-                _write_rank0_files(tmp, model, extra_state)
+                _write_rank0_files(tmp, model, extra_state, strategy)
                 fsync_tree(tmp)
                 replace_folder(tmp, folder)
                 fsync_dir(folder.parent)  # the rename itself survives a power cut
@@ -130,9 +127,8 @@ def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
         os.fsync(fh.fileno())
 
 
-def _write_rank0_files(tmp: Path, model: nn.Module, extra_state: dict[str, Any]) -> None:
+def _write_rank0_files(tmp: Path, model: nn.Module, extra_state: dict[str, Any], strategy: str) -> None:
     _save_model_config(model, tmp / CONFIG_DIR)
-    strategy = "fsdp2" if fsdp_units(model) else "ddp"
     layout = {"world_size": world_size(), "strategy": strategy}
     (tmp / LAYOUT_FILE).write_text(json.dumps(layout, indent=2, sort_keys=True))
     (tmp / STATE_FILE).write_text(
@@ -141,24 +137,14 @@ def _write_rank0_files(tmp: Path, model: nn.Module, extra_state: dict[str, Any])
 
 
 def _save_model_config(model: nn.Module, out_dir: Path) -> None:
-    hf_model = base_model(model)
-    hf_model.config.save_pretrained(out_dir)
-    generation_config = getattr(hf_model, "generation_config", None)
+    inner = hf_model(model)
+    inner.config.save_pretrained(out_dir)
+    generation_config = getattr(inner, "generation_config", None)
     if generation_config is not None:
         generation_config.save_pretrained(out_dir)
     peft_config = peft_config_of(model)
     if peft_config is not None:
         peft_config.save_pretrained(out_dir)
-
-
-def peft_config_of(model: nn.Module) -> Any:
-    unwrapped = getattr(model, "module", model)
-    configs = getattr(unwrapped, "peft_config", None)
-    if not configs:
-        return None
-    if len(configs) != 1:
-        raise ValueError(f"sharded checkpoints hold one LoRA adapter; the model has {sorted(configs)}")
-    return next(iter(configs.values()))
 
 
 def _raise_if_any_failed(error: BaseException | None, tmp: Path) -> None:
@@ -205,20 +191,17 @@ def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any 
     on the process that wrote it, None on the others."""
     out_dir = Path(out_dir)
     if isinstance(source, nn.Module):
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(source, options=options)  # gathers every shard onto rank 0's host memory
+        full: dict[str, Any] = {}
+        for name, tensor in full_state(
+            source
+        ):  # one tensor gathered at a time; rank 0 keeps them on the host
+            if rank() == 0:
+                full[name] = tensor.cpu()
         error: BaseException | None = None
         if rank() == 0:
-            hf_model = base_model(source)
+            inner = hf_model(source)
             try:
-                _write_hf_folder(
-                    out_dir,
-                    full,
-                    hf_model.config,
-                    hf_model.generation_config,
-                    peft_config_of(source),
-                    tokenizer,
-                )
+                _write_hf_folder(out_dir, full, inner.config, inner.generation_config, tokenizer)
             except Exception as err:
                 error = err
         _raise_if_any_failed(error, out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}")
@@ -241,10 +224,11 @@ def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
         from peft import PeftConfig
 
         peft_config = PeftConfig.from_pretrained(str(config_dir))
-    template = build_model(config, peft_config).state_dict()
-    state: dict[str, Any] = {"model": template}
+    model = build_model(config, peft_config)
+    state: dict[str, Any] = {"model": model.state_dict()}
     dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR), no_dist=True)
-    _write_hf_folder(out_dir, state["model"], config, generation_config, peft_config, tokenizer)
+    model.load_state_dict(state["model"], strict=True)
+    _write_hf_folder(out_dir, dict(full_state(model)), config, generation_config, tokenizer)
     return out_dir
 
 
@@ -260,24 +244,18 @@ def build_model(config: Any, peft_config: Any) -> nn.Module:
 
 
 def _write_hf_folder(
-    out_dir: Path,
-    full_state: dict[str, Any],
-    config: Any,
-    generation_config: Any,
-    peft_config: Any,
-    tokenizer: Any,
+    out_dir: Path, weights: dict[str, Any], config: Any, generation_config: Any, tokenizer: Any
 ) -> None:
-    model = build_model(config, peft_config)
-    model.load_state_dict(full_state, strict=True)
-    if peft_config is not None:
-        model = model.merge_and_unload()  # type: ignore[operator]
+    """`weights`: full tensors in transformers' names, adapters merged (strategy.full_state)."""
+    model: Any = build_model(config, None)
+    load_full_state(model, weights.items())
     if generation_config is not None:
         model.generation_config = generation_config
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     with storage_writes(tmp):
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+            model.save_pretrained(tmp, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             fsync_tree(tmp)

@@ -15,15 +15,14 @@ from pathlib import Path
 from torch import nn
 
 from contract.distributed import ModelShape
-from trainer.distributed.fsdp import base_model, decoder_layers
+from trainer.distributed.strategy import decoder_layers, hf_model
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def model_shape(model: nn.Module) -> ModelShape:
-    hf_model = base_model(model)
-    config = hf_model.config
+    config = hf_model(model).config
     params = list(model.parameters())  # tied parameters once
     layers = decoder_layers(model)
     in_layers = {id(p) for layer in layers for p in layer.parameters()}

@@ -11,15 +11,15 @@ carries what the driver and the training processes tell each other:
 (torch.distributed, gloo on CPU, NCCL on GPU) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT; the engine joins that group (accelerate and
 trainer.distributed.init_process_group both use an initialised group as it is). The engine runs here as
-`python -m trainer run` would run it, in the same process, with the stop request delivered by a watcher
-thread instead of a signal, and agreed over the group at each step's end (`AgreedStopEngine`).
+`python -m trainer run` runs it (trainer.job.run_job), in the same process, with the stop request delivered
+by a watcher thread instead of a signal, and agreed over the group at each step's end
+(trainer.events.AgreedStop, injected into the engine).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -67,44 +67,15 @@ class Relay:
         return {"started": dict(self._started), "exits": dict(self._exits)}
 
 
-def agreed_stop_engine_class() -> type:
-    """The engine whose stop flag is the OR over every process, read once per step at the same point.
-
-    On one node the supervisor's SIGTERM reaches every process at once; here each process learns of the
-    stop by polling the relay, so two processes could see it at different steps, and one would start a
-    checkpoint's collectives while the other starts the next step's. The engine reads `_stop_signal` at
-    each step's end in every process (and once more, only when set, for the interrupted event's signal
-    number); the property turns that read into an all-reduce, so every process stops after the same step.
-    """
-    from trainer.distributed.process_group import all_reduce_sum
-    from trainer.engine import Engine
-
-    class AgreedStopEngine(Engine):
-        _local_stop: int | None = None
-
-        @property
-        def _stop_signal(self) -> int | None:
-            asked = all_reduce_sum({"stop": 1.0 if self._local_stop is not None else 0.0})["stop"]
-            if asked == 0:
-                return None
-            return self._local_stop if self._local_stop is not None else int(signal.SIGTERM)
-
-        @_stop_signal.setter
-        def _stop_signal(self, value: int | None) -> None:
-            self._local_stop = value
-
-    return AgreedStopEngine
-
-
-def _watch_stop(relay: Any, engine: Any, done: threading.Event) -> None:
-    """Polls the relay; hands the stop request to the engine as its signal handler would."""
+def _watch_stop(relay: Any, stop: Any, done: threading.Event) -> None:
+    """Polls the relay; hands the stop request to the stop policy as a signal handler would."""
     while not done.wait(STOP_POLL_S):
         try:
             signum = ray.get(relay.stop_signal.remote(), timeout=RELAY_CALL_S)
         except Exception:
             continue
         if signum is not None:
-            engine.request_stop(int(signum))
+            stop.request(int(signum))
             return
 
 
@@ -126,36 +97,28 @@ def train_worker(config: dict[str, Any]) -> None:
 
 
 def _run_engine(config: dict[str, Any], relay: Any, rank: int) -> int:
-    from contract.spec import load_spec
-
-    try:
-        spec = load_spec(config["spec"])
-    except (OSError, ValueError) as err:
-        print(f"cannot read job spec: {err}", file=sys.stderr, flush=True)
-        return ExitCode.USER_ERROR
+    from trainer.events import AgreedStop
+    from trainer.job import Refused, run_job
 
     def relay_event(event: dict[str, Any]) -> None:
         # Waited for: a checkpoint's event is in the relay before the next step starts.
         ray.get(relay.put.remote(event), timeout=RELAY_CALL_S)
 
+    stop = AgreedStop()
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch_stop, args=(relay, stop, done), daemon=True)
+    watcher.start()
     try:
-        engine = agreed_stop_engine_class()(
-            spec,
+        return run_job(
+            config["spec"],
             Path(config["out"]),
             resume=bool(config["resume"]),
             callbacks=[relay_event] if rank == 0 else [],
             progress=False,
+            stop=stop,
         )
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return ExitCode.USER_ERROR
-    done = threading.Event()
-    watcher = threading.Thread(target=_watch_stop, args=(relay, engine, done), daemon=True)
-    watcher.start()
-    try:
-        return int(engine.run())
-    except ValueError as err:  # bad task data or parameters discovered at load time
-        print(f"error: {err}", file=sys.stderr, flush=True)
+    except Refused as err:
+        print(err, file=sys.stderr, flush=True)
         return ExitCode.USER_ERROR
     finally:
         done.set()

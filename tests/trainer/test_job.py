@@ -1,0 +1,72 @@
+"""Launch and stop: the `run` arguments declared once (trainer.job.add_run_arguments) and built once
+(worker.supervisor.run_arguments), the one job entry (trainer.job.run_job) and the stop policies
+(trainer.events.StopPolicy, AgreedStop) the engine is given."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+import pytest
+
+from trainer.events import AgreedStop, StopPolicy, stop_policy
+from trainer.job import Refused, add_run_arguments, load_job_spec, run_job
+from trainer.ray_launch import _parser as ray_parser
+from worker.supervisor import ray_command, run_arguments, trainer_command
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser.add_subparsers(dest="command").add_parser("run"))
+    return parser
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_the_worker_builds_the_arguments_both_command_lines_read(tmp_path: Path, resume: bool) -> None:
+    args = run_arguments(tmp_path / "spec.yaml", tmp_path / "out", resume=resume)
+    one_node = _run_parser().parse_args(args)
+    ray = ray_parser().parse_args([*args, "--address", "auto"])
+    for parsed in (one_node, ray):
+        assert parsed.spec == str(tmp_path / "spec.yaml") and parsed.out == str(tmp_path / "out")
+        assert parsed.resume is resume and parsed.no_progress and parsed.events_stdout
+    # Both launchers take that one list.
+    local = trainer_command(
+        "python", tmp_path / "spec.yaml", tmp_path / "out", resume=resume, num_processes=1
+    )
+    assert local[3:] == args
+    from types import SimpleNamespace
+
+    settings = SimpleNamespace(
+        ray_address="auto",
+        ray_connect_timeout_s=1.0,
+        ray_start_timeout_s=1.0,
+        ray_health_timeout_s=1.0,
+        ray_cpus_per_worker=1.0,
+        ray_gpus_per_worker=0.0,
+    )
+    driver = ray_command("python", tmp_path / "spec.yaml", tmp_path / "out", resume=resume, settings=settings)  # type: ignore[arg-type]
+    assert driver[3 : 3 + len(args)] == args
+
+
+def test_a_bad_spec_is_refused_by_the_one_entry(tmp_path: Path) -> None:
+    bad = tmp_path / "spec.yaml"
+    bad.write_text("optim: {lr: -1}\n")
+    with pytest.raises(Refused, match=r"optim\.lr"):
+        load_job_spec(bad)
+    with pytest.raises(Refused, match="cannot read job spec"):
+        run_job(tmp_path / "missing.yaml", tmp_path / "out", resume=False)
+
+
+def test_stop_policies() -> None:
+    alone = stop_policy(1)
+    assert type(alone) is StopPolicy and alone.agreed() is None
+    alone.request(signal.SIGINT)
+    alone.request(signal.SIGTERM)  # the first request is the one reported
+    assert alone.agreed() == signal.SIGINT
+    assert isinstance(stop_policy(2), AgreedStop)
+    # Without a process group the agreement is this process's own answer.
+    agreed = AgreedStop()
+    assert agreed.agreed() is None
+    agreed.request(signal.SIGTERM)
+    assert agreed.agreed() == signal.SIGTERM
