@@ -1,5 +1,5 @@
-"""`python -m experiments run [--quick] [--jobs N] [--root DIR] [--suite NAME ...] [--md F --html F
---header F --footer F]`, then `page`.
+"""`python -m experiments run [--quick] [--jobs N] [--root DIR] [--suite NAME ...] [--arm A ...]
+[--seed N ...] [--md F --html F --header F --footer F]`, then `page`.
 
 `run` runs every run of the plan that has not finished (finished runs are skipped, interrupted ones resumed),
 then writes the page; `page` only rebuilds the page from what is on disk; `list` prints the plan.
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
             "--root", type=Path, default=None, help=f"run folders (default {DEFAULT_ROOT}[-quick])"
         )
         p.add_argument("--suite", action="append", help="only these suites (repeatable)")
+        p.add_argument("--arm", action="append", help="only these arms' runs (repeatable)")
+        p.add_argument("--seed", action="append", type=int, help="only these seeds' runs (repeatable)")
         p.add_argument("--md", type=Path, default=None, help="markdown page (default docs/RESULTS.md)")
         p.add_argument("--html", type=Path, default=None, help="HTML page (default docs/results.html)")
         p.add_argument("--header", type=Path, default=HEADER, help=f"page header (default {HEADER.name})")
@@ -53,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = build_plan(quick=args.quick, suites=tuple(args.suite) if args.suite else None)
     root = args.root or Path(str(DEFAULT_ROOT) + ("-quick" if args.quick else ""))
-    runs = all_runs(plan)
+    runs = [
+        r
+        for r in all_runs(plan)
+        if (not args.arm or r.arm in args.arm) and (args.seed is None or r.seed in args.seed)
+    ]
     if args.command == "list":
         for r in runs:
             state = "finished" if is_finished(run_dir(root, r)) else "to run"
