@@ -77,7 +77,7 @@ test: install
 	set -o pipefail; STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
 		$(BIN)/python -m pytest -q --durations=0 -m "not vllm" | tee build/test-durations.txt
 	set -o pipefail; STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q --durations=0 -m vllm \
-		tests/trainer/test_vllm_engine.py | tee build/test-durations-vllm.txt
+		tests/trainer/test_vllm_engine.py tests/trainer/test_vllm_distributed.py | tee build/test-durations-vllm.txt
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -354,9 +354,10 @@ class SftSpec(_Strict):
 
 class RolloutSpec(_Strict):
     """Which engine samples the rollouts (docs/ROLLOUTS.md). hf: transformers' generate on the policy
-    itself, the reference. vllm: a vLLM engine colocated with the trainer, its weights pushed after every
-    optimiser step; its log-probs differ from the trainer's by kernels and rounding, which the step's
-    rollout/mismatch_* metrics measure."""
+    itself, the reference. vllm: a vLLM engine colocated with the trainer, one per process under either
+    distributed.strategy (under fsdp2 fed from the shards, one gathered tensor at a time), its weights
+    pushed after every optimiser step; its log-probs differ from the trainer's by kernels and rounding,
+    which the step's rollout/mismatch_* metrics measure."""
 
     engine: Literal["hf", "vllm"] = "hf"
     # Truncated importance sampling: each token's advantage is weighted by min(π_trainer/π_sampler, tis_cap)
@@ -481,12 +482,6 @@ class TrainSpec(_Strict):
         if self.rollout.tis_cap is not None and self.rollout.engine != "vllm":
             raise ValueError(
                 "rollout.tis_cap needs rollout.engine vllm (HF generate samples from the trainer)"
-            )
-        if self.rollout.engine == "vllm" and self.distributed.strategy == "fsdp2":
-            raise ValueError(
-                "rollout.engine: vllm is not yet fed from fsdp2's shards (each process's vLLM copy needs "
-                "the full weights gathered); distributed.strategy 'fsdp2' rolls out with HF generate "
-                "(rollout.engine hf)"
             )
         lora = self.model.lora
         if self.distributed.strategy == "fsdp2" and lora is not None and not lora.merge_on_save:

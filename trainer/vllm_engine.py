@@ -3,6 +3,13 @@
 rollout after an optimiser step (`load_weights`, fed the strategy's `full_state` by trainer.hybrid's
 `rollout_mode`). docs/ROLLOUTS.md describes it.
 
+- Above one process (torchrun, a Ray worker; ddp or fsdp2): each process builds its own engine (tensor
+  parallel 1) through vLLM's `external_launcher` backend, which joins the process group already there and
+  puts the engine on the process's own device (LOCAL_RANK). Each engine is built from a folder its process
+  writes from the strategy's `full_state`: under fsdp2 every tensor is gathered from the shards as it is
+  reached (a collective: every process builds its engine at the same point and iterates in the same order),
+  and at most one file's worth of full tensors is held beside the shards (`_save_policy`).
+
 - Token ids in, token ids out: prompts go to vLLM as token ids (`TokensPrompt`) and the sampled ids come
   back as ids; nothing is re-tokenised, so multi-turn episodes keep the exact tokens of every turn.
 - The sampling record: vLLM's log-probs are of its own processed distribution (temperature, top-p) and its
@@ -17,6 +24,7 @@ rollout after an optimiser step (`load_weights`, fed the strategy's `full_state`
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -27,6 +35,7 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
+from trainer.distributed.process_group import world_size
 from trainer.distributed.strategy import full_state, hf_model
 from trainer.generation import Generation, HFGenerate, RolloutEngine
 from trainer.sampling import seeds_or_drawn
@@ -40,6 +49,9 @@ ENGINE_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 MAX_MODEL_LEN_CAP = 4096  # tokens: prompt + response (multi-turn: the whole episode)
+# The initial policy folder's weights are written in safetensors files of at most this many bytes (a larger
+# tensor alone in its file): what `_save_policy` holds in memory beside the model at any time.
+FILE_BYTES = 256 * 2**20
 
 
 def _import_vllm() -> Any:
@@ -108,6 +120,9 @@ class VLLMGenerate:
                     # The log-probs of the distribution the tokens were drawn from: after temperature, top-p.
                     logprobs_mode="processed_logprobs",
                     seed=0,
+                    # Above one process: one engine per process, in the process group already there (module
+                    # docstring); vLLM reads RANK and LOCAL_RANK, which torchrun and the Ray worker set.
+                    distributed_executor_backend="external_launcher" if world_size() > 1 else None,
                 )
             self._vllm = vllm
         return self._llm
@@ -219,18 +234,48 @@ class VLLMGenerate:
             self.asleep = False
 
 
-def _save_policy(model: Any, tokenizer: Any, folder: Path) -> None:
-    """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer)."""
-    inner = hf_model(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.contiguous() for name, tensor in full_state(model)}
-    inner.config.save_pretrained(folder)
-    inner.generation_config.save_pretrained(folder)
+def _save_policy(model: Any, tokenizer: Any, folder: Path, *, file_bytes: int = FILE_BYTES) -> None:
+    """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer). The weights are
+    `full_state`'s (the strategy's), written as they come: moved to host memory and gathered into
+    safetensors files of at most `file_bytes` (a larger tensor alone in its file), each written and dropped
+    before the next is begun, with transformers' index (model.safetensors.index.json) naming each tensor's
+    file. So no full copy of a sharded model is ever held: at most one file's tensors and the one just
+    gathered. Collective under fsdp2 (full_state): every process writes its own folder at the same point."""
     from safetensors.torch import save_file
 
-    if getattr(inner.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    inner = hf_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    tied = bool(getattr(inner.config, "tie_word_embeddings", False))
+    files: list[list[str]] = []
+    chunk: dict[str, Tensor] = {}
+    held = total = 0
+
+    def write() -> None:
+        nonlocal chunk, held
+        if chunk:
+            save_file(chunk, str(folder / f"part-{len(files)}.safetensors"), metadata={"format": "pt"})
+            files.append(list(chunk))
+            chunk, held = {}, 0
+
+    for name, tensor in full_state(model):
+        if tied and name == "lm_head.weight":  # (full_state gives tied weights once already)
+            continue
+        value = tensor.to("cpu").contiguous()  # (full_state gives detached tensors)
+        size = value.numel() * value.element_size()
+        if held + size > file_bytes:
+            write()
+        chunk[name] = value
+        held, total = held + size, total + size
+    write()
+    weight_map: dict[str, str] = {}
+    for i, names in enumerate(files):  # transformers' file names, now that their number is known
+        final = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        os.replace(folder / f"part-{i}.safetensors", folder / final)
+        weight_map.update(dict.fromkeys(names, final))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    inner.config.save_pretrained(folder)
+    inner.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 

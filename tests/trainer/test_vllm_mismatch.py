@@ -1,10 +1,14 @@
 """The rollout mismatch metrics and the truncated importance-sampling correction (trainer.mismatch), on
 hand-computed values; no vLLM needed. The weight push's iterator (trainer.distributed.strategy.full_state):
-LoRA layers come out merged, under the base model's names."""
+LoRA layers come out merged, under the base model's names. The folder vLLM is first built from
+(trainer.vllm_engine._save_policy), written from an fsdp2 policy's shards tensor by tensor."""
 
 from __future__ import annotations
 
+import json
 import math
+import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,6 +87,17 @@ def test_the_spec_offers_the_engine_and_the_cap_with_vllm_only() -> None:
         TrainSpec.model_validate({"rollout": {"tis_cap": 2.0}})
     with pytest.raises(ValidationError, match="engine"):
         TrainSpec.model_validate({"rollout": {"engine": "sglang"}})
+    # Under either strategy, at any number of processes (each process's engine is fed the full weights).
+    for strategy in ("ddp", "fsdp2"):
+        distributed = {"strategy": strategy, "processes_per_node": 2}
+        spec = TrainSpec.model_validate({"rollout": {"engine": "vllm"}, "distributed": distributed})
+        assert (spec.rollout.engine, spec.distributed.strategy) == ("vllm", strategy)
+    # What fsdp2 still refuses, vLLM or not: a LoRA job whose checkpoints would keep a separate adapter/.
+    lora = {"name": "tiny-arith", "lora": {"r": 4, "alpha": 8, "merge_on_save": False}}
+    with pytest.raises(ValidationError, match=r"model\.lora\.merge_on_save"):
+        TrainSpec.model_validate(
+            {"model": lora, "rollout": {"engine": "vllm"}, "distributed": {"strategy": "fsdp2"}}
+        )
 
 
 def test_lora_weights_are_pushed_merged_under_the_base_names() -> None:
@@ -99,3 +114,59 @@ def test_lora_weights_are_pushed_merged_under_the_base_names() -> None:
     merged = lora.merge_and_unload()
     for name, tensor in merged.named_parameters():
         assert torch.allclose(pushed[name], tensor, atol=1e-6), name
+
+
+def test_the_initial_vllm_folder_is_written_tensor_by_tensor_from_fsdp2_shards(tmp_path, monkeypatch):
+    """The folder vLLM is built from, written from an fsdp2 policy (one process: its parameters are
+    DTensors, which full_state gathers one by one as under more): the tensors go into files of at most
+    `file_bytes` as they come, so at every tensor full_state gives, those it gave before and that are still
+    held sum to at most file_bytes plus the one just before (which the loop still names). The tiny model's
+    1.98 MB in files of 0.6 MB: a writer that kept every tensor until the end would hold up to 1.7 MB, over
+    the bound of 0.6 + 0.26 MB (its largest tensor). transformers loads the folder (its index and files)
+    into the policy's own logits. The engine's memory estimate (model_shape) finds the sharded layers."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.trainer.test_engine import small_spec
+    from trainer import vllm_engine
+    from trainer.distributed.memory import model_shape
+    from trainer.engine import Engine
+
+    spec = TrainSpec.model_validate(small_spec(distributed={"strategy": "fsdp2"}))
+    engine = Engine(spec, tmp_path / "run", progress=False)
+    engine.setup()
+    assert any(type(p).__name__ == "DTensor" for p in engine.model.parameters())
+    assert model_shape(engine.model).num_layers == engine.model.config.num_hidden_layers
+
+    file_bytes, sizes, held, given = 600_000, [], [], []
+
+    def tracked(model):
+        for name, tensor in full_state(model):
+            value = (
+                tensor.clone()
+            )  # host, contiguous: the writer keeps this very object until its file is out
+            held.append(sum(_bytes(ref()) for ref in given[:-1]))  # (no strong reference kept here)
+            given.append(weakref.ref(value))
+            sizes.append(value.numel() * value.element_size())
+            yield name, value
+
+    monkeypatch.setattr(vllm_engine, "full_state", tracked)
+    folder = tmp_path / "policy"
+    vllm_engine._save_policy(engine.model, engine.tokenizer, folder, file_bytes=file_bytes)
+    total = sum(sizes)
+    assert total == 1_979_904 and max(held) <= file_bytes < total - max(sizes)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) == 4 and files[-1] == "model-00004-of-00004.safetensors"
+    assert index["metadata"]["total_size"] == total
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == files
+    assert all(Path(folder / f).stat().st_size <= file_bytes + 4096 for f in files)  # + a header each
+
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
+    loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad(), engine.strategy.full_weights(engine.model) as full:
+        expected = full(input_ids=ids).logits
+        assert torch.equal(loaded(input_ids=ids).logits, expected)
+
+
+def _bytes(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()

@@ -78,10 +78,11 @@ def peft_config_of(model: Any) -> Any:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, in order: modules whose class HF lists in `_no_split_modules`."""
+    """The model's repeated blocks, in order: modules whose class HF lists in `_no_split_modules`, or a
+    subclass of one (fully_shard swaps a sharded layer's class for `FSDP<name>`, a subclass of its own)."""
     inner = hf_model(model)
     names = set(getattr(inner, "_no_split_modules", None) or ())
-    layers = [m for m in inner.modules() if type(m).__name__ in names]
+    layers = [m for m in inner.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not layers:
         raise ValueError(
             f"cannot find the decoder layers of {type(inner).__name__}: its _no_split_modules "
