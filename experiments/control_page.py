@@ -46,6 +46,8 @@ MEASURED_FLOORS: dict[str, tuple[float, str]] = {
     "control-tiny": (0.023, "the tiny demo model after its SFT at 32 × 8, 8 re-samples"),
 }
 NOISE_FILE = "noise_floor.json"
+# Where a run's entropy ended: the mean H̄ of its last END_STEPS steps, over the target.
+END_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class SeedRow:
     clip_share: float | None  # post-settling steps with the law's output at its clip
     longest_clip: int | None
     final_avg: float | None
+    end_ratio: float | None = None  # mean H̄ of the last END_STEPS steps over the target
 
     def held(self) -> bool:
         return (
@@ -105,6 +108,8 @@ def seed_row(entry: dict[str, Any], *, target_setting: Any = None, reused: bool 
         clipped = [v for st, v in an.metric_series(events, cm.SATURATED) if st >= held.settling_step]
         clip_share = sum(v >= 0.5 for v in clipped) / len(clipped) if clipped else None
     runs = [v for _, v in an.metric_series(events, cm.SATURATED_STEPS)]
+    tail = [h for _, h in entropies[-END_STEPS:]]
+    end_ratio = sum(tail) / len(tail) / target if tail and target else None
     return SeedRow(
         arm=s.arm or "?",
         seed=s.seed,
@@ -120,6 +125,7 @@ def seed_row(entry: dict[str, Any], *, target_setting: Any = None, reused: bool 
         clip_share=clip_share,
         longest_clip=int(max(runs)) if runs else None,
         final_avg=s.final_avg,
+        end_ratio=end_ratio,
     )
 
 
@@ -213,11 +219,13 @@ def seed_table(rows: list[SeedRow]) -> str:
                 _f(r.mean_deviation),
                 _pct(r.step_share),
                 clip,
+                "–" if r.end_ratio is None else f"{r.end_ratio:.2f}",
                 _f(r.final_avg),
             ]
         )
     header = ["arm", "seed", "status", "target (nats)", "collapsed", "settling step", "5-step MA in band"]
-    header += ["mean abs H − H* / H*", "per-step share (same steps)", "at the clip", "final avg@k"]
+    header += ["mean abs H − H* / H*", "per-step share (same steps)", "at the clip"]
+    header += [f"H̄ at the end / H* (last {END_STEPS} steps)", "final avg@k"]
     return _table(header, body)
 
 
@@ -299,6 +307,22 @@ def _why(rows: list[SeedRow], floor: tuple[float, str] | None) -> str:
     return "; ".join(parts)
 
 
+def _ratio_range(rows: list[SeedRow]) -> str:
+    ratios = [r.end_ratio for r in rows if r.end_ratio is not None]
+    return f"{min(ratios):.2f}–{max(ratios):.2f} ×" if ratios else "–"
+
+
+def _why_cost(arm_rows: list[SeedRow], base_rows: list[SeedRow]) -> str:
+    """Where the entropy of an arm that held at an accuracy cost ended, beside grpo_ds's: a baseline that
+    ends well below the target without collapsing says the task learns at lower entropy than the target."""
+    collapsed = sum(r.collapse is not None for r in base_rows)
+    return (
+        f"entropy at the end (mean H̄ of the last {END_STEPS} steps over the target): {arm_rows[0].arm} "
+        f"{_ratio_range(arm_rows)}, {BASELINE} {_ratio_range(base_rows)} ({collapsed} of {len(base_rows)} "
+        "seeds collapsed)"
+    )
+
+
 def verdicts(suite: Suite, rows: list[SeedRow], floor: tuple[float, str] | None) -> list[list[str]]:
     """Per arm of the cell: held (with the accuracy cost) or by how much it missed, and why."""
     planned = {arm: sum(1 for r in suite.runs if r.arm == arm) for arm in suite.arms}
@@ -322,6 +346,8 @@ def verdicts(suite: Suite, rows: list[SeedRow], floor: tuple[float, str] | None)
         else:
             verdict = "held"
         why = _why(done, floor) if misses else ""
+        if verdict.startswith("held entropy at an accuracy cost"):
+            why = _why_cost(done, [r for r in rows if r.arm == BASELINE and r.finished])
         reused = any(r.reused for r in rows if r.arm == arm)
         out.append(
             [

@@ -125,6 +125,8 @@ def test_holding_per_seed_by_hand(roots: tuple[Path, Path]) -> None:
     assert base.reused and base.target == pytest.approx(0.7) and base.final_avg == GRPO_FINAL[2]
     # Below 0.25 × H₀ from step 5 (0.2) on: collapsed at step 5.
     assert base.collapse == 5 and not base.held()
+    # Where entropy ended: the last 10 steps' mean H̄ over the target (0.72/0.68 alternating; 0.1 flat).
+    assert held.end_ratio == pytest.approx(1.0) and base.end_ratio == pytest.approx(0.1 / 0.7)
     running = rows[("stare_pi_c2", 0)]
     assert not running.finished and running.steps == STEPS
 
@@ -151,6 +153,12 @@ def test_verdict_per_arm(roots: tuple[Path, Path]) -> None:
     # Entropy held, accuracy significantly below grpo_ds: does not count.
     assert "does not count as held" in verdict["stare_pi"][0]
     assert "significantly lower" in verdict["stare_pi"][2]
+    # Why, measured: where its entropy ended against grpo_ds's (the last 10 steps' mean over the target:
+    # held_profile's ±0.02 around 0.7, grpo_ds's floor of 0.1).
+    assert verdict["stare_pi"][1] == (
+        "entropy at the end (mean H̄ of the last 10 steps over the target): stare_pi 1.00–1.00 ×, "
+        f"grpo_ds {0.1 / 0.7:.2f}–{0.1 / 0.7:.2f} × (3 of 3 seeds collapsed)"
+    )
     # By how much it missed, and why (measured): the deviation bound, the saturated actuator.
     missed, why, _ = verdict["clip_pi"]
     assert missed.startswith("missed: ") and f"mean deviation {25 * 0.3 / 26:.3f}" in missed
