@@ -189,15 +189,11 @@ class Engine:
 
     def _load_model(self, checkpoint: Path | None) -> None:
         spec = self.spec
-        # Under fsdp2 a fresh run's weights are loaded by rank 0 alone; the others build a meta-device skeleton
-        # and take their shards from it (the strategy), so no other process holds the whole model.
-        from_rank0 = placement.rank0_fills(self.runtime, spec, checkpoint)
-        model, self.tokenizer = placement.load_policy(
-            spec, checkpoint, skeleton=from_rank0 and self.rank != 0
-        )
-        self.model, self.optimizer = placement.prepare_for_training(
-            self.runtime, model, spec, from_rank0=from_rank0
-        )
+        # Under fsdp2 above one process a fresh run's model is a meta-device skeleton whose shards each process
+        # reads from the weights' files, or fills from rank 0's loaded model (placement.start_fill).
+        fill = placement.start_fill(self.runtime, spec, checkpoint)
+        model, self.tokenizer = placement.load_policy(spec, checkpoint, skeleton=fill.skeleton(self.rank))
+        self.model, self.optimizer = placement.prepare_for_training(self.runtime, model, spec, fill=fill)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
         # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine), switched

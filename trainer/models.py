@@ -343,6 +343,20 @@ def skeleton_of(
     return model_skeleton(folder, folder, dtype=dtype)
 
 
+def weights_files(name_or_path: str) -> list[Path] | None:
+    """The safetensors files `load_model_and_tokenizer(name_or_path)` reads the weights from (SmolLM2's
+    converted folder, a local HF folder), so that each process can read its own shards of them
+    (trainer.distributed.shard_load); None where the weights are not such files (tiny-arith, built in code;
+    a .gguf file; a hub id; a folder of .bin files)."""
+    if name_or_path == TINY_ARITH:
+        return None
+    folder = _smollm2_folder() if name_or_path == SMOLLM2_135M_INSTRUCT else Path(name_or_path).expanduser()
+    if not (folder.is_dir() and (folder / "config.json").is_file()):
+        return None
+    files = sorted(folder.glob("*.safetensors"))
+    return files or None
+
+
 def model_skeleton(
     config_dir: Path, tokenizer_dir: Path, *, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

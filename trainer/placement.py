@@ -3,6 +3,8 @@ KL reference policy. How the model is laid out over the processes is the run's s
 (trainer.distributed.strategy, held by the Runtime); these functions ask it:
 - `load_policy`: the model and tokenizer, from the spec's source or a checkpoint, LoRA applied, aligned; a
   checkpoint of DCP shards is read once, into a model built on the meta device (no weights loaded first);
+- `start_fill`: where a fresh fsdp2 run's shards come from above one process (each process reads its own
+  from the safetensors files, or rank 0 loads the model and fills the others');
 - `prepare_for_training`: the strategy's `prepare` (DDP, or FSDP2's per-decoder-layer `fully_shard`;
   activation checkpointing; the precision policy) and then the optimiser, built on the prepared (sharded)
   parameters;
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from trainer.distributed import export_hf_folder, load_sharded, save_sharded
 from trainer.distributed.checkpoint import CONFIG_DIR, SHARDS_DIR
 from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.runtime import Runtime
-from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton, skeleton_of
+from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton, skeleton_of, weights_files
 from trainer.rollout import Rollout
 from trainer.scoring import align_tensors, micro_batches, response_stats
 
@@ -44,8 +47,8 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = Fa
     (new, or the checkpoint's), every tensor 64-byte aligned (`align_tensors`). A checkpoint of DCP shards
     (any strategy wrote it) gives a model on the meta device: its weights are read once, by
     `restore_training_state`, into the shards the strategy materialised. `skeleton`: a fresh run's model
-    built on the meta device too (`trainer.models.skeleton_of`), for a strategy that fills it from rank 0's
-    (`rank0_fills`)."""
+    built on the meta device too (`trainer.models.skeleton_of`), for a strategy that fills it from the
+    weights' files or from rank 0's (`start_fill`)."""
     if spec.model.dtype not in DTYPES:
         raise ValueError(f"model dtype must be one of {', '.join(DTYPES)}, got {spec.model.dtype!r}")
     dtype = DTYPES[spec.model.dtype]
@@ -83,23 +86,42 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = Fa
     return model, tokenizer
 
 
-def rank0_fills(runtime: Runtime, spec: TrainSpec, checkpoint: Path | None) -> bool:
-    """Whether a fresh run's model is loaded by rank 0 alone and the others' shards filled from it: where
-    the strategy shards over several processes and the model's shapes are known without its weights."""
-    return (
-        checkpoint is None
-        and runtime.strategy.fills_from_rank0
-        and (spec.model.name == TINY_ARITH or skeleton_of(spec.model.name) is not None)
-    )
+@dataclass(frozen=True)
+class StartFill:
+    """How a fresh run's model gets its weights where the strategy shards it over several processes
+    (`start_fill`): `files`, each process reads its own shards from these safetensors files; `from_rank0`,
+    rank 0 loads the model and the others' shards are filled from it; neither, every process loads it."""
+
+    files: tuple[Path, ...] = ()
+    from_rank0: bool = False
+
+    def skeleton(self, rank: int) -> bool:
+        """Whether process `rank` builds the model on the meta device (`load_policy(skeleton=True)`)."""
+        return bool(self.files) or (self.from_rank0 and rank != 0)
+
+
+def start_fill(runtime: Runtime, spec: TrainSpec, checkpoint: Path | None) -> StartFill:
+    """Where the strategy shards over several processes (fsdp2 above one) and the run is fresh: each process
+    reads its shards from the safetensors files of the weights (SmolLM2, a local HF folder; not with LoRA,
+    whose adapters are drawn on rank 0 and broadcast), else rank 0 alone loads the model where its shapes
+    are known without its weights (tiny-arith, built in code); elsewhere every process loads it."""
+    if checkpoint is not None or not runtime.strategy.fills_from_rank0:
+        return StartFill()
+    if spec.model.lora is None:
+        files = weights_files(spec.model.name)
+        if files is not None:
+            return StartFill(files=tuple(files))
+    known = spec.model.name == TINY_ARITH or skeleton_of(spec.model.name) is not None
+    return StartFill(from_rank0=known)
 
 
 def prepare_for_training(
-    runtime: Runtime, model: Any, spec: TrainSpec, *, from_rank0: bool = False
+    runtime: Runtime, model: Any, spec: TrainSpec, *, fill: StartFill = StartFill()
 ) -> tuple[Any, Any]:
-    """(model, optimiser): the model prepared by the run's strategy (runtime.strategy.prepare; `from_rank0`:
-    rank 0 holds the weights, the others a meta-device skeleton), then AdamW over its trainable parameters
-    (under fsdp2 their shards: the optimiser state is sharded with them)."""
-    prepared = runtime.strategy.prepare(model, from_rank0=from_rank0)
+    """(model, optimiser): the model prepared by the run's strategy (runtime.strategy.prepare; `fill`: where
+    a meta-device skeleton's shards are filled from, `start_fill`), then AdamW over its trainable
+    parameters (under fsdp2 their shards: the optimiser state is sharded with them)."""
+    prepared = runtime.strategy.prepare(model, from_rank0=fill.from_rank0, from_files=fill.files)
     params = [p for p in prepared.parameters() if p.requires_grad]
     o = spec.optim
     # fused: one kernel per parameter instead of ~10 elementwise passes over it (docs/BENCHMARKS.md).

@@ -41,6 +41,7 @@ SMOKES = (
     Smoke("bench_sample_stats.py", "--json", ("torch", "results")),
     Smoke("bench_service.py", "--json", ("args", "closed", "open", "rounds")),
     Smoke("bench_stare_overhead.py", "--json", ("machine", "settings")),
+    Smoke("bench_start_memory.py", "--json", ("baseline", "ranks", "summary", "markdown", "cpu", "machine")),
     Smoke(
         "bench_streaming.py", "--json", ("standalone_median_step_s", "supervised_median_step_s", "overhead")
     ),

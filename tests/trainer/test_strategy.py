@@ -173,9 +173,11 @@ def test_an_fsdp2_resume_reads_the_weights_once_into_a_meta_built_model(tmp_path
     assert a[2] == b[2] and a[3] == b[3]
 
 
-def test_a_fresh_fsdp2_run_above_one_process_is_loaded_by_rank_0_alone():
-    """The decision (placement.rank0_fills) and the other ranks' model: a skeleton on the meta device,
-    LoRA applied, with the tokenizer ready for batched generation. The fill itself runs in test_fsdp2.py."""
+def test_a_fresh_fsdp2_run_above_one_process_is_loaded_by_rank_0_alone_or_from_each_ranks_slices(tmp_path):
+    """The decision (placement.start_fill) and the other ranks' model: a skeleton on the meta device,
+    LoRA applied, with the tokenizer ready for batched generation. A model built in code (tiny-arith) or a
+    LoRA run is filled from rank 0; a local folder of safetensors without LoRA by each rank from the files
+    (every rank a skeleton). The fills themselves run in test_fsdp2.py and test_fsdp2_start_fill.py."""
     from types import SimpleNamespace
 
     from trainer import placement
@@ -186,10 +188,25 @@ def test_a_fresh_fsdp2_run_above_one_process_is_loaded_by_rank_0_alone():
 
     data = small_spec(model={"name": "tiny-arith", "lora": {"r": 4, "alpha": 8}})
     spec = TrainSpec.model_validate(data)
-    assert placement.rank0_fills(runtime("fsdp2", 2), spec, None)
-    assert not placement.rank0_fills(runtime("fsdp2", 1), spec, None)
-    assert not placement.rank0_fills(runtime("ddp", 2), spec, None)
-    assert not placement.rank0_fills(runtime("fsdp2", 2), spec, Path("step-000001"))  # a resume: the shards
+    rank0 = placement.StartFill(from_rank0=True)
+    assert placement.start_fill(runtime("fsdp2", 2), spec, None) == rank0
+    assert rank0.skeleton(1) and not rank0.skeleton(0)
+    assert placement.start_fill(runtime("fsdp2", 1), spec, None) == placement.StartFill()
+    assert placement.start_fill(runtime("ddp", 2), spec, None) == placement.StartFill()
+    resume = placement.start_fill(runtime("fsdp2", 2), spec, Path("step-000001"))  # a resume: the shards
+    assert resume == placement.StartFill() and not resume.skeleton(1)
+    folder = tmp_path / "model"
+    for part in build_tiny_arith():
+        part.save_pretrained(folder)
+    plain = TrainSpec.model_validate(small_spec(model={"name": str(folder)}))
+    fill = placement.start_fill(runtime("fsdp2", 2), plain, None)
+    assert fill == placement.StartFill(files=(folder / "model.safetensors",))
+    assert fill.skeleton(0) and fill.skeleton(1)
+    assert placement.start_fill(runtime("fsdp2", 1), plain, None) == placement.StartFill()
+    with_lora = TrainSpec.model_validate(
+        small_spec(model={"name": str(folder), "lora": {"r": 4, "alpha": 8}})
+    )
+    assert placement.start_fill(runtime("fsdp2", 2), with_lora, None) == rank0
     model, tokenizer = placement.load_policy(spec, None, skeleton=True)
     assert all(p.is_meta for p in model.parameters())
     assert any("lora_A" in name for name, _ in model.named_parameters())

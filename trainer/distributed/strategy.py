@@ -6,8 +6,10 @@ A `Strategy` answers every question the engine has about how the policy is laid 
   process; fsdp2: every decoder layer and the root sharded with `fully_shard` over the strategy's device
   mesh), with the precision policy applied (ddp: a bfloat16 autocast around the HF model's forward,
   installed as forward hooks; fsdp2: FSDP2's MixedPrecisionPolicy). A model built on the meta device (a
-  resume from DCP shards) is materialised here, after sharding, so that no process holds more than its
-  shards: `materialise(model)` then fills what is not in a checkpoint (non-persistent buffers).
+  resume from DCP shards, a fresh fsdp2 run above one process) is materialised here, after sharding, so
+  that no process holds more than its shards; the non-persistent buffers are recomputed
+  (`fill_non_persistent_buffers`), and a fresh run's shards are read from the weights' safetensors files
+  (`from_files`: trainer.distributed.shard_load) or broadcast from rank 0's loaded model (`from_rank0`).
 - `full_weights(model)`: a context yielding the module to run no-grad forwards and `generate` on, with
   full parameters in every process while it runs (fsdp2: every unit gathered once and kept gathered, then
   resharded; the forwards it ran are forgotten, so processes that made different numbers of them never
@@ -27,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal, cast
 
 import torch
@@ -47,6 +50,7 @@ from trainer.distributed.process_group import world_size
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PromptSharing = Literal["rows", "never", "agreed"]
+Files = Sequence[Path]  # safetensors files of a model's weights (prepare's from_files)
 
 
 def make_strategy(spec: DistributedSpec, device: torch.device) -> Strategy:
@@ -212,7 +216,9 @@ class Strategy:
         """Whether `prepare(..., from_rank0=True)` is taken: rank 0 alone loads the weights."""
         return False
 
-    def prepare(self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False) -> nn.Module:
+    def prepare(
+        self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False, from_files: Files = ()
+    ) -> nn.Module:
         raise NotImplementedError
 
     def policy(self, model: nn.Module) -> nn.Module:
@@ -291,8 +297,12 @@ class DDP(Strategy):
     def prompt_sharing(self) -> PromptSharing:
         return "never" if self.spec.world_size > 1 else "rows"
 
-    def prepare(self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False) -> nn.Module:
+    def prepare(
+        self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False, from_files: Files = ()
+    ) -> nn.Module:
         del from_rank0  # every ddp process holds the whole model
+        if from_files:
+            raise ValueError("distributed.strategy ddp: every process loads the whole model, not its shards")
         self._check_world()
         if trainable and self.spec.activation_checkpointing:
             self._checkpoint_activations(model)
@@ -353,12 +363,21 @@ class FSDP2(Strategy):
             self._mesh = init_device_mesh(self.device.type, (self.spec.world_size,))
         return self._mesh
 
-    def prepare(self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False) -> nn.Module:
-        """`from_rank0`: rank 0 holds the loaded weights, every other process a skeleton on the meta device
-        (trainer.models.skeleton_of). Rank 0 keeps its tensors aside and turns its model into a skeleton
-        too; every process shards its skeleton and allocates its shards only; rank 0's tensors are then
-        broadcast into them, so no process but rank 0 ever holds the whole model."""
+    def prepare(
+        self, model: nn.Module, *, trainable: bool = True, from_rank0: bool = False, from_files: Files = ()
+    ) -> nn.Module:
+        """`from_files`: every process holds a skeleton on the meta device (trainer.models.skeleton_of),
+        shards it, allocates its shards only and fills them from these safetensors files, reading only its
+        own slice of each tensor (trainer.distributed.shard_load): no process ever holds the whole model.
+        `from_rank0`: rank 0 holds the loaded weights (a model built in code: no files), every other process
+        a skeleton. Rank 0 keeps its tensors aside and turns its model into a skeleton too; every process
+        shards its skeleton and allocates its shards only; rank 0's tensors are then broadcast into them,
+        so no process but rank 0 ever holds the whole model."""
         self._check_world()
+        if from_files and (from_rank0 or not all(p.is_meta for p in model.parameters())):
+            raise ValueError(
+                "prepare(from_files=...) takes a skeleton on the meta device, without from_rank0"
+            )
         spec = self.spec
         loaded: dict[str, Any] = {}
         if from_rank0 and world_size() > 1 and not any(p.is_meta for p in model.parameters()):  # rank 0
@@ -383,9 +402,15 @@ class FSDP2(Strategy):
         for unit in [*decoder_layers(model), hf_model(model)]:
             fully_shard(unit, **options)
             _RESHARD_AFTER_FORWARD[unit] = spec.reshard_after_forward
-        if on_meta:  # each process allocates its shards only; rank 0's weights or a checkpoint fill them
+        if (
+            on_meta
+        ):  # each process allocates its shards only; the files, rank 0's weights or a checkpoint fill them
             model.to_empty(device="cpu" if offload else self.device)
             fill_non_persistent_buffers(model)
+        if from_files:
+            from trainer.distributed.shard_load import load_shards_from_files
+
+            load_shards_from_files(model, from_files)
         if from_rank0 and world_size() > 1:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
