@@ -28,9 +28,10 @@ Arms: `default` (a spec that sets `algorithm.control` and names no algorithm: th
 SmolLM2 cells also `stare_pi` (O1), `stare_pi_c2` and `clip_pi`. grpo_ds runs on the cells that have no
 grpo_ds run yet (gym, tiny, tool); on the a+b cells grpo_ds does not read the target, so the existing
 SmolLM2 suite's grpo_ds runs (and its stare_o1, adaptive_entropy runs) at each rate are the comparison,
-not rerun. Run time, measured on the existing suite: about 1 h a SmolLM2 run at one torch thread on the
-2-core machine, so the 12 SmolLM2 runs of an a+b cell take about 6 h at two jobs (the gym cell's 15, about 8 h), the whole plan (75 SmolLM2
-runs plus the tiny and tool-use cells) about 40 h.
+not rerun. Run time, measured on the 2-core AMD EPYC (AVX-512) machine at two jobs (2026-12-03/04, shared
+with tests): a SmolLM2 run 2,000–5,000 s (about 22 min alone on an idle machine), a tiny-cell run 250–450 s,
+a tool-use run 130–230 s; so an a+b cell's 12 runs take about 3.5–8 h at two jobs, the gym cell's 15 about
+4–10 h, the whole plan (75 SmolLM2 runs plus the tiny and tool-use cells) about 21–52 h.
 """
 
 from __future__ import annotations
