@@ -20,8 +20,25 @@ SATURATED_STEPS = "control/saturated_steps"
 ACTUATOR = "control/actuator"
 TARGET = "control/target_entropy"
 # Consecutive steps at the clip from which the target counts as not holdable with the actuator: the
-# ControllerSaturated alert (deploy/prometheus/alerts.yml) and the job view's `control.saturated`.
+# ControllerSaturated alert (deploy/prometheus/alerts.yml), the job view's and the report's `saturated`.
+# At the raising clip (u = u_max > 0) 20 steps. At the lowering clip (u = −u_min) LOWERING_ALERT_STEPS: that
+# side is small by design (u_min = 0.1) and leaves the lowering to the policy's own drift, so the law sits
+# there on every approach from H₀ down to a target below it (21–27 steps on the tiny model, results/control);
+# 50 steps there means the drift is not bringing entropy down either.
 SATURATION_ALERT_STEPS = 20
+LOWERING_ALERT_STEPS = 50
+
+
+def saturation_alert(steps: float | None, output: float | None) -> bool:
+    """Whether `steps` consecutive steps at the clip, with the law's output `output` (its sign says which
+    clip; unknown: the raising side's count applies), mean the target cannot be held."""
+    if steps is None:
+        return False
+    if output is not None and output < 0:
+        return steps >= LOWERING_ALERT_STEPS
+    return steps >= SATURATION_ALERT_STEPS
+
+
 TARGETED = "algorithms with a target entropy"
 
 # (key, unit, help, options): options name the Prometheus series, its help, the surfaces (by Surface
@@ -54,8 +71,9 @@ _ENTRIES: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "control/saturated_steps",
         "steps",
-        "Consecutive steps, up to this one, with the output at its clip; 20 or more: the target cannot be "
-        "held with this actuator (alert ControllerSaturated).",
+        "Consecutive steps, up to this one, with the output at its clip; 20 or more at the raising clip, 50 "
+        "or more at the lowering one: the target cannot be held with this actuator (alert "
+        "ControllerSaturated).",
         {
             "prometheus": "stare_job_control_saturated_steps",
             "prometheus_help": "Consecutive steps with the PI law's output at its clip.",

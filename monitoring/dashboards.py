@@ -136,7 +136,8 @@ JOB_DASHBOARD = Dashboard(
                     ),
                     width=12,
                     description="What the output sets, and how long it has sat at its clip: 20 steps or "
-                    "more fires ControllerSaturated (the target cannot be held with this actuator).",
+                    "more at the raising clip, 50 or more at the lowering one, fire ControllerSaturated (the "
+                    "target cannot be held with this actuator).",
                 ),
             ),
             requires="a PI entropy law",

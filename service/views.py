@@ -101,7 +101,7 @@ def control_status(job: JobLike) -> schemas.ControlStatus | None:
         actuator=finite(metrics.get(cm.ACTUATOR)),
         at_clip=bool(at_clip) if at_clip is not None else None,
         saturated_steps=steps,
-        saturated=steps is not None and steps >= cm.SATURATION_ALERT_STEPS,
+        saturated=cm.saturation_alert(steps, finite(metrics.get(cm.OUTPUT))),
     )
 
 

@@ -210,7 +210,7 @@ class ControlStatus(APIObject):
     actuator: float | None
     at_clip: bool | None
     saturated_steps: int | None
-    saturated: bool  # at the clip for 20+ steps: the ControllerSaturated alert's condition
+    saturated: bool  # at the clip 20+ steps (raising) or 50+ (lowering): ControllerSaturated's condition
 
 
 class LatestMetrics(APIObject):

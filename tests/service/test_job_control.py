@@ -93,6 +93,22 @@ def test_saturated_once_the_output_sits_at_its_clip_for_twenty_steps(
     assert control["at_clip"] is False and control["saturated"] is False  # off the clip: cleared
 
 
+def test_at_the_lowering_clip_saturated_takes_fifty_steps(
+    client: TestClient, tenant: TenantKey, db: Database
+) -> None:
+    """u = −u_min while the policy's drift brings entropy down to the target is the approach, not an alarm:
+    20 steps there are not saturated, 50 are (contract/control_metrics.py)."""
+    job_id = create_job(client, tenant.headers, CONTROL_SPEC)
+    worker = FakeWorker(db, job_id)
+    _record(db, job_id, worker, 1, _control_metrics(1, output=-0.1, saturated_steps=20))
+    control = client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["control"]
+    assert control["saturated_steps"] == 20 and control["saturated"] is False
+    _record(db, job_id, worker, 2, _control_metrics(2, output=-0.1, saturated_steps=49))
+    assert client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["control"]["saturated"] is False
+    _record(db, job_id, worker, 3, _control_metrics(3, output=-0.1, saturated_steps=50))
+    assert client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()["control"]["saturated"] is True
+
+
 def test_a_job_without_a_controller_has_no_control_block(
     client: TestClient, tenant: TenantKey, db: Database
 ) -> None:

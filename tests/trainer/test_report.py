@@ -445,3 +445,19 @@ def test_a_controller_off_its_clip_is_not_saturated() -> None:
     assert ctl["longest_saturated_run"] == 24 and ctl["final_saturated_steps"] == 0
     assert ctl["saturated"] is False
     assert "the target cannot be held" not in render_html(build_report(events))
+
+
+def test_at_the_lowering_clip_the_report_waits_fifty_steps() -> None:
+    """The last 26 steps at u = −0.1 (the approach from above): not saturated; the same at u = +1: saturated."""
+    for output, saturated in ((-0.1, False), (1.0, True)):
+        events = synthetic_events()
+        for e in events:
+            if e["type"] == "step":
+                step = e["step"]
+                e["metrics"] |= {
+                    "control/output": output if step >= 5 else 0.0,
+                    "control/saturated": float(step >= 5),
+                    "control/saturated_steps": float(max(0, step - 4)),
+                }
+        ctl = build_report(events)["controller"]
+        assert ctl["final_saturated_steps"] == 26 and ctl["saturated"] is saturated

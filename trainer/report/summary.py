@@ -19,7 +19,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from contract.control_metrics import SATURATION_ALERT_STEPS
+from contract.control_metrics import saturation_alert
 from contract.metrics import BandState
 from contract.metrics import get as metric
 from contract.numbers import finite
@@ -317,8 +317,8 @@ def _controller_summary(s: _Stream) -> dict[str, Any]:
         "saturated_fraction": sum(saturated) / len(saturated) if saturated else None,
         "longest_saturated_run": int(max(runs)) if runs else None,
         "final_saturated_steps": current,
-        # At its clip for the alert's 20 steps or more at the last step (ControllerSaturated).
-        "saturated": current is not None and current >= SATURATION_ALERT_STEPS,
+        # At its clip for the alert's count of steps at the last step (ControllerSaturated).
+        "saturated": saturation_alert(current, _last(s.steps, CONTROL_OUTPUT)),
     }
 
 
