@@ -1,7 +1,8 @@
 """Run by test_distributed.py, alone or under `accelerate launch --cpu --num_processes N`.
 
 Builds one fixed global batch, gives each process its share (rows rank::world), runs the engine's
-policy_update on it, and writes (from rank 0) the summed loss and the synchronised gradients.
+policy_update on it once per loss named (a comma-separated list: one launch serves every loss), and writes
+(from rank 0) each loss's summed value and synchronised gradients.
 """
 
 from __future__ import annotations
@@ -34,11 +35,20 @@ def global_batch(vocab: int) -> tuple[Rollout, torch.Tensor]:
     return r, adv
 
 
-def main(out_path: str, loss_name: str, micro_batch_size: int) -> None:
+def main(out_path: str, loss_names: str, micro_batch_size: int) -> None:
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model, _ = load_model_and_tokenizer("tiny-arith", seed=0)
     model = accelerator.prepare(model)
+    results = {}
+    for loss_name in loss_names.split(","):
+        model.zero_grad(set_to_none=True)  # no optimizer step: the weights are the same for every loss
+        results[loss_name] = _update(accelerator, model, loss_name, micro_batch_size)
+    if accelerator.is_main_process:
+        torch.save(results, out_path)
+
+
+def _update(accelerator: Accelerator, model: torch.nn.Module, loss_name: str, micro_batch_size: int) -> dict:
     batch, adv = global_batch(
         model.module.config.vocab_size if hasattr(model, "module") else model.config.vocab_size
     )
@@ -89,9 +99,8 @@ def main(out_path: str, loss_name: str, micro_batch_size: int) -> None:
         num_micro_batches=n_micro,
     )
     loss = accelerator.reduce(torch.tensor(metrics["loss/policy"], dtype=torch.float64), reduction="sum")
-    if accelerator.is_main_process:
-        grads = {n: p.grad.detach().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
-        torch.save({"loss": float(loss), "grads": grads}, out_path)
+    grads = {n: p.grad.detach().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
+    return {"loss": float(loss), "grads": grads}
 
 
 if __name__ == "__main__":

@@ -50,12 +50,26 @@ def _run(tmp_path: Path, name: str, processes: int, loss: str, micro: int) -> di
     return torch.load(out, weights_only=False)
 
 
+LOSSES = ["grpo_ds", "stare_step", "dr_grpo", "grpo"]
+
+
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The three launches (one process whole, one process in other micro-batches, two processes), each
+    computing every loss of LOSSES on the same weights: one launch per layout, not one per loss."""
+    tmp_path = tmp_path_factory.mktemp("distributed")
+    losses = ",".join(LOSSES)
+    return {
+        "one": _run(tmp_path, "one", 1, losses, micro=12),
+        "split": _run(tmp_path, "split", 1, losses, micro=5),
+        "two": _run(tmp_path, "two", 2, losses, micro=4),
+    }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loss", ["grpo_ds", "stare_step", "dr_grpo", "grpo"])
-def test_two_processes_match_one(tmp_path, loss):
-    one = _run(tmp_path, "one", 1, loss, micro=12)
-    split = _run(tmp_path, "split", 1, loss, micro=5)
-    two = _run(tmp_path, "two", 2, loss, micro=4)
+@pytest.mark.parametrize("loss", LOSSES)
+def test_two_processes_match_one(updates, loss):
+    one, split, two = (updates[layout][loss] for layout in ("one", "split", "two"))
     for other in (split, two):
         assert abs(other["loss"] - one["loss"]) < 1e-6
         for name, grad in one["grads"].items():
