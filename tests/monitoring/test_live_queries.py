@@ -1,7 +1,8 @@
 """Every dashboard query and every alert rule, run on a real Prometheus scraping the real stack (API,
 worker, exporter) while a tiny job trains: each query returns series for that job (or its queue) and
 every value is what its panel expects (a fraction in [0, 1], entropy > 0, the job's step, ...). The
-tool-use row runs against a tool-use job (trainer/specs/tool_use_tiny.yaml).
+tool-use row runs against a tool-use job (trainer/specs/tool_use_tiny.yaml), the vLLM row against a vLLM job
+that then runs to its end (the vLLM job over HTTP).
 
 With STARE_RECORD_QUERY_RESULTS=1 the returned values are written to deploy/grafana/query-results.json,
 which docs/metrics.md shows (`python -m monitoring.docs --write`). The GPU panels are the one exception:
@@ -138,12 +139,32 @@ def test_the_controller_row_returns_series_for_a_pi_law_job(stack: Stack) -> Non
         stack.end(frozen)
 
 
+# The vLLM job: the tiny model after a short SFT, STARE, vLLM rollouts with a truncated IS weight capped at 2. It
+# is frozen after step 2 for the row's queries, then runs to its end (the job over HTTP that
+# tests/trainer/test_vllm_stack.py ran on the embedded stack is this one: one vLLM launch, not two).
+VLLM_STEPS = 6
+VLLM_SPEC = {
+    "model": {"name": "tiny-arith"},
+    "task": {"source": "arithmetic", "train_size": 64, "eval_size": 16},
+    "verifier": {"name": "numeric", "params": {"abs_tol": 60}},
+    "algorithm": {"name": "stare"},
+    "rollout": {"engine": "vllm", "tis_cap": 2.0},
+    "sampling": {"group_size": 4, "max_new_tokens": 5},
+    "optim": {"steps": VLLM_STEPS, "prompts_per_step": 3, "micro_batch_size": 6},
+    "sft": {"steps": 60, "lr": 3e-3, "batch_size": 32},
+    "checkpoint": {"interval": 100},
+}
+
+
 @requires_vllm_python()
 def test_the_rollout_engine_row_returns_series_for_a_vllm_job(stack: Stack) -> None:
-    """The vLLM row (rollout.engine vllm): the sampler-trainer mismatch and the truncated IS weight."""
-    spec = tiny_spec(40, 50, algorithm={"name": "stare"}, rollout={"engine": "vllm", "tis_cap": 2.0})
-    job_id = stack.submit(spec)
+    """The vLLM row (rollout.engine vllm): the sampler-trainer mismatch and the truncated IS weight. Then the
+    job, thawed, runs to its end over HTTP: the worker runs its trainer with vLLM's interpreter
+    (STARE_VLLM_PYTHON), the job succeeds, every step carries the rollout mismatch metrics, and the
+    evaluations before and after training ran (on the vLLM engine)."""
+    job_id = stack.submit(VLLM_SPEC)
     frozen = stack.freeze_after(job_id, 2)
+    assert frozen.step < VLLM_STEPS, "the job must still have steps to run when it is frozen"
     try:
         refs = dashboard_refs("rollout.engine vllm")
         assert len(refs) == 4 and all(r.dashboard.uid == "stare-job" for r in refs)
@@ -153,4 +174,13 @@ def test_the_rollout_engine_row_returns_series_for_a_vllm_job(stack: Stack) -> N
         if RECORD:
             record(results, {"vllm job": "tiny-arith, rollout.engine vllm, tis_cap 2"})
     finally:
-        stack.end(frozen)
+        frozen.thaw()
+    stack.h.wait_status(job_id, "succeeded", timeout=240)
+    rows = stack.http.get(f"/v1/jobs/{job_id}/metrics").json()["data"]
+    assert [row["step"] for row in rows] == list(range(1, VLLM_STEPS + 1))
+    for row in rows:
+        values = row["values"]
+        assert 0.0 <= values["rollout/mismatch_abs_max"] < 1e-2, values
+        assert values["rollout/tis_capped_fraction"] == 0.0
+    report = stack.http.get(f"/v1/jobs/{job_id}/report").json()
+    assert report["evaluation"]["after"]["step"] == VLLM_STEPS
