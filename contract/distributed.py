@@ -137,16 +137,32 @@ class MemoryEstimate:
     # Gradients and activations counted above that are never live at once: gradients are freed after each
     # step (zero_grad(set_to_none=True)) and built by backward while it frees the activations.
     not_coexisting_bytes: int = 0
+    # fsdp2 above one process with HF generate: the rollout and the evaluations run inside the strategy's
+    # full_weights(), which gathers every unit's full parameters at once (param_dtype) beside the shards.
+    rollout_gathered_bytes: int = 0
 
     @property
     def model_state_bytes(self) -> int:
         return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
 
     @property
-    def total_bytes(self) -> int:
+    def training_bytes(self) -> int:
+        """The peak of one optimiser step."""
         return (
             self.model_state_bytes + self.gathered_bytes + self.activations_bytes - self.not_coexisting_bytes
         )
+
+    @property
+    def rollout_bytes(self) -> int:
+        """The peak of a rollout with full weights gathered: the shards, AdamW's state (kept across it) and
+        the full copy; gradients are freed after each step, and sampling keeps no activations for backward."""
+        if not self.rollout_gathered_bytes:
+            return 0
+        return self.parameters_bytes + self.optimizer_bytes + self.rollout_gathered_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return max(self.training_bytes, self.rollout_bytes)
 
 
 # Values autograd keeps per token and decoder layer (fp32 Llama-style block, SDPA attention), counted from
@@ -171,6 +187,7 @@ def estimate_memory(
     micro_batch_tokens: int,
     param_dtype: Literal["float32", "bfloat16"] = "float32",
     activation_checkpointing: bool = False,
+    rollout_full_weights: bool = False,
 ) -> MemoryEstimate:
     """Per-process bytes of one step of AdamW training with `processes` data-parallel processes.
 
@@ -181,7 +198,9 @@ def estimate_memory(
     `micro_batch_tokens` tokens; with checkpointing only each layer's input is kept, plus one layer's worth
     recomputed in backward. Gradients and activations are not all live at once (`not_coexisting_bytes`,
     subtracted from the total): the peak is the larger of all activations with the first unit's gradients
-    and all gradients with one layer's activations.
+    and all gradients with one layer's activations. `rollout_full_weights` (HF generate): under fsdp2 above
+    one process the rollout holds a full copy of the parameters beside the shards, and the total is the
+    larger of the training step and the rollout (`MemoryEstimate.rollout_bytes`).
     """
     if processes < 1:
         raise ValueError(f"processes must be ≥ 1, got {processes}")
@@ -220,7 +239,10 @@ def estimate_memory(
     first_grads = min(own_grads, _ceil_div(shape.largest_layer_parameters * fp32, shards))
     layer_activations = micro_batch_tokens * per_layer * act_bytes
     live = max(activations + first_grads, own_grads + min(layer_activations, activations))
-    return MemoryEstimate(params, grads, optimizer, gathered, activations, activations + own_grads - live)
+    rollout = shape.parameters * act_bytes if rollout_full_weights and shards > 1 else 0
+    return MemoryEstimate(
+        params, grads, optimizer, gathered, activations, activations + own_grads - live, rollout
+    )
 
 
 def _ceil_div(a: int, b: int) -> int:

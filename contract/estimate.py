@@ -33,6 +33,11 @@ class MemoryPerDevice(BaseModel):
     not_coexisting_bytes: int = Field(
         description="Gradients and activations counted above that are never live at once (subtracted)."
     )
+    rollout_gathered_bytes: int = Field(
+        default=0,
+        description="fsdp2 with HF generate: the full parameters gathered for sampling and evaluation. The "
+        "total is the larger of the training step and the rollout (parameters + optimizer + this).",
+    )
     total_bytes: int
 
     @classmethod
@@ -50,6 +55,7 @@ class MemoryPerDevice(BaseModel):
             gathered_bytes=estimate.gathered_bytes,
             activations_bytes=estimate.activations_bytes,
             not_coexisting_bytes=estimate.not_coexisting_bytes,
+            rollout_gathered_bytes=estimate.rollout_gathered_bytes,
             total_bytes=estimate.total_bytes,
         )
 

@@ -260,7 +260,8 @@ def micro_batch_tokens(spec: TrainSpec, prompt_tokens: int) -> int:
 
 
 def job_memory(spec: TrainSpec, shape: ModelShape, prompt_tokens: int) -> MemoryEstimate:
-    """Per-device bytes of one training step of `spec` on a model of `shape`."""
+    """Per-device bytes of one training step of `spec` on a model of `shape` (or of its rollout, when that is
+    larger: fsdp2 with HF generate gathers the full weights)."""
     if spec.model.lora is not None:
         adapters = lora_parameters(shape, spec.model.lora.r, spec.model.lora.target_modules)
         shape = dataclasses.replace(
@@ -274,6 +275,7 @@ def job_memory(spec: TrainSpec, shape: ModelShape, prompt_tokens: int) -> Memory
         micro_batch_tokens=micro_batch_tokens(spec, prompt_tokens),
         param_dtype=dist.mixed_precision.param_dtype,
         activation_checkpointing=dist.activation_checkpointing,
+        rollout_full_weights=spec.rollout.engine == "hf",
     )
 
 

@@ -141,6 +141,7 @@ class MemoryPerDevice(APIObject):
     gathered_bytes: int
     activations_bytes: int
     not_coexisting_bytes: int
+    rollout_gathered_bytes: int = 0
     total_bytes: int
 
 

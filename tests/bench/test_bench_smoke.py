@@ -32,6 +32,17 @@ class Smoke:
 
 
 SMOKES = (
+    Smoke(
+        "bench_big_model.py",
+        "--json",
+        (
+            "parameters",
+            "estimate_per_process",
+            "placement_on_this_machine",
+            "fsdp2 x2",
+            "resumed at fsdp2 x1",
+        ),
+    ),
     Smoke("bench_control_overhead.py", "--json", ("rounds", "warmup")),
     Smoke("bench_engine.py", "--json", ("machine", "vs_trl", "stare_vs_grpo_ds", "markdown"), ("trl",)),
     Smoke("bench_fsdp.py", "--json", ("rounds", "fsdp2_over_ddp_median", "cpu")),

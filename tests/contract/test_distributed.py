@@ -107,6 +107,30 @@ def test_activations_scale_with_tokens_and_shrink_with_checkpointing():
     assert bf16.activations_bytes == one.activations_bytes // 2
 
 
+def test_an_fsdp2_rollout_with_full_weights_counts_the_gathered_copy():
+    """HF generate under fsdp2 above one process runs inside full_weights(): the full parameters (in
+    param_dtype) beside the shards and AdamW's state; gradients are freed by then. The total is the larger
+    of that and the training step; ddp and one process gather nothing."""
+    kw = {"micro_batch_tokens": 64, "rollout_full_weights": True}
+    fsdp = estimate_memory(SMOLLM2, strategy="fsdp2", processes=2, **kw)
+    assert fsdp.rollout_gathered_bytes == 4 * SMOLLM2.parameters
+    assert fsdp.rollout_bytes == fsdp.parameters_bytes + fsdp.optimizer_bytes + 4 * SMOLLM2.parameters
+    # At 64 tokens the model state dominates: 2 + 4 + 4 bytes a parameter beat 2 + 2 + 4 and the buffers.
+    assert fsdp.total_bytes == fsdp.rollout_bytes > fsdp.training_bytes
+    bf16 = estimate_memory(SMOLLM2, strategy="fsdp2", processes=2, param_dtype="bfloat16", **kw)
+    assert bf16.rollout_gathered_bytes == 2 * SMOLLM2.parameters
+    # A long micro-batch: the training step's activations dominate again.
+    long = estimate_memory(SMOLLM2, strategy="fsdp2", processes=2, micro_batch_tokens=200_000,
+                           rollout_full_weights=True)  # fmt: skip
+    assert long.total_bytes == long.training_bytes > long.rollout_bytes
+    for strategy, n in (("ddp", 2), ("fsdp2", 1)):
+        plain = estimate_memory(SMOLLM2, strategy=strategy, processes=n, **kw)
+        assert plain.rollout_gathered_bytes == plain.rollout_bytes == 0
+        assert plain.total_bytes == plain.training_bytes
+    vllm = estimate_memory(SMOLLM2, strategy="fsdp2", processes=2, micro_batch_tokens=64)
+    assert vllm.rollout_gathered_bytes == 0 and vllm.total_bytes == vllm.training_bytes
+
+
 @pytest.mark.parametrize("bad", [{"processes": 0}, {"micro_batch_tokens": 0}])
 def test_estimate_refuses_nonsense(bad):
     args = {"strategy": "ddp", "processes": 1, "micro_batch_tokens": 1, **bad}

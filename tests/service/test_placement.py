@@ -211,7 +211,8 @@ def test_a_from_config_model_ddp_cannot_fit_is_refused_and_placed_under_fsdp2(
     2048, SmolLM2's 49 152-token vocabulary; the estimate reads its declared config, never its weights)
     on a class the size of this 24 GiB machine split over 2 processes, 12 GiB each. ddp keeps the whole fp32
     model state in each process (weights 4, DDP's gradient and bucket copies 8, AdamW 8 bytes a parameter:
-    23.7 GB): refused with a 422 naming spec.distributed.strategy. fsdp2 × 2 shards it (10.3 GB): placed.
+    23.7 GB): refused with a 422 naming spec.distributed.strategy. fsdp2 × 2 shards it (10.3 GB a training
+    step; its HF rollout, with the full weights gathered beside the shards, 11.8 GB): placed.
     An extra model without a declared config is not estimated (never refused on memory)."""
     from bench.make_config_model import layers_for, shape_config
 
@@ -235,6 +236,11 @@ def test_a_from_config_model_ddp_cannot_fit_is_refused_and_placed_under_fsdp2(
     assert sharded.status_code == 200, sharded.text
     memory = sharded.json()["memory_per_device"]
     assert memory["parameters_bytes"] == 4 * 1_182_894_080 // 2  # fp32, half in each process
+    # HF generate gathers the full weights beside the shards: that rollout is the peak (2 + 4 + 4 bytes a
+    # parameter, 11.0 GiB), above the training step.
+    assert memory["rollout_gathered_bytes"] == 4 * 1_182_894_080
+    rollout = memory["parameters_bytes"] + memory["optimizer_bytes"] + memory["rollout_gathered_bytes"]
+    assert memory["total_bytes"] == rollout
     assert GIB < memory["total_bytes"] <= 12 * GIB
     unknown = fleet_client(worker_classes=box, extra_models=extra)  # no config: no estimate
     assert _post(unknown, fleet_tenant, "/v1/jobs/estimate", spec("ddp")).json()["memory_per_device"] is None
