@@ -50,3 +50,13 @@ def apply_smoke(args: Any, **values: Any) -> None:
     if getattr(args, "smoke", False):
         for name, value in values.items():
             setattr(args, name, value)
+
+
+def emit(result: dict[str, Any], path: str | None, indent: int = 1) -> None:
+    """Prints a bench's result as JSON and writes it to `path` (its --json option) when one is given."""
+    import json
+
+    text = json.dumps(result, indent=indent)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")

@@ -109,10 +109,7 @@ def main() -> int:
         record = json.loads(out.read_text())
     record["machine"] = _common.machine(torch_threads=args.threads)
     record["load_average"] = os.getloadavg()
-    text = json.dumps(record, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    _common.emit(record, args.json, indent=2)
     return 0
 
 
