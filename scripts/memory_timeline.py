@@ -116,3 +116,6 @@ for t, name in [*marks, (1e18, "exit")]:
         " ".join(f"{max([x[2] for x in seg if x[1] == pid] or [0]) / 1e9:6.2f}" for pid in pids),
     )
     prev = t
+# The run's checkpoints are large (about 15 GB at 4 layers: each holds the shards and a consolidated model/):
+# removed; the model folder is kept for the next call.
+subprocess.run(["rm", "-rf", str(out)])
