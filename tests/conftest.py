@@ -73,3 +73,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if REAL_COMPONENT_MISSING in reason:
         report.outcome = "failed"
         report.longrepr = f"{reason} -- STARE_REQUIRE_REAL_COMPONENTS=1 forbids this skip"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under pytest-xdist, a test marked `solo` runs with no other test beside it (tests/machine_lock.py);
+    the lock covers its setup and teardown, module fixtures included."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        yield
+        return
+    from tests.machine_lock import hold_machine
+
+    with hold_machine(run_id, alone=item.get_closest_marker("solo") is not None):
+        yield

@@ -28,6 +28,7 @@ def test_the_demo_spec_is_what_the_results_page_describes() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.solo  # two torch threads, as `make demo` runs: alone, or both threads spin (machine_lock.py)
 def test_the_demo_at_seed_7_raises_accuracy_and_the_gate_acts(tmp_path: Path) -> None:
     spec = yaml.safe_load((REPO / "trainer/specs/demo.yaml").read_text())
     spec["seed"] = 7

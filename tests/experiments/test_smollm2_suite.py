@@ -19,6 +19,9 @@ from experiments.smollm2 import HEADLINE_LR, METHODS, START_ACCURACY_RANGE, smol
 
 STEPS = 20
 
+# The reduced run uses two torch threads (below): alone, or both threads spin (tests/machine_lock.py).
+pytestmark = pytest.mark.solo
+
 
 def test_the_full_suite_has_every_method_two_rates_three_seeds_headline_first() -> None:
     suites = smollm2_suites()

@@ -41,7 +41,9 @@ from tests.worker.harness import (
 )
 from tests.worker.servers import free_port
 
-pytestmark = pytest.mark.slow  # a Ray cluster, workers and several trainers: minutes
+# A Ray cluster, workers and several trainers: minutes, and too many processes to share the machine with
+# another test (tests/machine_lock.py).
+pytestmark = [pytest.mark.slow, pytest.mark.solo]
 
 # Two jobs of one process per node side by side, or one job of two processes per node.
 NODE_CPUS = 2

@@ -1,0 +1,49 @@
+"""tests/machine_lock.py: ordinary tests share the machine, a solo test holds it alone, and a waiting solo
+test is not starved by ordinary tests that arrive after it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from tests.machine_lock import hold_machine
+
+
+def _run(run_id: str, name: str, alone: bool, hold_s: float, log: list[tuple[str, str]]) -> threading.Thread:
+    def body() -> None:
+        with hold_machine(run_id, alone=alone):
+            log.append(("start", name))
+            time.sleep(hold_s)
+            log.append(("end", name))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread
+
+
+def test_two_ordinary_tests_overlap() -> None:
+    run_id, log = uuid.uuid4().hex, []
+    threads = [_run(run_id, "a", False, 0.3, log), _run(run_id, "b", False, 0.3, log)]
+    for t in threads:
+        t.join(5)
+    assert [event for event, _ in log] == ["start", "start", "end", "end"], log
+
+
+def test_a_solo_test_waits_for_the_running_one_and_the_next_one_waits_for_it() -> None:
+    run_id, log = uuid.uuid4().hex, []
+    first = _run(run_id, "ordinary-1", False, 0.5, log)
+    time.sleep(0.1)
+    solo = _run(run_id, "solo", True, 0.3, log)
+    time.sleep(0.1)
+    later = _run(run_id, "ordinary-2", False, 0.1, log)  # arrives while the solo test waits
+    for t in (first, solo, later):
+        t.join(5)
+    assert log == [
+        ("start", "ordinary-1"),
+        ("end", "ordinary-1"),
+        ("start", "solo"),
+        ("end", "solo"),
+        ("start", "ordinary-2"),
+        ("end", "ordinary-2"),
+    ], log
