@@ -24,7 +24,6 @@ rollout after an optimiser step (`load_weights`, fed the strategy's `full_state`
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -35,6 +34,7 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
+from trainer.distributed.hf_folder import FILE_BYTES, write_folder
 from trainer.distributed.process_group import world_size
 from trainer.distributed.strategy import full_state, hf_model
 from trainer.generation import Generation, HFGenerate, RolloutEngine
@@ -49,9 +49,6 @@ ENGINE_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 MAX_MODEL_LEN_CAP = 4096  # tokens: prompt + response (multi-turn: the whole episode)
-# The initial policy folder's weights are written in safetensors files of at most this many bytes (a larger
-# tensor alone in its file): what `_save_policy` holds in memory beside the model at any time.
-FILE_BYTES = 256 * 2**20
 
 
 def _import_vllm() -> Any:
@@ -235,48 +232,15 @@ class VLLMGenerate:
 
 
 def _save_policy(model: Any, tokenizer: Any, folder: Path, *, file_bytes: int = FILE_BYTES) -> None:
-    """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer). The weights are
-    `full_state`'s (the strategy's), written as they come: moved to host memory and gathered into
-    safetensors files of at most `file_bytes` (a larger tensor alone in its file), each written and dropped
-    before the next is begun, with transformers' index (model.safetensors.index.json) naming each tensor's
-    file. So no full copy of a sharded model is ever held: at most one file's tensors and the one just
-    gathered. Collective under fsdp2 (full_state): every process writes its own folder at the same point."""
-    from safetensors.torch import save_file
-
+    """The policy as a transformers folder vLLM can load (config, merged weights, tokenizer), written from
+    `full_state` (the strategy's) as the tensors come (trainer.distributed.hf_folder): no full copy of a
+    sharded model is ever held, at most one file's tensors and the one just gathered. Collective under
+    fsdp2 (full_state): every process writes its own folder at the same point."""
     inner = hf_model(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    tied = bool(getattr(inner.config, "tie_word_embeddings", False))
-    files: list[list[str]] = []
-    chunk: dict[str, Tensor] = {}
-    held = total = 0
-
-    def write() -> None:
-        nonlocal chunk, held
-        if chunk:
-            save_file(chunk, str(folder / f"part-{len(files)}.safetensors"), metadata={"format": "pt"})
-            files.append(list(chunk))
-            chunk, held = {}, 0
-
-    for name, tensor in full_state(model):
-        if tied and name == "lm_head.weight":  # (full_state gives tied weights once already)
-            continue
-        value = tensor.to("cpu").contiguous()  # (full_state gives detached tensors)
-        size = value.numel() * value.element_size()
-        if held + size > file_bytes:
-            write()
-        chunk[name] = value
-        held, total = held + size, total + size
-    write()
-    weight_map: dict[str, str] = {}
-    for i, names in enumerate(files):  # transformers' file names, now that their number is known
-        final = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-        os.replace(folder / f"part-{i}.safetensors", folder / final)
-        weight_map.update(dict.fromkeys(names, final))
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    inner.config.save_pretrained(folder)
-    inner.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    write_folder(
+        full_state(model), folder, config=inner.config, generation_config=inner.generation_config,
+        tokenizer=tokenizer, file_bytes=file_bytes,
+    )  # fmt: skip
 
 
 MEMORY_FRACTION_BOUNDS = (0.05, 0.9)

@@ -27,19 +27,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from contract.storage import fsync_dir, fsync_tree, storage_writes
 from trainer.checkpoints import replace_folder, rng_state, set_rng_state
+from trainer.distributed.hf_folder import write_folder, write_weights
 from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
-from trainer.distributed.strategy import full_state, hf_model, load_full_state, peft_config_of
+from trainer.distributed.strategy import full_state, hf_model, peft_config_of
 
 SHARDS_DIR = "sharded"
 RNG_DIR = "rng"
@@ -186,27 +187,25 @@ def load_sharded(
 
 
 def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any = None) -> Path | None:
-    """A Hugging Face folder at `out_dir` from a live model (collective: every process calls it, rank 0
-    writes) or from a sharded checkpoint folder (one process, no process group needed). Returns out_dir
-    on the process that wrote it, None on the others."""
+    """A Hugging Face folder at `out_dir` from a live (sharded) model (collective: every process gathers,
+    rank 0 writes each tensor as it comes, trainer.distributed.hf_folder, so it never holds the full state)
+    or from a sharded checkpoint folder (one process, no process group needed). Returns out_dir on the
+    process that wrote it, None on the others."""
     out_dir = Path(out_dir)
-    if isinstance(source, nn.Module):
-        full: dict[str, Any] = {}
-        for name, tensor in full_state(
-            source
-        ):  # one tensor gathered at a time; rank 0 keeps them on the host
-            if rank() == 0:
-                full[name] = tensor.cpu()
-        error: BaseException | None = None
-        if rank() == 0:
-            inner = hf_model(source)
-            try:
-                _write_hf_folder(out_dir, full, inner.config, inner.generation_config, tokenizer)
-            except Exception as err:
-                error = err
-        _raise_if_any_failed(error, out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}")
-        return out_dir if rank() == 0 else None
-    return _export_checkpoint(Path(source), out_dir, tokenizer)
+    if not isinstance(source, nn.Module):
+        return _export_checkpoint(Path(source), out_dir, tokenizer)
+    inner = hf_model(source)
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    error: BaseException | None = None
+    if rank() == 0:
+        try:
+            _write_hf_folder(out_dir, full_state(source), inner.config, inner.generation_config, tokenizer)
+        except Exception as err:
+            error = err
+    else:
+        write_weights(full_state(source), tmp, write=False)  # the gathers rank 0's writer asks for
+    _raise_if_any_failed(error, tmp)
+    return out_dir if rank() == 0 else None
 
 
 def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
@@ -228,7 +227,7 @@ def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
     state: dict[str, Any] = {"model": model.state_dict()}
     dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR), no_dist=True)
     model.load_state_dict(state["model"], strict=True)
-    _write_hf_folder(out_dir, dict(full_state(model)), config, generation_config, tokenizer)
+    _write_hf_folder(out_dir, full_state(model), config, generation_config, tokenizer)
     return out_dir
 
 
@@ -244,20 +243,21 @@ def build_model(config: Any, peft_config: Any) -> nn.Module:
 
 
 def _write_hf_folder(
-    out_dir: Path, weights: dict[str, Any], config: Any, generation_config: Any, tokenizer: Any
+    out_dir: Path,
+    weights: Iterable[tuple[str, Tensor]],
+    config: Any,
+    generation_config: Any,
+    tokenizer: Any,
 ) -> None:
-    """`weights`: full tensors in transformers' names, adapters merged (strategy.full_state)."""
-    model: Any = build_model(config, None)
-    load_full_state(model, weights.items())
-    if generation_config is not None:
-        model.generation_config = generation_config
+    """`weights`: full tensors in transformers' names, adapters merged (strategy.full_state), written as
+    they come into a temp folder that replaces `out_dir` once complete."""
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     with storage_writes(tmp):
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+            write_folder(
+                weights, tmp, config=config, generation_config=generation_config, tokenizer=tokenizer
+            )
             fsync_tree(tmp)
             replace_folder(tmp, out_dir)
             fsync_dir(out_dir.parent)
