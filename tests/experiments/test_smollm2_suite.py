@@ -5,7 +5,6 @@ and contract/stability.py over the events all agree."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,6 @@ from experiments.runner import Runner, events_of, run_dir
 from experiments.smollm2 import HEADLINE_LR, METHODS, START_ACCURACY_RANGE, smollm2_suites
 
 STEPS = 20
-
-# The reduced run uses two torch threads (below): alone, or both threads spin (tests/machine_lock.py).
-pytestmark = pytest.mark.solo
 
 
 def test_the_full_suite_has_every_method_two_rates_three_seeds_headline_first() -> None:
@@ -49,10 +45,9 @@ def test_the_full_suite_has_every_method_two_rates_three_seeds_headline_first() 
 def reduced_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (suite,) = smollm2_suites(lrs=(HEADLINE_LR,), seeds=1, steps=STEPS, methods=("grpo_ds",))
     root = tmp_path_factory.mktemp("smollm2")
-    # Two threads, not the suite's one: the facts asserted here do not depend on the thread count, and on two
-    # cores the run takes about 40 % less (docs/TESTING.md).
-    runs = [dataclasses.replace(run, threads=2) for run in suite.runs]
-    counts = Runner(root, runs, jobs=2, log=lambda _m: None).run()
+    # The suite's one thread: under `make test`'s two xdist workers the run shares the machine with the
+    # other worker's tests, which two threads would make spin (docs/TESTING.md, "Two workers").
+    counts = Runner(root, suite.runs, jobs=2, log=lambda _m: None).run()
     assert counts["done"] == 1, counts
     return root
 
