@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.storage import StorageError
 from tests.trainer.test_strategy import _lora_model
 from trainer.distributed import checkpoint
 from trainer.distributed.hf_folder import INDEX_FILE, SINGLE_FILE, write_folder, write_weights
@@ -103,6 +104,7 @@ def test_a_live_lora_export_is_the_merged_model_and_a_failed_write_leaves_nothin
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("safetensors.torch.save_file", full_disk)
-    with pytest.raises(Exception, match="No space left|storage"):
+    with pytest.raises(StorageError) as raised:
         checkpoint.export_hf_folder(lora, tmp_path / "again")
+    assert raised.value.errno_name == "ENOSPC"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp folder, no half folder
