@@ -75,6 +75,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"{reason} -- STARE_REQUIRE_REAL_COMPONENTS=1 forbids this skip"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the longest modules are handed out first (tests/machine_lock.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    from tests.machine_lock import scheduling_rank
+
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: scheduling_rank(item.path.relative_to(root).as_posix()))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under pytest-xdist, a test marked `solo` runs with no other test beside it (tests/machine_lock.py);

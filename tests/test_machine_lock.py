@@ -47,3 +47,14 @@ def test_a_solo_test_waits_for_the_running_one_and_the_next_one_waits_for_it() -
         ("start", "ordinary-2"),
         ("end", "ordinary-2"),
     ], log
+
+
+def test_the_longest_first_modules_exist_and_come_first_in_their_order() -> None:
+    from pathlib import Path
+
+    from tests.machine_lock import LONGEST_FIRST, scheduling_rank
+
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / module).is_file() for module in LONGEST_FIRST)  # a renamed module is noticed
+    ranks = [scheduling_rank(m) for m in (*LONGEST_FIRST, "tests/test_machine_lock.py")]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
