@@ -70,16 +70,21 @@ demo-engine: $(STAMPS)/runtime
 
 # STARE_REQUIRE_REAL_COMPONENTS=1: a test skipped because Prometheus, chromium or bubblewrap is missing
 # fails instead (tests/conftest.py), so a green run cannot hide a real part that never ran. Every test's
-# duration is kept in build/test-durations.txt (the CI run's profile).
+# duration is kept in build/test-durations.txt (the CI run's profile), and the main half's timeline (each
+# test's worker, wait for the machine, start and end) in build/test-timeline.tsv.
 # The main half runs on two pytest-xdist workers, a module's tests on one worker (module fixtures are built
-# once); tests marked `solo` run with nothing beside them (tests/machine_lock.py). OMP_NUM_THREADS=1: two
+# once); tests marked `solo` run with nothing beside them (tests/machine_lock.py), and first: the modules go
+# out in tests/machine_lock.py's LONGEST_FIRST order (--no-loadscope-reorder keeps xdist from sorting them
+# by test count). OMP_NUM_THREADS=1: two
 # tests side by side each get one core; a trainer with two threads beside a busy process is slowed several
 # times over (docs/TESTING.md). The tests that need two threads set them and are solo.
 test: SHELL := /bin/bash
 test: install
 	@mkdir -p build
+	@rm -f build/test-timeline.tsv
 	set -o pipefail; STARE_REQUIRE_REAL_COMPONENTS=1 STARE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
-		OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=0 -m "not vllm" \
+		STARE_TEST_TIMELINE=$(CURDIR)/build/test-timeline.tsv OMP_NUM_THREADS=1 \
+		$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=0 -m "not vllm" \
 		| tee build/test-durations.txt
 	set -o pipefail; STARE_REQUIRE_REAL_COMPONENTS=1 $(VLLM_VENV)/bin/python -m pytest -q --durations=0 -m vllm \
 		tests/trainer/test_vllm_engine.py tests/trainer/test_vllm_distributed.py | tee build/test-durations-vllm.txt

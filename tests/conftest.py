@@ -16,6 +16,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -88,12 +89,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under pytest-xdist, a test marked `solo` runs with no other test beside it (tests/machine_lock.py);
-    the lock covers its setup and teardown, module fixtures included."""
+    the lock covers its setup and teardown, module fixtures included. With STARE_TEST_TIMELINE set, each
+    test's wait for the lock and its run are appended to that file (`make test`: build/test-timeline.tsv)."""
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run_id is None:
         yield
         return
-    from tests.machine_lock import hold_machine
+    from tests.machine_lock import hold_machine, record_timeline
 
-    with hold_machine(run_id, alone=item.get_closest_marker("solo") is not None):
+    alone = item.get_closest_marker("solo") is not None
+    queued = time.time()
+    with hold_machine(run_id, alone=alone):
+        started = time.time()
         yield
+    record_timeline(item.nodeid, alone=alone, queued=queued, started=started, ended=time.time())

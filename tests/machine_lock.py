@@ -55,15 +55,33 @@ def hold_machine(run_id: str, *, alone: bool) -> Iterator[None]:
         os.close(fd)
 
 
-# The modules that take longest (build/test-durations.txt of 2026-12-04 on a 2-core AMD EPYC, setup and calls
-# summed: 248, 210, 199, 99, 87 and 87 s). Under xdist they are handed out first, so the run does not end
-# with one worker on a long module while the other has nothing left (the solo ones hold both workers
-# whenever they run, so they too are better at the start than at the end).
+def record_timeline(nodeid: str, *, alone: bool, queued: float, started: float, ended: float) -> None:
+    """One line per test in the file STARE_TEST_TIMELINE names, if set: the xdist worker, whether the test
+    was solo, when it asked for the machine, got it and ended (epoch seconds), and its id. What idles a
+    core (a solo test's wait for the others to drain, the end of the run) shows in it; docs/TESTING.md."""
+    path = os.environ.get("STARE_TEST_TIMELINE")
+    if not path:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+    line = f"{worker}\t{int(alone)}\t{queued:.3f}\t{started:.3f}\t{ended:.3f}\t{nodeid}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write in append mode: lines of two workers do not interleave
+    finally:
+        os.close(fd)
+
+
+# The solo modules first, then the longest others (build/test-durations.txt of 2026-12-04, setup and calls
+# summed). Under xdist they are handed out in this order, provided xdist's own reorder (by number of tests
+# per module, on by default) is off: `make test` passes --no-loadscope-reorder. The solo ones start before any ordinary test is
+# running, so they do not wait for a long ordinary test to drain (the SmolLM2 run's setup alone is 1.5-3
+# minutes, and a waiting solo test keeps its own worker idle meanwhile); the long ones follow, so the run
+# does not end with one worker on a long module while the other has nothing left.
 LONGEST_FIRST = (
-    "tests/experiments/test_smollm2_suite.py",
-    "tests/bench/test_bench_smoke.py",
     "tests/worker/test_ray_jobs.py",
     "tests/experiments/test_demo_recipe.py",
+    "tests/experiments/test_smollm2_suite.py",
+    "tests/bench/test_bench_smoke.py",
     "tests/monitoring/test_live_queries.py",
     "tests/worker/test_kills.py",
 )

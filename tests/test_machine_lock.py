@@ -6,6 +6,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
+
+import pytest
 
 from tests.machine_lock import hold_machine
 
@@ -58,3 +61,23 @@ def test_the_longest_first_modules_exist_and_come_first_in_their_order() -> None
     assert all((root / module).is_file() for module in LONGEST_FIRST)  # a renamed module is noticed
     ranks = [scheduling_rank(m) for m in (*LONGEST_FIRST, "tests/test_machine_lock.py")]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+
+
+def test_the_timeline_has_one_line_per_test_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.machine_lock import record_timeline
+
+    path = tmp_path / "timeline.tsv"
+    monkeypatch.delenv("STARE_TEST_TIMELINE", raising=False)
+    record_timeline("t.py::a", alone=False, queued=1.0, started=2.0, ended=3.0)
+    assert not path.exists()
+    monkeypatch.setenv("STARE_TEST_TIMELINE", str(path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    record_timeline("t.py::a", alone=False, queued=1.0, started=2.0, ended=3.0)
+    record_timeline("t.py::b", alone=True, queued=3.0, started=5.5, ended=9.25)
+    rows = [line.split("\t") for line in path.read_text().splitlines()]
+    assert rows == [
+        ["gw1", "0", "1.000", "2.000", "3.000", "t.py::a"],
+        ["gw1", "1", "3.000", "5.500", "9.250", "t.py::b"],
+    ]

@@ -1,4 +1,4 @@
-"""The SmolLM2 suite reduced to one seed, 20 steps, grpo_ds at the headline lr: real trainer runs through
+"""The SmolLM2 suite reduced to one seed, 10 steps, grpo_ds at the headline lr: real trainer runs through
 the experiment runner, asserting only robust facts: the task's start accuracy is inside the range the
 suite states, entropy falls under grpo_ds, and the stability metrics the engine logged, the page's numbers
 and contract/stability.py over the events all agree."""
@@ -16,7 +16,7 @@ from experiments.plan import OPTIONAL_SUITES
 from experiments.runner import Runner, events_of, run_dir
 from experiments.smollm2 import HEADLINE_LR, METHODS, START_ACCURACY_RANGE, smollm2_suites
 
-STEPS = 20
+STEPS = 10
 
 
 def test_the_full_suite_has_every_method_two_rates_three_seeds_headline_first() -> None:
