@@ -3,13 +3,20 @@
 A program that clears its parent-death signal, forks, starts a new session and sleeps must not outlive its
 call (nor keep its /work tmpfs, which lives as long as its mount namespace has a process); two spinning
 children share one call's cpu_seconds, not one each (docs/TOOLS.md, "Limits").
+
+A namespace's number (the inode /proc/<pid>/ns/mnt names) is given to the next namespace created once the
+namespace is freed, by any process on the machine (another test's sandbox, a browser). So the test holds the
+sandbox's mount namespace open from the moment bwrap names its init: the number then stays this namespace's,
+and "no process is in it" means what it says.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,16 +70,56 @@ def _mount_namespaces() -> set[str]:
     return spaces
 
 
+_InitOf = Callable[["subprocess.Popen[bytes]", int, float], sandbox.NamespaceInit]
+
+
+class _HeldNamespaces:
+    """Opens the mount namespace of each sandbox init as bwrap names it (an nsfs descriptor: it keeps the
+    namespace's number from being reused, not its processes alive)."""
+
+    def __init__(self) -> None:
+        self.inodes: list[int] = []
+        self._fds: list[int] = []
+
+    def wrap(self, of: _InitOf) -> _InitOf:
+        def held_of(proc: subprocess.Popen[bytes], info_fd: int, deadline: float) -> sandbox.NamespaceInit:
+            init = of(proc, info_fd, deadline)
+            assert init.pid is not None, "bwrap named no init"
+            fd = os.open(f"/proc/{init.pid}/ns/mnt", os.O_RDONLY)
+            self._fds.append(fd)
+            self.inodes.append(os.fstat(fd).st_ino)
+            return init
+
+        return held_of
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
 @requires_binary("bwrap", "prlimit")
-def test_fifty_escaping_programs_leave_no_process_and_no_namespace() -> None:
+def test_fifty_escaping_programs_leave_no_process_and_no_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     marker = f"stare{uuid.uuid4().hex[:10]}"  # a process name holds 15 bytes
     tmpfs_before = Path("/proc/mounts").read_text().count("tmpfs")
     names = sorted(VARIANTS)
+    held = _HeldNamespaces()
+    monkeypatch.setattr(sandbox.NamespaceInit, "of", held.wrap(sandbox.NamespaceInit.of))
+    try:
+        _fifty_calls(marker, names, held)
+    finally:
+        held.close()
+    assert Path("/proc/mounts").read_text().count("tmpfs") <= tmpfs_before
+
+
+def _fifty_calls(marker: str, names: list[str], held: _HeldNamespaces) -> None:
     for call in range(50):
         name = names[call % len(names)]
         result = sandbox.run_python(VARIANTS[name].replace("MARKER", marker), LIMITS)
         first = result.output.split("\n")[0]
         assert first.startswith("mnt:["), (name, result)
+        # The namespace held is the one the program ran in (bwrap makes no second one after naming it).
+        assert first == f"mnt:[{held.inodes[call]}]", (call, name, first, held.inodes)
         if name == "main-exits-children-stay":
             assert result.exit_code == 0 and "main done" in result.output, result
         else:
@@ -81,7 +128,6 @@ def test_fifty_escaping_programs_leave_no_process_and_no_namespace() -> None:
         # mount namespace (so its /work tmpfs): no process is in it any more.
         assert _marked(marker) == [], (call, name)
         assert first not in _mount_namespaces(), (call, name)
-    assert Path("/proc/mounts").read_text().count("tmpfs") <= tmpfs_before
 
 
 _SPINNERS = """import os, time
