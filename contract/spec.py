@@ -483,12 +483,6 @@ class TrainSpec(_Strict):
             raise ValueError(
                 "rollout.tis_cap needs rollout.engine vllm (HF generate samples from the trainer)"
             )
-        lora = self.model.lora
-        if self.distributed.strategy == "fsdp2" and lora is not None and not lora.merge_on_save:
-            raise ValueError(
-                "model.lora.merge_on_save: under distributed.strategy 'fsdp2' a checkpoint's model/ is the "
-                "merged model, consolidated from the shards, with no separate adapter/; set it to true"
-            )
         if self.environment is not None and self.distributed.world_size > 1:
             raise ValueError(
                 "environment: tool-use rollouts run in one process (distributed: one node, one process)"

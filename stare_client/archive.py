@@ -6,7 +6,9 @@ checkpoint (trainer/checkpoints.py):
 
     model/              a Hugging Face model (full fine-tuning; for LoRA only with lora.merge_on_save, merged)
     adapter/            the LoRA adapter as peft saves it (LoRA jobs)
-    trainer_state.pt    optimiser, scheduler and RNG states
+    sharded/, rng/, model_config/, distributed.json
+                        the trainer's own resume state: weights (LoRA: adapters), optimiser and scheduler
+                        as torch.distributed.checkpoint shards, RNG states (older jobs: trainer_state.pt)
     state.json          step, data cursor, controller state
 
 Nothing is left half-done: the archive goes to a hidden sibling of the target (`.<name>.partial-*`), its

@@ -30,7 +30,7 @@ from contract.protocol import CHECKPOINTS_DIR
 from contract.spec import TrainSpec
 from contract.storage import storage_writes
 from trainer import checkpoints
-from trainer.distributed import export_hf_folder, load_sharded, save_sharded
+from trainer.distributed import export_adapter, export_hf_folder, load_sharded, save_sharded
 from trainer.distributed.checkpoint import CONFIG_DIR, SHARDS_DIR
 from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.runtime import Runtime
@@ -46,7 +46,8 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = Fa
     """(model, tokenizer): the spec's model, or a resumed run's checkpoint weights, with LoRA adapters
     (new, or the checkpoint's), every tensor 64-byte aligned (`align_tensors`). A checkpoint of DCP shards
     (any strategy wrote it) gives a model on the meta device: its weights are read once, by
-    `restore_training_state`, into the shards the strategy materialised. `skeleton`: a fresh run's model
+    `restore_training_state`, into the shards the strategy materialised; under LoRA the spec's base model
+    with new adapters, which the shards (the adapters only) then overwrite. `skeleton`: a fresh run's model
     built on the meta device too (`trainer.models.skeleton_of`), for a strategy that fills it from the
     weights' files or from rank 0's (`start_fill`)."""
     if spec.model.dtype not in DTYPES:
@@ -54,7 +55,7 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = Fa
     dtype = DTYPES[spec.model.dtype]
     model: Any
     built = None
-    if checkpoint is not None and (checkpoint / SHARDS_DIR).is_dir():
+    if checkpoint is not None and (checkpoint / SHARDS_DIR).is_dir() and spec.model.lora is None:
         built = model_skeleton(checkpoint / CONFIG_DIR, checkpoint / "model", dtype=dtype)
     elif skeleton and checkpoint is None:
         built = skeleton_of(spec.model.name, dtype=dtype, seed=spec.seed)
@@ -69,15 +70,17 @@ def load_policy(spec: TrainSpec, checkpoint: Path | None, *, skeleton: bool = Fa
             )
         return model, tokenizer
     source = spec.model.name
-    if checkpoint is not None and (checkpoint / "model").is_dir() and spec.model.lora is None:
-        source = str(checkpoint / "model")
+    # An older run folder's checkpoint (trainer_state.pt, read only) holds the weights as model/ or adapter/.
+    older = checkpoint if checkpoint is not None and not (checkpoint / SHARDS_DIR).is_dir() else None
+    if older is not None and (older / "model").is_dir() and spec.model.lora is None:
+        source = str(older / "model")
     model, tokenizer = load_model_and_tokenizer(source, dtype=dtype, seed=spec.seed)
     if spec.model.lora is not None:
         lora = spec.model.lora
-        if checkpoint is not None and (checkpoint / "adapter").is_dir():
+        if older is not None and (older / "adapter").is_dir():
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, str(checkpoint / "adapter"), is_trainable=True)
+            model = PeftModel.from_pretrained(model, str(older / "adapter"), is_trainable=True)
         else:
             model = apply_lora(
                 model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=lora.target_modules
@@ -151,48 +154,36 @@ def save_training_state(
     state: dict[str, Any],
     spec: TrainSpec,
 ) -> Path | None:
-    """Writes OUT/checkpoints/step-N. Collective: every process calls it. Unsharded: the main process
-    writes the checkpoint (returns its path; None elsewhere), the others wait. fsdp2: every process writes
-    its shards (trainer.distributed.save_sharded) and the consolidated HF folder `model/` is exported into
-    the checkpoint before it is committed, so a step-* folder always holds a loadable model/."""
-    strategy = runtime.strategy
-    if strategy.sharded:
-        folder = checkpoints.checkpoint_dir(out / CHECKPOINTS_DIR, step)
+    """Writes OUT/checkpoints/step-N, one format under either strategy (trainer.distributed.save_sharded:
+    every process writes its shards; under ddp a replicated tensor once). Collective: every process calls
+    it; returns the folder on the main process, None elsewhere. Before the folder is committed the folders
+    users download are exported into it, so a step-* folder always holds them: `model/` (consolidated from
+    the shards; a LoRA run's when lora.merge_on_save, adapters merged) and, for LoRA, `adapter/`."""
+    lora = spec.model.lora
 
-        def export(tmp: Path) -> None:
+    def export(tmp: Path) -> None:
+        if lora is not None:
+            export_adapter(model, tmp / "adapter", tokenizer=tokenizer)
+        if lora is None or lora.merge_on_save:
             export_hf_folder(model, tmp / "model", tokenizer=tokenizer)
 
-        save_sharded(
-            folder, model, optimizer, {**state, "step": step}, scheduler=scheduler, before_commit=export,
-            strategy=strategy.name,
-        )  # fmt: skip
-        return folder if runtime.is_main_process else None
-    path = None
-    if runtime.is_main_process:
-        lora = spec.model.lora
-        path = checkpoints.save_checkpoint(
-            out / CHECKPOINTS_DIR,
-            step,
-            model=strategy.policy(model),
-            tokenizer=tokenizer,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            state=state,
-            is_lora=lora is not None,
-            merge_lora=lora is not None and lora.merge_on_save,
-        )
-    runtime.wait_for_everyone()
-    return path
+    folder = checkpoints.checkpoint_dir(out / CHECKPOINTS_DIR, step)
+    save_sharded(
+        folder, model, optimizer, {**state, "step": step}, scheduler=scheduler, before_commit=export,
+        strategy=runtime.strategy.name,
+    )  # fmt: skip
+    return folder if runtime.is_main_process else None
 
 
 def restore_training_state(
     path: Path, model: Any, optimizer: Any, scheduler: Any, *, runtime: Runtime
 ) -> dict[str, Any]:
     """Restores the optimiser, scheduler and RNG states of the checkpoint at `path` and returns the
-    engine's state (state.json). A sharded checkpoint (any world size, any strategy) also restores the
-    weights, into whatever `model` is (sharded or not: collective; `load_policy` built it without weights);
-    an unsharded one's weights were loaded by `load_policy`, and its optimiser state is positional, so it
-    loads only into an unsharded model."""
+    engine's state (state.json). A checkpoint of DCP shards (any world size, any strategy) also restores
+    the weights it holds, into whatever `model` is (sharded or not: collective; `load_policy` built it
+    without them). An older run folder's checkpoint (trainer_state.pt, read only: nothing writes it now)
+    had its weights loaded by `load_policy`; its optimiser state is positional, so it loads only into an
+    unsharded model."""
     if (path / SHARDS_DIR).is_dir():
         state = load_sharded(path, model, optimizer, scheduler=scheduler)
         if int(state["step"]) == 0:  # saved before any update: its moments are save_sharded's placeholders
@@ -200,8 +191,8 @@ def restore_training_state(
         return state
     if runtime.strategy.sharded:
         raise ValueError(
-            f"{path.name}: a ddp checkpoint does not resume under distributed.strategy 'fsdp2' "
-            "(its optimizer state is not keyed by parameter)"
+            f"{path.name}: an older checkpoint (trainer_state.pt) does not resume under distributed.strategy "
+            "'fsdp2' (its optimizer state is not keyed by parameter)"
         )
     state, trainer_state = checkpoints.load_state(path)
     optimizer.load_state_dict(trainer_state["optimizer"])

@@ -1,8 +1,8 @@
 """An fsdp2 job resumed at another number of processes, through `python -m trainer run --resume`.
 
-Two directions: a job run by 2 fsdp2 processes (torchrun) resumes from its step-1 checkpoint in 1 process,
-and a job run by 1 fsdp2 process resumes from its step-1 checkpoint in 2. (fsdp2 at one process writes the
-sharded format; ddp × 1 writes trainer_state.pt, whose positional optimizer state fsdp2 refuses.) The
+Three ways: a job run by 2 fsdp2 processes (torchrun) resumes from its step-1 checkpoint in 1 process, a
+job run by 1 fsdp2 process resumes from its step-1 checkpoint in 2, and a job run by 2 ddp processes
+resumes under fsdp2 in 1 (both strategies write one format, DCP shards keyed by parameter name). The
 step-2 checkpoint is removed first, so the resumed run redoes step 2 at the other size. Asserted:
 - the shards restore the checkpoint's weights: restored into a model initialised otherwise, the logits equal
   those of the checkpoint's consolidated model/ folder (1e-6). Checked on a fresh (initialised) model,
@@ -39,20 +39,23 @@ WARMUP_STEPS = 3  # the lr still changes between the steps, so its position is o
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
 
 
-def _spec(processes: int) -> dict:
+def _spec(processes: int, strategy: str = "fsdp2") -> dict:
     return small_spec(
         seed=0,
         algorithm={"name": "stare", "gate": {"target_entropy": 5.0, "adaptive": True}},
-        distributed={"strategy": "fsdp2", "processes_per_node": processes},
+        distributed={"strategy": strategy, "processes_per_node": processes},
         optim={"steps": 2, "micro_batch_size": 12, "grad_clip": 1.0, "warmup_steps": WARMUP_STEPS},
         checkpoint={"interval": 1, "keep_last": 5},
     )
 
 
-def _run(tmp: Path, name: str, processes: int, *, resume_from: Path | None = None) -> Path:
+def _run(
+    tmp: Path, name: str, processes: int, *, strategy: str = "fsdp2", resume_from: Path | None = None
+) -> Path:
     """`python -m trainer run` in `processes` processes (torchrun above one); resume_from: a finished
     run's folder, copied without its step-2 checkpoint and resumed."""
-    return run_trainer(tmp, name, _spec(processes), processes=processes, resume_from=resume_from, timeout=300)
+    spec = _spec(processes, strategy)
+    return run_trainer(tmp, name, spec, processes=processes, resume_from=resume_from, timeout=300)
 
 
 def _events(out: Path) -> list[dict]:
@@ -142,14 +145,19 @@ def _optimizer_steps(checkpoint: Path, tmp: Path) -> set[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("written_by", "resumed_by"), [(2, 1), (1, 2)], ids=["2to1", "1to2"])
-def test_fsdp2_checkpoint_resumes_at_another_process_count(tmp_path, written_by, resumed_by):
-    original = _run(tmp_path, "original", written_by)
+@pytest.mark.parametrize(
+    ("written_by", "written_under", "resumed_by"),
+    [(2, "fsdp2", 1), (1, "fsdp2", 2), (2, "ddp", 1)],
+    ids=["2to1", "1to2", "ddp2-to-fsdp2x1"],
+)
+def test_fsdp2_checkpoint_resumes_at_another_process_count(tmp_path, written_by, written_under, resumed_by):
+    original = _run(tmp_path, "original", written_by, strategy=written_under)
     resumed = _run(tmp_path, "resumed", resumed_by, resume_from=original)
     checkpoints = original / "checkpoints"
     step1 = checkpoints / "step-000001"
     saved = _state(step1)
-    assert json.loads((step1 / "distributed.json").read_text())["world_size"] == written_by
+    layout = json.loads((step1 / "distributed.json").read_text())
+    assert (layout["world_size"], layout["strategy"]) == (written_by, written_under)
 
     # The shards hold model/'s weights, and step 1 moved them (the comparison is not with the start).
     engine, fresh_logits, restored_logits = _restored_in_this_process(step1, tmp_path)

@@ -89,17 +89,17 @@ def test_cross_field_rules():
         TrainSpec.model_validate({"task": {"prompt_template": "no placeholder"}})
 
 
-def test_lora_under_fsdp2_must_say_its_checkpoints_are_merged():
-    # fsdp2 consolidates the shards into one merged model/, never an adapter/: the default would be ignored.
-    fsdp2 = {"strategy": "fsdp2", "processes_per_node": 2}
-    with pytest.raises(ValidationError, match=r"model\.lora\.merge_on_save"):
-        TrainSpec.model_validate({"model": {"lora": {"r": 4}}, "distributed": fsdp2})
-    merged = TrainSpec.model_validate(
-        {"model": {"lora": {"r": 4, "merge_on_save": True}}, "distributed": fsdp2}
-    )
-    assert merged.model.lora is not None and merged.model.lora.merge_on_save
-    ddp = TrainSpec.model_validate({"model": {"lora": {"r": 4}}, "distributed": {"processes_per_node": 2}})
-    assert ddp.model.lora is not None and not ddp.model.lora.merge_on_save
+def test_lora_takes_either_checkpoint_form_under_either_strategy():
+    # Every checkpoint has adapter/; merge_on_save adds the merged model/, under ddp and fsdp2 alike.
+    for strategy in ("ddp", "fsdp2"):
+        distributed = {"strategy": strategy, "processes_per_node": 2}
+        for merge in (False, True):
+            spec = TrainSpec.model_validate(
+                {"model": {"lora": {"r": 4, "merge_on_save": merge}}, "distributed": distributed}
+            )
+            assert spec.model.lora is not None and spec.model.lora.merge_on_save is merge
+    default = TrainSpec.model_validate({"model": {"lora": {"r": 4}}, "distributed": {"strategy": "fsdp2"}})
+    assert default.model.lora is not None and not default.model.lora.merge_on_save
 
 
 def test_demo_spec_is_valid():

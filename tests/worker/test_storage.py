@@ -1,5 +1,5 @@
 """Storage faults and crash messages, without servers or workers (issue 12): the errno → code mapping, a
-checkpoint write that fails (the temp folder goes, the checkpoints before stay), the supervisor's
+checkpoint write (trainer.distributed.save_sharded, as the trainer writes them) that fails (the temp folder goes, the checkpoints before stay), the supervisor's
 in-memory stderr tail and its best-effort log copy, and the messages the worker builds from them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ from contract.storage import (
     storage_writes,
 )
 from trainer import checkpoints
+from trainer.distributed import save_sharded
 from worker import supervisor
 from worker.supervisor import TAIL_BYTES, TAIL_LINES, OutputTail, TrainerProcess
 from worker.training import _crash_message, _error_lines, _storage_error
@@ -95,50 +96,65 @@ def test_a_plain_bug_on_a_healthy_disk_is_not_a_storage_fault(tmp_path: Path) ->
 # --------------------------------------------------------------------------------------------- checkpoints
 
 
-class FakeModel:
-    """save_pretrained writes `size` bytes, or raises `fail` (what safetensors or a full disk would do)."""
+def _llama(vocab: int) -> torch.nn.Module:
+    """A one-layer transformers Llama whose size the vocabulary sets (about 128 × vocab + 41k floats)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    def __init__(self, size: int = 1000, fail: BaseException | None = None) -> None:
-        self.size, self.fail = size, fail
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+    return LlamaForCausalLM(config)
 
-    def save_pretrained(self, folder: Path, **_: Any) -> None:
+
+def _export(size: int = 1000, fail: BaseException | None = None) -> Callable[[Path], None]:
+    """A checkpoint's before_commit: writes model/ (`size` bytes), or raises `fail` halfway (what
+    safetensors or a full disk would do)."""
+
+    def export(tmp: Path) -> None:
+        folder = tmp / "model"
         folder.mkdir(parents=True, exist_ok=True)
-        if self.fail is not None:
+        if fail is not None:
             (folder / "partial.bin").write_bytes(b"\1" * 100)
-            raise self.fail
-        (folder / "model.safetensors").write_bytes(b"\0" * self.size)
+            raise fail
+        (folder / "model.safetensors").write_bytes(b"\0" * size)
+
+    return export
 
 
-class FakeTokenizer:
-    def save_pretrained(self, folder: Path, **_: Any) -> None:
-        (Path(folder) / "tokenizer.json").write_text("{}")
-
-
-def _save(root: Path, step: int, model: FakeModel, params: int = 4) -> Path:
-    weights = torch.nn.Parameter(torch.zeros(params))
-    optimizer = torch.optim.Adam([weights])
-    weights.grad = torch.ones(params)
-    optimizer.step()  # Adam's moments: 2 × params floats in trainer_state.pt
+def _save(root: Path, step: int, export: Callable[[Path], None] | None = None, vocab: int = 256) -> Path:
+    """The run's checkpoint writer (trainer.distributed.save_sharded, one process) after one AdamW step."""
+    model = _llama(vocab)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()  # AdamW's moments: 2 × the parameters' floats in the shards
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    return checkpoints.save_checkpoint(
-        root,
-        step,
-        model=model,
-        tokenizer=FakeTokenizer(),
-        optimizer=optimizer,
+    return save_sharded(
+        checkpoints.checkpoint_dir(root, step),
+        model,
+        optimizer,
+        {"cursor": step, "step": step},
         scheduler=scheduler,
-        state={"cursor": step},
-        is_lora=False,
-        merge_lora=False,
+        before_commit=export or _export(),
+        strategy="ddp",
     )
 
 
 def _assert_only(root: Path, steps: list[int]) -> None:
+    import torch.distributed.checkpoint as dcp
+
     assert [s for s, _ in checkpoints.list_checkpoints(root)] == steps
     assert sorted(p.name for p in root.iterdir()) == [f"step-{s:06d}" for s in steps], "no temp folder left"
     for step in steps:
-        state, trainer_state = checkpoints.load_state(checkpoints.checkpoint_dir(root, step))
-        assert state["step"] == step and "optimizer" in trainer_state
+        folder = checkpoints.checkpoint_dir(root, step)
+        assert json.loads((folder / "state.json").read_text())["step"] == step
+        saved = dcp.FileSystemReader(folder / "sharded").read_metadata().state_dict_metadata
+        assert any(key.startswith("optimizer.state.") for key in saved), sorted(saved)[:5]
 
 
 @pytest.mark.parametrize(
@@ -156,9 +172,9 @@ def test_a_failed_checkpoint_write_removes_its_temp_and_keeps_the_last_good_one(
     tmp_path: Path, fail: BaseException, code: str
 ) -> None:
     root = tmp_path / "checkpoints"
-    _save(root, 2, FakeModel())
+    _save(root, 2)
     with pytest.raises(StorageError) as caught:
-        _save(root, 4, FakeModel(fail=fail))
+        _save(root, 4, _export(fail=fail))
     assert caught.value.code == code
     assert ".tmp-step-000004" in str(caught.value)  # the path written, in the message
     _assert_only(root, [2])
@@ -166,31 +182,31 @@ def test_a_failed_checkpoint_write_removes_its_temp_and_keeps_the_last_good_one(
 
 def test_a_bug_while_checkpointing_is_no_storage_fault_but_still_leaves_no_temp(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    _save(root, 2, FakeModel())
+    _save(root, 2)
     with pytest.raises(RuntimeError, match="not serialisable"):
-        _save(root, 4, FakeModel(fail=RuntimeError("not serialisable")))
+        _save(root, 4, _export(fail=RuntimeError("not serialisable")))
     _assert_only(root, [2])
 
 
 def test_a_step_saved_again_replaces_its_folder(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    _save(root, 2, FakeModel(size=10))
-    _save(root, 2, FakeModel(size=20))
+    _save(root, 2, _export(size=10))
+    _save(root, 2, _export(size=20))
     _assert_only(root, [2])
     assert (root / "step-000002" / "model" / "model.safetensors").stat().st_size == 20
 
 
-def test_a_full_tmpfs_fails_the_optimizer_state_write_with_enospc(tmp_path: Path) -> None:
-    """The real thing: torch.save of the optimiser state meets ENOSPC. Through a Python file it is an OSError
-    with its errno (torch.save to a path would raise a RuntimeError without one)."""
+def test_a_full_tmpfs_fails_the_shard_write_with_enospc(tmp_path: Path) -> None:
+    """The real thing: DCP's write of the shards meets ENOSPC. DCP reports it as a CheckpointException (a
+    BaseException); the writer raises the write's own OSError with its errno in its place."""
     from tests.worker.mounts import Tmpfs
 
     mount = Tmpfs(tmp_path / "disk", size_mib=2)
     try:
         root = mount.path / "checkpoints"
-        _save(root, 2, FakeModel(size=1000), params=16)
+        _save(root, 2)  # ~74k parameters: under 1 MiB with AdamW's moments
         with pytest.raises(StorageError) as caught:
-            _save(root, 4, FakeModel(size=1000), params=MIB)  # 2 × 4 MiB of Adam moments on a 2 MiB disk
+            _save(root, 4, vocab=8192)  # ~1.1M parameters: ~13 MiB with the moments, on a 2 MiB disk
         assert caught.value.code == STORAGE_FULL and caught.value.errno_name == "ENOSPC"
         assert ".tmp-step-000004" in str(caught.value)
         cause = caught.value.__cause__  # the write's own OSError, not a guess from the disk's state

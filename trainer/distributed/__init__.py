@@ -1,5 +1,5 @@
-"""Training over several processes and machines: process group, the strategy (DDP or FSDP2), sharded
-checkpoints.
+"""Training over several processes and machines: process group, the strategy (DDP or FSDP2), the run's
+checkpoints (DCP shards under either strategy).
 
 The engine's wiring is a few calls (docs/DISTRIBUTED.md):
 
@@ -11,9 +11,10 @@ The engine's wiring is a few calls (docs/DISTRIBUTED.md):
     save_sharded(checkpoint_dir(root, step), model, optimizer, state, strategy=strategy.name)
     state = load_sharded(folder, model, optimizer, scheduler=scheduler)   # at any world size
     export_hf_folder(model_or_checkpoint_folder, out_dir, tokenizer=tokenizer)
+    export_adapter(lora_model, out_dir, tokenizer=tokenizer)    # a LoRA model's adapters, as peft saves them
 """
 
-from trainer.distributed.checkpoint import export_hf_folder, load_sharded, save_sharded
+from trainer.distributed.checkpoint import export_adapter, export_hf_folder, load_sharded, save_sharded
 from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.process_group import (
     all_reduce_mean,
@@ -31,6 +32,7 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "decoder_layers",
+    "export_adapter",
     "export_hf_folder",
     "init_process_group",
     "load_sharded",

@@ -1,13 +1,17 @@
-"""Sharded checkpoints (torch.distributed.checkpoint) that resume at any number of processes.
+"""The run's checkpoints (torch.distributed.checkpoint, DCP), under either strategy, resumable at any number
+of processes and under either strategy.
 
 Layout of OUT/checkpoints/step-000050/ (the name is contract.protocol's, as for trainer/checkpoints.py, so
 its list_checkpoints, latest_checkpoint and prune work on these folders too):
-  sharded/            DCP files: every process writes its own shards (`__R_0.distcp`), rank 0 `.metadata`;
-                      model, optimizer (keyed by parameter name, not by position) and scheduler
+  sharded/            DCP files: every process writes its own shards (`__R_0.distcp`; a tensor replicated
+                      on every process, as under ddp, is written once), rank 0 `.metadata`; the trainable
+                      weights (a LoRA run: its adapters only, the frozen base is the spec's model), the
+                      optimizer (keyed by parameter name, not by position) and the scheduler
   rng/rank-00000.pt   each process's RNG states (python, numpy, torch, cuda)
   model_config/       the HF config (and peft's adapter_config.json for LoRA), for export without the job
   distributed.json    world size and strategy it was written at (information: loading reshards freely)
   state.json          the caller's extra state (step, data cursor, controller state); written last
+The caller's `before_commit` adds the folders users download (trainer.placement: `model/`, `adapter/`).
 Every process writes (and fsyncs) its part into one temp folder `.tmp-step-000050-PID` (rank 0's pid); after
 all report success rank 0 writes state.json and renames the folder into place, so a step-* folder exists
 only once complete. A failure on any process removes the temp folder on rank 0 and raises on every
@@ -20,27 +24,45 @@ exist at save time takes rank 0's RNG states, as a fresh run seeds every rank al
 
 `export_hf_folder` consolidates a live (sharded) model or a checkpoint folder into a Hugging Face folder
 (safetensors + config) that from_pretrained loads; a LoRA model is exported with its adapters merged.
+`export_adapter` writes a LoRA model's adapters as peft saves them (what `PeftModel.from_pretrained` reads).
+
+DCP reports a failed write as a CheckpointException (a BaseException) holding each process's error; the
+error of the write itself (an OSError with its errno: a full or read-only disk) is raised in its place, so
+contract.storage classifies it and the temp folder is removed like after any other failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from contract.storage import fsync_dir, fsync_tree, storage_writes
 from trainer.checkpoints import replace_folder, rng_state, set_rng_state
 from trainer.distributed.hf_folder import write_folder, write_weights
 from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
-from trainer.distributed.strategy import full_state, hf_model, peft_config_of
+from trainer.distributed.strategy import (
+    adapter_model,
+    full_adapter_state,
+    full_state,
+    hf_model,
+    peft_config_of,
+)
 
 SHARDS_DIR = "sharded"
 RNG_DIR = "rng"
@@ -91,7 +113,8 @@ def save_sharded(
     _raise_if_any_failed(error, tmp)
     if before_commit is not None:
         try:
-            before_commit(tmp)
+            with storage_writes(tmp):
+                before_commit(tmp)
         except Exception as err:
             error = err
         _raise_if_any_failed(error, tmp)
@@ -108,9 +131,96 @@ def save_sharded(
     return folder
 
 
+def _options(model: nn.Module) -> StateDictOptions:
+    """What the shards hold of the model: what training changes. A LoRA model's frozen base is left out (it
+    is the spec's model, loaded from there on resume): its adapters only, not a full copy per checkpoint."""
+    return StateDictOptions(ignore_frozen_params=peft_config_of(model) is not None)
+
+
+def _model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, optimizer state) as the shards hold them (`_options`). A LoRA model's tied weights
+    (lm_head tied to the embeddings) reach the state under their second name too, which the frozen filter
+    misses (it goes by the deduplicated parameters): those are dropped here, frozen under any name."""
+    options = _options(model)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+    if options.ignore_frozen_params:
+        peft_model = adapter_model(model)
+        frozen = {n for n, p in peft_model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        model_state = {k: v for k, v in model_state.items() if k not in frozen}
+    return model_state, optimizer_state
+
+
+def _write_error(err: CheckpointException) -> BaseException:
+    """The error behind DCP's CheckpointException: this process's own, else the lowest rank's."""
+    failures = err.failures
+    own = failures.get(rank())
+    if own is None and failures:
+        own = failures[min(failures)]
+    return own[0] if own is not None else RuntimeError(str(err))
+
+
+class _ErrnoKeepingStream:
+    """A file DCP writes through that remembers its first failed write: torch.save, which DCP writes each
+    tensor with, turns the OSError of a write (ENOSPC, EIO) into a RuntimeError about stream positions,
+    losing the errno the worker classifies the fault by."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self._stream.write(data))
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # tell, fileno, seek: the file's own
+        return getattr(self._stream, name)
+
+
+class _ErrnoKeepingFileSystem(FileSystem):
+    """DCP's local file system, whose written files raise the first OSError of their writes in place of
+    whatever error it caused further up."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            with _keeping_errno(stream) as keeping:
+                yield keeping
+
+
+@contextlib.contextmanager
+def _keeping_errno(stream: Any) -> Iterator[_ErrnoKeepingStream]:
+    """`stream` wrapped to remember its first failed write, which leaves in place of the error it caused."""
+    keeping = _ErrnoKeepingStream(stream)
+    try:
+        yield keeping
+    except BaseException as err:
+        if keeping.error is not None and keeping.error is not err:
+            raise keeping.error from err
+        raise
+
+
+def _writer(path: Path) -> dcp.FileSystemWriter:
+    writer = dcp.FileSystemWriter(path, sync_files=True)
+    writer.fs = _ErrnoKeepingFileSystem()
+    return writer
+
+
 def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     fresh = not optimizer.state
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = _model_state(model, optimizer)
     if fresh:
         # get_state_dict fills an empty optimizer's state by running a step at lr 0 (zero moments, and a
         # step count of 1): left in place, the first real AdamW step would be counted as the second (bias
@@ -120,10 +230,14 @@ def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp / SHARDS_DIR, sync_files=True))
+    try:
+        dcp.save(state, storage_writer=_writer(tmp / SHARDS_DIR))
+    except CheckpointException as err:
+        raise _write_error(err) from None
     path = tmp / RNG_DIR / rng_file(rank())
     with open(path, "wb") as fh:
-        torch.save(rng_state(), fh)
+        with _keeping_errno(fh) as keeping:
+            torch.save(rng_state(), keeping)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -165,17 +279,29 @@ def load_sharded(
     folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None
 ) -> dict[str, Any]:
     """Restores model, optimizer, scheduler and this process's RNG from `folder`, written at any world
-    size; returns the extra state saved with it. Collective. `model` is wrapped already (wrap_model) and
-    `optimizer` built on its parameters."""
+    size under either strategy; returns the extra state saved with it. Collective. `model` is prepared
+    already (Strategy.prepare) and `optimizer` built on its parameters; a LoRA model holds its base
+    weights already (the shards have its adapters only)."""
     folder = Path(folder)
     if not (folder / STATE_FILE).is_file():
         raise FileNotFoundError(f"{folder} is not a complete sharded checkpoint (no {STATE_FILE})")
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    options = _options(model)
+    model_state, optimizer_state = _model_state(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # DCP filled every key asked for (a key the files lack fails the load); under LoRA the frozen base is not
+    # among them, so setting the model's state is not strict about the keys left out.
+    lora = options.ignore_frozen_params
+    setting = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=setting,
+    )
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
     own = folder / RNG_DIR / rng_file(rank())
@@ -208,6 +334,32 @@ def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any 
     return out_dir if rank() == 0 else None
 
 
+def export_adapter(model: nn.Module, out_dir: Path, *, tokenizer: Any = None) -> Path | None:
+    """A LoRA model's adapters at `out_dir` as peft saves them (adapter_config.json, adapter_model.safetensors,
+    and the tokenizer when given): collective, every process gathers its adapter shards, rank 0 writes (the
+    adapters are small). Returns out_dir on the process that wrote it, None on the others."""
+    peft_model = adapter_model(model)
+    if peft_model is None:
+        raise ValueError("export_adapter: the model has no LoRA adapters")
+    adapters = full_adapter_state(model)  # rank 0 holds them, the others an empty dict
+    if rank() != 0:
+        return None
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    with storage_writes(tmp):
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            peft_model.save_pretrained(tmp, state_dict=adapters, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            fsync_tree(tmp)
+            replace_folder(tmp, out_dir)
+            fsync_dir(out_dir.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out_dir
+
+
 def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
     from transformers import AutoConfig, GenerationConfig
 
@@ -222,13 +374,25 @@ def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
     if (config_dir / ADAPTER_CONFIG).is_file():
         from peft import PeftConfig
 
-        peft_config = PeftConfig.from_pretrained(str(config_dir))
+        if not _holds_frozen_weights(folder):
+            raise ValueError(
+                f"{folder.name}: a LoRA checkpoint's shards hold its adapters only; its merged model is the "
+                "checkpoint's model/ (model.lora.merge_on_save), its adapters adapter/"
+            )
+        peft_config = PeftConfig.from_pretrained(str(config_dir))  # an older folder: the base is in it
     model = build_model(config, peft_config)
     state: dict[str, Any] = {"model": model.state_dict()}
     dcp.load(state, storage_reader=dcp.FileSystemReader(folder / SHARDS_DIR), no_dist=True)
     model.load_state_dict(state["model"], strict=True)
     _write_hf_folder(out_dir, full_state(model), config, generation_config, tokenizer)
     return out_dir
+
+
+def _holds_frozen_weights(folder: Path) -> bool:
+    """Whether a LoRA checkpoint's shards hold its base weights too (written before the shards kept the
+    adapters only)."""
+    metadata = dcp.FileSystemReader(folder / SHARDS_DIR).read_metadata().state_dict_metadata
+    return any(key.startswith("model.") and ".lora_" not in key for key in metadata)
 
 
 def build_model(config: Any, peft_config: Any) -> nn.Module:

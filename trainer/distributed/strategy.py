@@ -70,12 +70,19 @@ def hf_model(model: Any) -> Any:
     return get_base() if callable(get_base) else inner
 
 
+def adapter_model(model: Any) -> Any:
+    """The peft model (the LoRA wrapper, with save_pretrained) inside DDP's wrapper, or None for a model
+    without adapters."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return inner if getattr(inner, "peft_config", None) else None
+
+
 def peft_config_of(model: Any) -> Any:
     """The LoRA adapter's peft config (one adapter), or None for a model without adapters."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    configs = getattr(inner, "peft_config", None)
-    if not configs:
+    inner = adapter_model(model)
+    if inner is None:
         return None
+    configs = inner.peft_config
     if len(configs) != 1:
         raise ValueError(f"one LoRA adapter per model; the model has {sorted(configs)}")
     return next(iter(configs.values()))
@@ -128,6 +135,16 @@ def full_state(model: Any) -> Iterator[tuple[str, Tensor]]:
         for leaf, buffer in module.named_buffers(recurse=False):
             if buffer is not None and leaf not in module._non_persistent_buffers_set:
                 yield (f"{module_name}.{leaf}" if module_name else leaf), _full(buffer)
+
+
+def full_adapter_state(model: Any) -> dict[str, Tensor]:
+    """A LoRA model's trainable tensors (its adapters), whole, on the CPU, in the peft model's names, on rank
+    0; an empty dict on the other processes. Collective under fsdp2 (the shards are gathered)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    state = get_model_state_dict(model, options=options)
+    return {name: value for name, value in state.items() if isinstance(value, Tensor)}
 
 
 def plain_copy(model: Any) -> Any:
