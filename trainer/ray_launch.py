@@ -67,7 +67,17 @@ def _fail(code: int, message: str) -> NoReturn:
     os._exit(code)
 
 
-def connect(address: str, timeout_s: float) -> None:
+def job_runtime_env(spec: TrainSpec) -> dict[str, Any] | None:
+    """The Ray runtime environment of the job's processes. A vllm job's driver runs the interpreter the
+    worker keeps for vLLM (STARE_VLLM_PYTHON), and so do its training processes (Ray's `py_executable`):
+    that interpreter must exist at the same path on every node, with the same Ray. Other jobs run the
+    cluster's own interpreter."""
+    if spec.rollout.engine == "vllm":
+        return {"py_executable": sys.executable}
+    return None
+
+
+def connect(address: str, timeout_s: float, runtime_env: dict[str, Any] | None = None) -> None:
     """ray.init within timeout_s, or exit CLUSTER_UNAVAILABLE (ray.init itself may wait far longer).
 
     ray.init can also block inside Ray's core while it holds the GIL, and then the timeout below never
@@ -81,18 +91,22 @@ def connect(address: str, timeout_s: float) -> None:
     print(f"ray driver: connecting to {address} (at most {timeout_s:g} s)", file=sys.stderr, flush=True)
     faulthandler.dump_traceback_later(timeout_s + CONNECT_BACKSTOP_S, exit=True)
     try:
-        _connect(ray, address, timeout_s)
+        _connect(ray, address, timeout_s, runtime_env)
     finally:
         faulthandler.cancel_dump_traceback_later()
 
 
-def _connect(ray: Any, address: str, timeout_s: float) -> None:
+def _connect(ray: Any, address: str, timeout_s: float, runtime_env: dict[str, Any] | None) -> None:
     outcome: dict[str, BaseException | None] = {}
 
     def init() -> None:
         try:
             ray.init(
-                address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=True
+                address=address,
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+                configure_logging=True,
+                runtime_env=runtime_env,
             )
             outcome["error"] = None
         except BaseException as err:
@@ -333,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    connect(args.address, args.connect_timeout_s)
+    connect(args.address, args.connect_timeout_s, job_runtime_env(spec))
     # ray.init installs its own C-level handler for SIGTERM (a stack dump, then an abort 3 s later: no
     # time for a cooperative stop, which must finish the step and write its checkpoint); ours replaces it.
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -6,9 +6,11 @@ PostgreSQL) whose child is the Ray driver, training processes placed by Ray Trai
   metrics as the same specs run on one node in 2 processes (torchrun). The fsdp2 job is paused on the
   way (paused, with a checkpoint whose shards both ranks wrote) and resumed: every step's metrics once.
   A third job is cancelled mid-run: cancelled, with a checkpoint at the step it stopped.
-- Killing one Ray node of a job of 2 nodes × 2 processes mid-run fails the attempt (ray_worker_lost, on
-  the lost-worker budget); with a replacement node the job resumes from its last checkpoint and
-  succeeds, every step's metrics once.
+- Killing one Ray node mid-run fails the attempt (ray_worker_lost, on the lost-worker budget); with a
+  replacement node the job resumes from its last checkpoint and succeeds, every step's metrics once. Two
+  jobs: ddp over 2 nodes × 2 processes with HF generate, and fsdp2 over 2 nodes × 1 process with vLLM
+  rollouts (each process's engine fed from the shards, within the vLLM tests' log-probability bound on
+  every step, before and after the resume).
 - A cluster that does not answer fails the job at once with ray_unavailable (no retry, no hang).
 """
 
@@ -29,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import skip_missing_component
+from tests.conftest import requires_vllm_python, skip_missing_component, vllm_python
 from tests.worker.harness import (
     REPO_ROOT,
     Harness,
@@ -128,9 +130,8 @@ def ray_service(
 ) -> Iterator[Harness]:
     """The module's API and two workers serving the cluster (two jobs run side by side)."""
     with harness_for(infra, "ray-jobs", tmp_path_factory.mktemp("ray-jobs")) as h:
-        workers = [
-            h.start_worker(env=ray_worker_env(ray_cluster.address), wait_ready=False) for _ in range(2)
-        ]
+        env = ray_worker_env(ray_cluster.address, STARE_VLLM_PYTHON=vllm_python())  # vllm jobs too
+        workers = [h.start_worker(env=env, wait_ready=False) for _ in range(2)]
         for worker in workers:
             worker.wait_ready()
         yield h
@@ -284,10 +285,27 @@ def _driver_node(h: Harness, job_id: str, attempt: int) -> str:
     return found.group(1) if found else ""
 
 
-def test_a_lost_ray_node_resumes_the_job_from_its_checkpoint(ray_cluster: Any, ray_service: Harness) -> None:
+# The jobs that lose a node: (distributed, the rest of the spec).
+LOST_NODE_JOBS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # the whole cluster: 2 nodes × 2 processes, each with the whole model, sampling with HF generate
+    "ddp-hf": ({"processes_per_node": 2}, {}),
+    # fsdp2 over the 2 nodes, each process sampling with its own vLLM engine fed from the shards; its
+    # Ray processes run vLLM's interpreter (Ray's py_executable, trainer/ray_launch.py)
+    "fsdp2-vllm": ({"processes_per_node": 1, "strategy": "fsdp2"}, {"rollout": {"engine": "vllm"}}),
+}
+LOGPROB_TOLERANCE = 1e-3  # tests/trainer/test_vllm_engine.py: vLLM's float32 CPU kernels against torch's
+
+
+@requires_vllm_python()  # the fsdp2-vllm job's driver and processes run it (both jobs share the fixtures)
+@pytest.mark.parametrize("job", sorted(LOST_NODE_JOBS))
+def test_a_lost_ray_node_resumes_the_job_from_its_checkpoint(
+    ray_cluster: Any, ray_service: Harness, job: str
+) -> None:
     h, steps = ray_service, 10
-    spec = two_node_spec(steps, processes_per_node=2)  # the whole cluster: 2 nodes × 2 processes
-    spec["optim"] = {**spec["optim"], "prompts_per_step": 4}  # one prompt per process
+    distributed, rest = LOST_NODE_JOBS[job]
+    per_node = distributed["processes_per_node"]
+    spec = {**two_node_spec(steps, **distributed), **rest}
+    spec["optim"] = {**spec["optim"], "prompts_per_step": 4}
     job_id = h.post_job(spec)
     h.wait_step(job_id, 3, timeout=300)  # past the checkpoint of step 2
     driver_node = h.wait_for("the driver's node", lambda: _driver_node(h, job_id, 1), 30, job_id=job_id)
@@ -305,10 +323,9 @@ def test_a_lost_ray_node_resumes_the_job_from_its_checkpoint(ray_cluster: Any, r
     context = h.diagnostics(job_id)
 
     logs = h.trainer_logs(job_id)
+    placed = f"{2 * per_node} training processes placed, [{per_node}, {per_node}] per node"
     for attempt in (1, 2):
-        assert "4 training processes placed, [2, 2] per node" in logs[f"trainer-attempt-{attempt}.log"], (
-            context
-        )
+        assert placed in logs[f"trainer-attempt-{attempt}.log"], context
     row = h.job_row(job_id)
     assert (row["attempt"], row["lost_workers"], row["failures"]) == (2, 1, 0), context
     events = h.events(job_id)
@@ -321,9 +338,20 @@ def test_a_lost_ray_node_resumes_the_job_from_its_checkpoint(ray_cluster: Any, r
     assert_steps_exactly_once(rows, steps, context)
     resume_step = resumed[0]["data"]["step"]
     assert all(attempt == (1 if step <= resume_step else 2) for step, attempt, _ in rows), rows
-    # 4 processes, each with the whole model (ddp): the world the spec asked for, in both attempts
-    assert all(m["memory/model_state_bytes_all"] == 4 * m["memory/model_state_bytes"] for _, _, m in rows)
-    record_figures("ray_lost_node", detected_s=round(detected_s, 1), resumed_from=resume_step)
+    world = 2 * per_node  # the world the spec asked for, in both attempts
+    for step, _, m in rows:
+        mine, everyone = m["memory/model_state_bytes"], m["memory/model_state_bytes_all"]
+        if distributed.get("strategy") == "fsdp2":  # each process its half of the shards
+            assert abs(world * mine - everyone) <= 0.01 * everyone, (step, mine, everyone)
+        else:  # each process the whole model
+            assert everyone == world * mine, (step, mine, everyone)
+        if rest.get("rollout", {}).get("engine") == "vllm":
+            # Every step sampled by vLLM holding the trainer's weights, fed from the shards: after the
+            # resume too (the worst process's log-probability gap, as test_vllm_distributed bounds it).
+            assert m["rollout/mismatch_abs_max"] < LOGPROB_TOLERANCE, (step, m["rollout/mismatch_abs_max"])
+        else:
+            assert "rollout/mismatch_abs_max" not in m, step
+    record_figures(f"ray_lost_node_{job}", detected_s=round(detected_s, 1), resumed_from=resume_step)
 
 
 def test_an_unreachable_cluster_fails_the_job_quickly(harness: Harness) -> None:
