@@ -13,6 +13,8 @@
    before, so the last step is redone at the other size; its metrics are compared with the 2-process step.
 4. Peak memory per process: each trainer process's high-water mark (VmHWM, sampled every 0.2 s from
    /proc), against the estimate for that layout.
+5. What vLLM rollouts would add (`with_vllm`): per process, vLLM's resident float32 copy and its KV cache
+   beside the training step, on paper and projected from the measured peak, against MemTotal / 2.
 
 Run (about 5-10 min on 2 cores; 26 GB of disk at 642 M parameters for the folder and the checkpoints):
   PYTHONPATH=. .venv/bin/python bench/bench_big_model.py --json bench/results/big_model.json
@@ -95,6 +97,39 @@ def placement(spec: dict[str, Any], per_process: dict[str, Any], memory_total: i
         except CapacityError as err:
             out[label] = {"placed": False, "param": err.param, "message": err.message}
     return out
+
+
+def with_vllm(config: dict[str, Any], spec: dict[str, Any], memory_total: int, peak: int) -> dict[str, Any]:
+    """What fsdp2 × 2 with vLLM rollouts would hold per process on this CPU machine, beside the HF run's:
+    the training step's estimate (no gathered copy for the rollout: vLLM is fed tensor by tensor), plus
+    vLLM's resident copy of the weights (float32 on the CPU) and its KV cache (trainer.vllm_engine's
+    VLLM_CPU_KVCACHE_SPACE), which stay beside the training state (no sleep mode on the CPU). On paper
+    (the estimate) and projected from this run's measured peak (HF generate's peak was in the update, not
+    the rollout: vLLM's copy adds to it)."""
+    from contract.fleet import model_shape_from_config
+    from contract.spec import TrainSpec
+    from service.fleet import job_memory_per_device
+    from trainer.vllm_engine import ENGINE_ENV
+
+    name = spec["model"]["name"]
+    job = {**spec, "rollout": {"engine": "vllm"}}
+    memory, _ = job_memory_per_device(TrainSpec.model_validate(job), None, {name: config})  # type: ignore[arg-type]
+    assert memory is not None
+    weights = model_shape_from_config(config).parameters * 4
+    kv = int(float(ENGINE_ENV["VLLM_CPU_KVCACHE_SPACE"]) * 2**30)
+    per_device = memory_total // 2
+    on_paper = memory.total_bytes + weights + kv
+    projected = peak + weights + kv
+    return {
+        "training_step_bytes": memory.total_bytes,
+        "vllm_weights_bytes": weights,
+        "vllm_kv_cache_bytes": kv,
+        "per_process_on_paper_bytes": on_paper,
+        "per_process_projected_from_the_measured_peak_bytes": projected,
+        "per_process_available_bytes": per_device,
+        "fits_on_paper": on_paper <= per_device,
+        "fits_as_measured": projected <= per_device,
+    }
 
 
 def pick_layers(memory_total: int, fit_share: float, new_tokens: int) -> int:
@@ -258,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                     round(p / per_process["fsdp2 x1"]["total_bytes"], 3) for p in run1["peak_rss_bytes"]
                 ],
             },
+            "with_vllm_per_process": with_vllm(config, spec, memory_total, max(run2["peak_rss_bytes"])),
             "redone_step": redone,
             "steps_logged": sorted(after),
         }
