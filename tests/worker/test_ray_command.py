@@ -1,5 +1,6 @@
 """Fast checks of the worker's choice of child for a job (no Ray needed): one node → the trainer, several
-nodes → the Ray driver with the worker's Ray settings, several nodes without a cluster → refused; and the
+nodes → the Ray driver with the worker's Ray settings (a vllm job's in the vLLM interpreter, which its Ray
+processes then run too), several nodes without a cluster → refused; and the
 quoting of the driver's own reason out of a stderr tail that Ray's log lines follow; and the driver's end when
 ray.init blocks holding the GIL (a stand-in `ray` whose init never returns)."""
 
@@ -19,7 +20,7 @@ from contract.protocol import ExitCode
 from contract.spec import TrainSpec
 from store.repository import Claim
 from tests.worker.harness import REPO_ROOT, tiny_spec
-from trainer.ray_launch import CONNECT_BACKSTOP_S
+from trainer.ray_launch import CONNECT_BACKSTOP_S, job_runtime_env
 from worker.settings import WorkerSettings
 from worker.training import NoCluster, _marked_line, job_command
 
@@ -45,6 +46,23 @@ def test_a_one_node_job_runs_the_trainer_and_a_multi_node_job_the_ray_driver(tmp
     assert multi[multi.index("--start-timeout-s") + 1] == "99.0"
     assert multi[multi.index("--gpus-per-worker") + 1] == "1.0"
     assert "--resume" in multi and "--events-stdout" in multi
+
+
+def test_a_vllm_job_runs_its_driver_and_its_ray_processes_in_the_vllm_interpreter(tmp_path: Path) -> None:
+    spec, out = tmp_path / "spec.yaml", tmp_path / "run"
+    settings = _settings(ray_address="10.0.0.1:6379", vllm_python="/vllm/python")
+    vllm = _claim(2, 1)
+    vllm.resolved_spec["rollout"] = {**vllm.resolved_spec["rollout"], "engine": "vllm"}
+    assert job_command(vllm, settings, spec, out, resume=False)[:3] == [
+        "/vllm/python",
+        "-m",
+        "trainer.ray_launch",
+    ]
+    assert job_command(_claim(2, 1), settings, spec, out, resume=False)[0] == "/py"
+    # The driver hands its own interpreter to the job's Ray processes for a vllm job only.
+    vllm_spec = TrainSpec.model_validate(vllm.resolved_spec)
+    assert job_runtime_env(vllm_spec) == {"py_executable": sys.executable}
+    assert job_runtime_env(TrainSpec.model_validate(_claim(2, 1).resolved_spec)) is None
 
 
 def test_a_multi_node_job_on_a_worker_without_a_cluster_is_refused(tmp_path: Path) -> None:
