@@ -5,6 +5,10 @@ its perf/ timings), beside the memory estimate. docs/DISTRIBUTED.md, "A model dd
 
     PYTHONPATH=. .venv/bin/python scripts/memory_timeline.py 4
     STARE_HEAP_TUNING=0 MALLOC_MMAP_THRESHOLD_=65536 PYTHONPATH=. .venv/bin/python scripts/memory_timeline.py 4
+    ROLLOUT=vllm TRAINER_PYTHON=.venv-vllm/bin/python PYTHONPATH=. .venv/bin/python scripts/memory_timeline.py 2
+
+ROLLOUT=vllm: the rollouts by vLLM (each process's engine fed tensor by tensor from the shards), the trainer
+run by TRAINER_PYTHON (vLLM's interpreter); this script's own interpreter needs the service's packages.
 """
 
 import json
@@ -24,7 +28,7 @@ from bench.bench_big_model import estimates, job_spec  # noqa: E402
 from bench.make_config_model import shape_config, write_model  # noqa: E402
 
 L = int(sys.argv[1])
-work = Path(f"/tmp/memtl{L}")
+work = Path(f"/tmp/memtl{L}-{os.environ.get('ROLLOUT', 'hf')}")
 work.mkdir(exist_ok=True)
 cfg = shape_config(layers=L, hidden=2048, intermediate=5632, heads=32, kv_heads=8)
 folder = work / "model"
@@ -32,6 +36,8 @@ if not (folder / "config.json").exists():
     write_model(folder, cfg, seed=0)
 spec = job_spec(folder, steps=2, processes=2, new_tokens=8)
 spec["checkpoint"] = {"interval": 1, "keep_last": 3}
+ROLLOUT = os.environ.get("ROLLOUT", "hf")
+spec["rollout"] = {"engine": ROLLOUT}
 est = estimates(cfg, spec)["fsdp2 x2"]
 out = work / "run"
 subprocess.run(["rm", "-rf", str(out)])
@@ -39,7 +45,7 @@ subprocess.run(["rm", "-rf", str(out)])
 env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 p = subprocess.Popen(
     [
-        sys.executable,
+        os.environ.get("TRAINER_PYTHON", sys.executable),
         "-m",
         "torch.distributed.run",
         "--standalone",

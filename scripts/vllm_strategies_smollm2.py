@@ -1,7 +1,10 @@
 """SmolLM2 with vLLM rollouts under ddp × 2 and fsdp2 × 2: the same 2 RL steps, compared (docs/DISTRIBUTED.md,
 "vLLM rollouts above one process"). The SmolLM2 suite's task (a+b, chat template, numeric verifier, T 0.7),
 grpo_ds, 4 prompts × 8 samples, seed 0, run by `python -m trainer run` under torchrun in vLLM's venv.
-Prints the step metrics that matter and the largest difference between the two runs.
+Prints the step metrics that matter, the largest difference between the two runs, and each run's peak RSS
+per trainer process (VmHWM, sampled every 0.2 s) with its model state per process: under fsdp2 the model
+state halves, and a full gathered copy of the weights beside vLLM's (what the tensor-by-tensor feed avoids)
+would give some of that back at the rollout.
 
     .venv-vllm/bin/python scripts/vllm_strategies_smollm2.py OUT_DIR      # about 2.5 min on 2 cores
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +25,43 @@ from tests.trainer.launch import run_trainer  # noqa: E402
 from tests.trainer.test_engine import read_events, step_metrics  # noqa: E402
 
 KEYS = ("rollout/mismatch_abs_max", "reward/mean", "actor/grad_norm", "memory/model_state_bytes")
+
+
+class PeakRss:
+    """The VmHWM of every trainer process whose command line names `marker`, sampled until stopped."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker, self.peaks = marker, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                cmdline = " ".join(proc.info["cmdline"] or ())
+                if (
+                    self.marker not in cmdline
+                    or "trainer" not in cmdline
+                    or "torch.distributed.run" in cmdline
+                ):
+                    continue
+                try:
+                    status = Path(f"/proc/{proc.info['pid']}/status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("VmHWM:"):
+                        peak = int(line.split()[1]) * 1024
+                        self.peaks[proc.info["pid"]] = max(self.peaks.get(proc.info["pid"], 0), peak)
+            self._stop.wait(0.2)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return sorted(self.peaks.values(), reverse=True)
 
 
 def main(out_dir: Path) -> int:
@@ -39,8 +80,13 @@ def main(out_dir: Path) -> int:
         )
         spec["task"]["eval_size"] = 0
         started = time.time()
+        sampler = PeakRss(str(out_dir / strategy))
         run = run_trainer(out_dir, strategy, spec, processes=2, timeout=1500)
-        runs[strategy] = {"seconds": round(time.time() - started, 1), "steps": step_metrics(read_events(run))}
+        runs[strategy] = {
+            "seconds": round(time.time() - started, 1),
+            "steps": step_metrics(read_events(run)),
+            "peak_rss_bytes": sampler.stop(),
+        }
     ddp, fsdp2 = runs["ddp"]["steps"], runs["fsdp2"]["steps"]
     compared = [
         (abs(fsdp2[s][k] - v), s, k)
@@ -55,6 +101,7 @@ def main(out_dir: Path) -> int:
             for key in KEYS
         },
         "largest_difference": max(compared),
+        "peak_rss_bytes": {name: run["peak_rss_bytes"] for name, run in runs.items()},
     }
     text = json.dumps(summary, indent=1)
     print(text)
