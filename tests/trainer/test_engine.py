@@ -193,13 +193,18 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path, hard, algor
         assert torch.equal(wa[name], wb[name]), name
 
 
-def crash_after_then_resume(spec: TrainSpec, out: Path, step: int) -> None:
-    """A run into `out` that crashes (KeyboardInterrupt) after `step`, then resumed to the end."""
+def crash_after(spec: TrainSpec, out: Path, step: int) -> None:
+    """A run into `out` that crashes (KeyboardInterrupt) after `step`: no checkpoint of that step."""
     stopper = _StopAfter(step, True)
     engine = Engine(spec, out, callbacks=[stopper])
     stopper.engine = engine
     with pytest.raises(KeyboardInterrupt):
         engine.run()
+
+
+def crash_after_then_resume(spec: TrainSpec, out: Path, step: int) -> None:
+    """A run into `out` that crashes (KeyboardInterrupt) after `step`, then resumed to the end."""
+    crash_after(spec, out, step)
     assert Engine(spec, out, resume=True).run() == ExitCode.OK
 
 

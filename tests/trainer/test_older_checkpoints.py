@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from contract.spec import TrainSpec
-from tests.trainer.test_engine import _StopAfter, final_weights, read_events, small_spec, step_metrics
+from tests.trainer.test_engine import crash_after, final_weights, read_events, small_spec, step_metrics
 from trainer.checkpoints import load_state
 from trainer.distributed.checkpoint import CONFIG_DIR, LAYOUT_FILE, RNG_DIR, SHARDS_DIR, rng_file
 from trainer.engine import Engine, ExitCode
@@ -40,21 +40,13 @@ def _to_older_layout(folder: Path, spec: TrainSpec, probe: Path) -> None:
     (folder / LAYOUT_FILE).unlink()
 
 
-def _crash_after(spec: TrainSpec, out: Path, step: int) -> None:
-    stopper = _StopAfter(step, True)
-    engine = Engine(spec, out, callbacks=[stopper])
-    stopper.engine = engine
-    with pytest.raises(KeyboardInterrupt):
-        engine.run()
-
-
 def test_an_older_run_folder_resumes_under_ddp_as_the_uninterrupted_run(tmp_path):
     spec = TrainSpec.model_validate(small_spec())
     full = tmp_path / "full"
     assert Engine(spec, full).run() == ExitCode.OK
 
     part = tmp_path / "part"
-    _crash_after(spec, part, 3)  # checkpoints at steps 0 and 2 (interval 2)
+    crash_after(spec, part, 3)  # checkpoints at steps 0 and 2 (interval 2)
     for folder in sorted((part / "checkpoints").glob("step-*")):
         _to_older_layout(folder, spec, tmp_path / f"probe-{folder.name}")
     older = part / "checkpoints" / "step-000002"
@@ -77,7 +69,7 @@ def test_an_older_run_folder_resumes_under_ddp_as_the_uninterrupted_run(tmp_path
 def test_an_older_run_folder_is_refused_under_fsdp2_naming_why(tmp_path):
     spec = TrainSpec.model_validate(small_spec())
     part = tmp_path / "part"
-    _crash_after(spec, part, 3)
+    crash_after(spec, part, 3)
     for folder in sorted((part / "checkpoints").glob("step-*")):
         _to_older_layout(folder, spec, tmp_path / f"probe-{folder.name}")
     sharded = TrainSpec.model_validate(small_spec(distributed={"strategy": "fsdp2"}))

@@ -344,20 +344,30 @@ def export_adapter(model: nn.Module, out_dir: Path, *, tokenizer: Any = None) ->
     adapters = full_adapter_state(model)  # rank 0 holds them, the others an empty dict
     if rank() != 0:
         return None
+
+    def write(tmp: Path) -> None:
+        peft_model.save_pretrained(tmp, state_dict=adapters, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+    _write_folder_atomically(out_dir, write)
+    return out_dir
+
+
+def _write_folder_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temp folder beside `out_dir`, which then replaces `out_dir` (fsynced); a failure
+    removes the temp folder (a storage fault leaves as contract.storage.StorageError)."""
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     with storage_writes(tmp):
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            peft_model.save_pretrained(tmp, state_dict=adapters, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+            write(tmp)
             fsync_tree(tmp)
             replace_folder(tmp, out_dir)
             fsync_dir(out_dir.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return out_dir
 
 
 def _export_checkpoint(folder: Path, out_dir: Path, tokenizer: Any) -> Path:
@@ -415,16 +425,8 @@ def _write_hf_folder(
 ) -> None:
     """`weights`: full tensors in transformers' names, adapters merged (strategy.full_state), written as
     they come into a temp folder that replaces `out_dir` once complete."""
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
-    with storage_writes(tmp):
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            write_folder(
-                weights, tmp, config=config, generation_config=generation_config, tokenizer=tokenizer
-            )
-            fsync_tree(tmp)
-            replace_folder(tmp, out_dir)
-            fsync_dir(out_dir.parent)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+    def write(tmp: Path) -> None:
+        write_folder(weights, tmp, config=config, generation_config=generation_config, tokenizer=tokenizer)
+
+    _write_folder_atomically(out_dir, write)
