@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.catalog import BUILTIN_CONFIGS
-from contract.distributed import MemoryEstimate, ModelShape, estimate_memory
+from contract.distributed import DTYPE_BYTES, MemoryEstimate, ModelShape, estimate_memory
 from contract.spec import TrainSpec
 
 Strategy = Literal["ddp", "fsdp2"]
@@ -70,6 +70,9 @@ class JobNeeds:
     memory_per_device_bytes: int | None  # None: unknown (a model without a known shape)
     processes_param: str = "spec.distributed.processes_per_node"  # the field the request spelled it with
     memory_param: str = "spec.optim.micro_batch_size"  # the field that drives the memory
+    # What a process holds beside the training step on a CPU device only (`vllm_cpu_resident_bytes`): a vllm
+    # job's engine keeps its copy of the weights and its KV cache there, with no sleep mode to free them.
+    cpu_resident_bytes: int = 0
 
 
 class CapacityError(ValueError):
@@ -130,15 +133,31 @@ def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None 
         "spec.rollout.engine",
     )
     need = needs.memory_per_device_bytes
+
+    def need_on(c: WorkerClass) -> int:
+        return (need or 0) + (needs.cpu_resident_bytes if c.device == "cpu" else 0)
+
+    def memory_refusal(best: Offer) -> str:
+        c = best.worker_class
+        vllm = needs.cpu_resident_bytes if c.device == "cpu" else 0
+        beside = f" ({_gib(need or 0)} for training + {_gib(vllm)} for vLLM's copy and cache)" if vllm else ""
+        return (
+            f"the job needs {_gib(need_on(c))} per device{beside}, but the largest worker class for it "
+            f"({best.label}) has {_gib(c.memory_per_device_bytes or 0)} per device"
+        )
+
+    fits_without_vllm = need is not None and any(
+        c.memory_per_device_bytes is None or c.memory_per_device_bytes >= need
+        for c in (o.worker_class for o in candidates)
+    )
     candidates = _keep(
         candidates,
-        lambda c: need is None or c.memory_per_device_bytes is None or c.memory_per_device_bytes >= need,
-        lambda c: c.memory_per_device_bytes or 0,
-        lambda best: (
-            f"the job needs {_gib(need or 0)} per device, but the largest worker class for it "
-            f"({best.label}) has {_gib(best.worker_class.memory_per_device_bytes or 0)} per device"
+        lambda c: (
+            need is None or c.memory_per_device_bytes is None or c.memory_per_device_bytes >= need_on(c)
         ),
-        needs.memory_param,
+        lambda c: c.memory_per_device_bytes or 0,
+        memory_refusal,
+        "spec.rollout.engine" if needs.cpu_resident_bytes and fits_without_vllm else needs.memory_param,
     )
     return min(candidates, key=lambda o: _fit_order(o, prefer_queue))
 
@@ -168,6 +187,17 @@ def _gib(n: int) -> str:
 
 
 # --- a job's memory per device ----------------------------------------------------------------------------
+
+# vLLM's KV cache on a CPU (its VLLM_CPU_KVCACHE_SPACE, which trainer/vllm_engine.py sets from this).
+VLLM_CPU_KV_CACHE_GIB = 1
+
+
+def vllm_cpu_resident_bytes(spec: TrainSpec, shape: ModelShape) -> int:
+    """What a vllm job's engine holds per process on a CPU beside the training state: its own copy of the
+    weights in the model's dtype (LoRA merged: the base's shape) and its KV cache. 0 for other engines."""
+    if spec.rollout.engine != "vllm":
+        return 0
+    return shape.parameters * DTYPE_BYTES[spec.model.dtype] + VLLM_CPU_KV_CACHE_GIB * GIB
 
 
 def model_shape_from_config(config: Mapping[str, int | bool]) -> ModelShape:

@@ -32,6 +32,7 @@ from contract.fleet import (
     micro_batch_tokens,
     model_shape,
     place,
+    vllm_cpu_resident_bytes,
 )
 from contract.spec import TrainSpec
 from service.errors import Unprocessable
@@ -110,7 +111,9 @@ def blocks(spec: TrainSpec, fleet: Fleet) -> bool:
 def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage) -> Placement:
     """The class and queue the job goes to, with its memory per device; else Unprocessable
     (exceeds_capacity, the field named). May block (see `blocks`)."""
-    memory, param = job_memory_per_device(spec, storage, fleet.settings.extra_model_configs)
+    configs = fleet.settings.extra_model_configs
+    memory, param = job_memory_per_device(spec, storage, configs)
+    shape = model_shape(spec.model.name, configs or {})
     dist = spec.distributed
     raw_dist = raw.get("distributed")
     spelled_num_processes = isinstance(raw_dist, Mapping) and "num_processes" in raw_dist
@@ -123,6 +126,7 @@ def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: Ar
         processes_param="spec.distributed."
         + ("num_processes" if spelled_num_processes else "processes_per_node"),
         memory_param=param,
+        cpu_resident_bytes=vllm_cpu_resident_bytes(spec, shape) if shape is not None else 0,
     )
     try:
         offer = place(needs, fleet.offers(), prefer_queue=fleet.settings.training_queue)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from contract.fleet import VLLM_CPU_KV_CACHE_GIB
 from contract.spec import TrainSpec
 from trainer.distributed.hf_folder import FILE_BYTES, write_folder
 from trainer.distributed.process_group import world_size
@@ -45,7 +46,7 @@ from trainer.sampling import seeds_or_drawn
 # the trainer shares the cores.
 ENGINE_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": str(VLLM_CPU_KV_CACHE_GIB),  # what placement counts (contract.fleet)
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 MAX_MODEL_LEN_CAP = 4096  # tokens: prompt + response (multi-turn: the whole episode)

@@ -105,3 +105,41 @@ def test_refusals_name_the_first_field_no_class_meets(needs: JobNeeds, param: st
     with pytest.raises(CapacityError) as nothing:
         place(needs, [])
     assert nothing.value.param == "spec.distributed"
+
+
+def test_a_vllm_job_on_a_cpu_class_counts_the_engines_copy_and_cache():
+    """On a CPU vLLM's copy of the weights and its KV cache stay beside the training state (no sleep mode):
+    a vllm job that fits a CPU class on its training step alone is refused there, naming the engine; the
+    same class on a GPU (the engine sleeps while the policy trains) and an hf job are placed."""
+    from contract.fleet import GIB, VLLM_CPU_KV_CACHE_GIB, vllm_cpu_resident_bytes
+    from contract.spec import TrainSpec
+
+    shape = builtin_model_shape(SMOLLM2_135M_INSTRUCT)
+    assert shape is not None
+    vllm = TrainSpec.model_validate({"model": {"name": SMOLLM2_135M_INSTRUCT}, "rollout": {"engine": "vllm"}})
+    resident = vllm_cpu_resident_bytes(vllm, shape)
+    assert resident == shape.parameters * 4 + VLLM_CPU_KV_CACHE_GIB * GIB  # float32 weights, 1 GiB cache
+    low = vllm.model_copy(update={"model": vllm.model.model_copy(update={"dtype": "bfloat16"})})
+    assert vllm_cpu_resident_bytes(low, shape) == shape.parameters * 2 + VLLM_CPU_KV_CACHE_GIB * GIB
+    assert vllm_cpu_resident_bytes(TrainSpec(), shape) == 0  # HF generate: nothing beside
+
+    step = 3 * GIB
+    needs = _needs(rollout_engine="vllm", memory_per_device_bytes=step, cpu_resident_bytes=resident)
+    engines = {"rollout_engines": ["hf", "vllm"], "memory_per_device_bytes": step + resident - 1}
+    with pytest.raises(CapacityError) as caught:
+        place(needs, [_offer("cpu", **engines)])
+    assert caught.value.param == "spec.rollout.engine"
+    assert (
+        "3.00 GiB for training + " in caught.value.message
+        and "for vLLM's copy and cache" in caught.value.message
+    )
+    assert place(needs, [_offer("gpu", device="cuda", **engines)]).worker_class.queue == "gpu"
+    fitting = {**engines, "memory_per_device_bytes": step + resident}
+    assert place(needs, [_offer("cpu", **fitting)]).worker_class.queue == "cpu"
+    hf = _needs(memory_per_device_bytes=step)
+    assert place(hf, [_offer("cpu", **engines)]).worker_class.queue == "cpu"
+    # Too small for the training step itself: the field that drives the step is named, not the engine.
+    small = {**engines, "memory_per_device_bytes": step - 1}
+    with pytest.raises(CapacityError) as caught:
+        place(needs, [_offer("cpu", **small)])
+    assert caught.value.param == needs.memory_param

@@ -124,6 +124,31 @@ def test_jobs_no_declared_class_can_run_are_refused_naming_the_field(
     assert error["param"] == "spec.distributed.strategy" and "fsdp2" in error["message"]
 
 
+def test_a_vllm_job_on_a_cpu_class_too_small_for_the_engines_copy_is_refused_naming_the_engine(
+    fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
+) -> None:
+    """SmolLM2 with vLLM on a CPU class holding its training step but not vLLM's resident float32 copy and
+    1 GiB cache beside it (contract.fleet.vllm_cpu_resident_bytes): 422 naming spec.rollout.engine; the same
+    job with HF generate is placed there."""
+    smol = {**_spec(), "model": {"name": "smollm2-135m-instruct"}}
+    estimate = _post(fleet_client(worker_classes=CLASSES), fleet_tenant, "/v1/jobs/estimate", smol)
+    assert estimate.status_code == 200, estimate.text
+    step = estimate.json()["memory_per_device"]["total_bytes"]
+    cpu = [
+        {
+            "name": "cpu-vllm",
+            "queue": "cpu",
+            "memory_per_device_bytes": step + GIB,
+            "rollout_engines": ["hf", "vllm"],
+        }
+    ]
+    client = fleet_client(worker_classes=cpu)
+    error = _refusal(client, fleet_tenant, {**smol, "rollout": {"engine": "vllm"}})
+    assert error["param"] == "spec.rollout.engine", error
+    assert "for vLLM's copy and cache" in error["message"] and "'cpu-vllm'" in error["message"]
+    assert _post(client, fleet_tenant, "/v1/jobs/estimate", smol).status_code == 200
+
+
 def test_the_one_node_spelling_is_named_as_the_request_wrote_it(
     fleet_client: Callable[..., TestClient], fleet_tenant: TenantKey
 ) -> None:
