@@ -102,21 +102,20 @@ def placement(spec: dict[str, Any], per_process: dict[str, Any], memory_total: i
 def with_vllm(config: dict[str, Any], spec: dict[str, Any], memory_total: int, peak: int) -> dict[str, Any]:
     """What fsdp2 × 2 with vLLM rollouts would hold per process on this CPU machine, beside the HF run's:
     the training step's estimate (no gathered copy for the rollout: vLLM is fed tensor by tensor), plus
-    vLLM's resident copy of the weights (float32 on the CPU) and its KV cache (trainer.vllm_engine's
-    VLLM_CPU_KVCACHE_SPACE), which stay beside the training state (no sleep mode on the CPU). On paper
-    (the estimate) and projected from this run's measured peak (HF generate's peak was in the update, not
-    the rollout: vLLM's copy adds to it)."""
-    from contract.fleet import model_shape_from_config
+    vLLM's resident copy of the weights (float32 on the CPU) and its KV cache, which stay beside the
+    training state (no sleep mode on the CPU): contract.fleet's vllm_cpu_resident_bytes, what placement
+    counts on a CPU class. On paper (the estimate) and projected from this run's measured peak (HF
+    generate's peak was in the update, not the rollout: vLLM's copy adds to it)."""
+    from contract.fleet import GIB, VLLM_CPU_KV_CACHE_GIB, model_shape_from_config, vllm_cpu_resident_bytes
     from contract.spec import TrainSpec
     from service.fleet import job_memory_per_device
-    from trainer.vllm_engine import ENGINE_ENV
 
     name = spec["model"]["name"]
-    job = {**spec, "rollout": {"engine": "vllm"}}
-    memory, _ = job_memory_per_device(TrainSpec.model_validate(job), None, {name: config})  # type: ignore[arg-type]
+    job = TrainSpec.model_validate({**spec, "rollout": {"engine": "vllm"}})
+    memory, _ = job_memory_per_device(job, None, {name: config})  # type: ignore[arg-type]
     assert memory is not None
-    weights = model_shape_from_config(config).parameters * 4
-    kv = int(float(ENGINE_ENV["VLLM_CPU_KVCACHE_SPACE"]) * 2**30)
+    kv = VLLM_CPU_KV_CACHE_GIB * GIB
+    weights = vllm_cpu_resident_bytes(job, model_shape_from_config(config)) - kv  # what placement counts
     per_device = memory_total // 2
     on_paper = memory.total_bytes + weights + kv
     projected = peak + weights + kv
