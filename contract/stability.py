@@ -21,10 +21,16 @@ Prometheus read the same numbers) and by the results page (from the events of fi
   (`mean_abs_deviation`, of the raw H̄).
 - **Noise floor**: the spread of H̄ when one fixed policy's batch is re-sampled (`noise_floor`): the band a
   controller can hold per step is no narrower than this.
+- **Step noise during a run** (`step_noise`): the root mean square successive difference of H̄ over √2,
+  relative to the target (the von Neumann estimate of the step-to-step noise, blind to a level that moves
+  slowly). A law that followed the level exactly would still show a mean |H̄ − H*|/H* of about 0.8 × this
+  (the mean absolute value of a normal is √(2/π) ≈ 0.8 of its sd); the pretrained policy's noise floor is
+  only its value at step 0.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -112,6 +118,14 @@ def holding(
     share = sum(m is not None and near_target(m, target, tolerance) for m in window) / len(window)
     deviation = statistics.fmean(abs(h - target) / target for _s, h in entropies[start:])
     return Holding(entropies[start][0], share, deviation, len(window))
+
+
+def step_noise(values: Sequence[float], target: float) -> float | None:
+    """√(mean((H̄_{t+1} − H̄_t)²) / 2) / target over consecutive values; None for fewer than 3 or no target."""
+    if len(values) < 3 or not target > 0:
+        return None
+    diffs = [b - a for a, b in itertools.pairwise(values)]
+    return math.sqrt(statistics.fmean(d * d for d in diffs) / 2.0) / target
 
 
 def noise_floor(samples: Sequence[float]) -> dict[str, float]:

@@ -3,7 +3,9 @@ answers are worked out below, and the step-by-step tracker equal to them on rand
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 
 import pytest
 
@@ -92,6 +94,17 @@ def test_holding_is_undefined_without_a_target_or_before_settling() -> None:
 
 def test_moving_average_needs_a_full_window() -> None:
     assert st.moving_average([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == [None, None, None, None, 3.0, 4.0]
+
+
+def test_step_noise_is_the_rms_successive_difference_over_root_two() -> None:
+    # ±0.1 alternating around 1.0: successive differences of 0.2, so √(0.04 / 2) = 0.1414, over a target of 0.5.
+    assert st.step_noise([1.1, 0.9, 1.1, 0.9], 0.5) == pytest.approx(math.sqrt(0.02) / 0.5)
+    # Blind to a slow level: white noise of sd 0.05 on a ramp from 1 to 2 reads 0.05 (a plain sd reads ~0.29).
+    rng = random.Random(0)
+    values = [1.0 + i / 2000 + rng.gauss(0.0, 0.05) for i in range(2000)]
+    assert st.step_noise(values, 1.0) == pytest.approx(0.05, rel=0.05)
+    assert statistics.stdev(values) > 0.25
+    assert st.step_noise([1.0, 1.0], 1.0) is None and st.step_noise([1.0, 1.1, 1.0], 0.0) is None
 
 
 def test_noise_floor_is_the_spread_of_resampled_entropies() -> None:

@@ -43,7 +43,13 @@ def collapsing_profile(step: int) -> float:
 
 
 def _events(
-    profile: Any, final: float, *, law: bool = True, finished: bool = True, clip_from: int | None = None
+    profile: Any,
+    final: float,
+    *,
+    law: bool = True,
+    finished: bool = True,
+    clip_from: int | None = None,
+    clip_output: float = 1.0,
 ) -> list[dict[str, Any]]:
     spec = {"algorithm": {"name": "entropy_pi" if law else "grpo_ds"}}
     if not law:
@@ -55,7 +61,7 @@ def _events(
             at_clip = clip_from is not None and step >= clip_from
             metrics |= {
                 "entropy/target": TARGET,
-                "control/output": 1.0 if at_clip else 0.3,
+                "control/output": clip_output if at_clip else 0.3,
                 "control/saturated": float(at_clip),
                 "control/saturated_steps": float(step - clip_from + 1 if at_clip and clip_from else 0),
             }
@@ -119,6 +125,12 @@ def test_holding_per_seed_by_hand(roots: tuple[Path, Path]) -> None:
     assert noisy.ma_share == 1.0 and noisy.mean_deviation == pytest.approx(25 * 0.3 / 26)
     assert noisy.step_share == pytest.approx(1 / 26)  # only step 5's raw H̄ lies in the band
     assert noisy.clip_share == pytest.approx(23 / 26) and noisy.longest_clip == 23
+    assert noisy.lower_clip_share == 0.0  # at its raising clip (output +1)
+    # The step noise: post-settling H̄ steps 5..30 are 0.7, then 0.49/0.91 alternating (25 differences, the
+    # first 0.21, the rest 0.42), relative to the target.
+    assert noisy.run_noise == pytest.approx(math.sqrt((0.21**2 + 24 * 0.42**2) / 25 / 2) / TARGET)
+    assert held.run_noise == pytest.approx(math.sqrt((0.02**2 + 24 * 0.04**2) / 25 / 2) / TARGET)
+    assert (held.ma_above, held.ma_below) == (0.0, 0.0)
     assert not noisy.held()
     # grpo_ds comes from the SmolLM2 suite, measured against this cell's target (0.7 × its H₀ = 0.7).
     base = rows[("grpo_ds", 2)]
@@ -164,6 +176,13 @@ def test_verdict_per_arm(roots: tuple[Path, Path]) -> None:
     assert missed.startswith("missed: ") and f"mean deviation {25 * 0.3 / 26:.3f}" in missed
     assert f"{25 * 0.3 / 26 - 0.12:.3f} over 0.12" in missed
     assert "actuator saturated (≥ 20 steps at its clip) on seed 1 (23 steps)" in why
+    # Its step noise (0.42 / √2 steps, relative) puts 0.12 out of reach for any law, on every seed.
+    noise = math.sqrt((0.21**2 + 24 * 0.42**2) / 25 / 2) / TARGET
+    assert f"step noise in the run {noise:.3f} of the target" in why
+    assert (
+        f"would still deviate by about {0.8 * noise:.3f}: the 0.12 bound is within the run's own noise on seed 0, 1, 2"
+        in why
+    )
     assert f"noise floor {cp.SMOLLM2_AB_FLOOR[0]:.3f}" in why
     assert verdict["stare_pi_c2"][0] == "not yet known (0 of 3 seeds finished)"
     assert verdict["grpo_ds (reused)"][0].startswith("missed: collapsed on 3/3 seeds")
@@ -191,6 +210,34 @@ def test_a_miss_on_the_moving_average_says_by_how_many_points(tmp_path: Path) ->
         in verdict
     )
     assert "no paired seed yet" in md  # no grpo_ds folder: nothing to pair with
+
+
+def test_a_miss_above_the_band_names_the_side_and_the_lowering_clip(tmp_path: Path) -> None:
+    """Seed 2 rises to 1.2 (above 1.25 × 0.7) at step 20 with the law at its lowering clip (output −0.1)
+    from there: the moving average (of steps t−4..t) is above the band from step 21, 10 of the 26
+    post-settling steps, never below; the output sits at its lowering clip on steps 20..30, 11 of 26."""
+    control = tmp_path / "control"
+    for seed in SEEDS:
+        rise = seed == 2
+        profile = (lambda s: held_profile(s) if s < 20 else 1.2) if rise else held_profile
+        events = _events(profile, 0.7, clip_from=20 if rise else None, clip_output=-0.1)
+        _write(control / "runs" / "control-tune" / "default" / f"seed{seed}", events)
+    entry = _entry(control)
+    row = next(r for r in cp.rows_of(entry) if r.seed == 2)
+    assert row.ma_share == pytest.approx(16 / 26)
+    assert (row.ma_above, row.ma_below) == (pytest.approx(10 / 26), 0.0)
+    assert row.clip_share == pytest.approx(11 / 26) and row.lower_clip_share == pytest.approx(11 / 26)
+    why = {r[0]: r[1:] for r in _table_rows(suite_markdown(entry), "arm | verdict")}["default"][1]
+    assert (
+        "where the MA share fell short (seed 2) the moving average was above the band on 38 % of the steps "
+        "and below it on 0 %, with the output at its lowering clip on 42 %"
+    ) in why
+    per_seed = _table_rows(suite_markdown(entry), "arm | seed")
+    assert per_seed[2][9:12] == [
+        "38 % / 0 %",
+        f"{row.run_noise:.3f}",
+        "42 % (lowering side 42 %; longest 11)",
+    ]
 
 
 def test_baseline_target_follows_the_cell_and_the_noise_floor_file_wins(roots: tuple[Path, Path]) -> None:
