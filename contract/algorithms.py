@@ -57,6 +57,9 @@ class ControllerInfo:
     section: str  # algorithm.<section> of the job spec
     settings_cls: type
     controls: frozenset[str]
+    # The actuator acts only on an off-policy update (optim.ppo_epochs ≥ 2): clip_pi's ratio clip, which
+    # binds on no token while π_θ = π_old (one update per batch: every ratio is 1).
+    needs_off_policy: bool = False
 
 
 CONTROLLERS = MappingProxyType(
@@ -66,7 +69,10 @@ CONTROLLERS = MappingProxyType(
             "entropy_coef", "entropy_control", EntropyControlParams, frozenset({"coef"})
         ),
         # The PI laws (contract/control.py), one section `algorithm.control` for the three.
-        **{law: ControllerInfo(law, "control", cls, frozenset()) for law, cls in LAW_SETTINGS.items()},
+        **{
+            law: ControllerInfo(law, "control", cls, frozenset(), needs_off_policy=law == "clip_pi")
+            for law, cls in LAW_SETTINGS.items()
+        },
     }
 )
 # What a controller sets at every step; a spec may not set it in algorithm.params.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from contract import algorithms, safejson, verifiers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
@@ -455,7 +455,7 @@ class TrainSpec(_Strict):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    optim: OptimSpec = Field(default_factory=OptimSpec)
+    optim: OptimSpec = Field(default_factory=OptimSpec, validate_default=True)  # `_law_can_act` reads it
     sft: SftSpec | None = None
     entropy_band: EntropyBandSpec = Field(default_factory=EntropyBandSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
@@ -464,6 +464,23 @@ class TrainSpec(_Strict):
     # None: single-turn (the response is the answer). A tool-use environment: docs/TOOLS.md.
     environment: EnvironmentSpec | None = None
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+
+    @field_validator("optim")
+    @classmethod
+    def _law_can_act(cls, optim: OptimSpec, info: ValidationInfo) -> OptimSpec:
+        algorithm: AlgorithmSpec | None = info.data.get("algorithm")  # None: it failed its own validation
+        if algorithm is None:
+            return optim
+        law = algorithms.get(algorithm.name).controller_info
+        if law is not None and law.needs_off_policy and optim.ppo_epochs < 2:
+            # One update per batch: π_θ = π_old until the optimiser step, every ratio is 1 and the clip
+            # (the law's actuator) never binds: the job would be grpo_ds with a law that cannot act.
+            raise ValueError(
+                f"optim.ppo_epochs: {algorithm.name} steers the ratio clip's ε_high, which binds only on an "
+                "off-policy update; with ppo_epochs 1 every ratio π_θ/π_old is 1 and the law cannot act. "
+                "Set optim.ppo_epochs ≥ 2, or use the default law (leave algorithm.name unset)"
+            )
+        return optim
 
     @model_validator(mode="after")
     def _cross_field(self) -> TrainSpec:

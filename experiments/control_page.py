@@ -48,6 +48,7 @@ MEASURED_FLOORS: dict[str, tuple[float, str]] = {
 NOISE_FILE = "noise_floor.json"
 # Where a run's entropy ended: the mean H̄ of its last END_STEPS steps, over the target.
 END_STEPS = 10
+CLIP_FRACTION = "clip/fraction"  # tokens the ratio clip bound, per step (docs/metrics.md)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class SeedRow:
     ma_above: float | None = None
     ma_below: float | None = None
     lower_clip_share: float | None = None
+    # clip_pi's actuator is the ratio clip's ε_high; the share of steps on which the clip bound any token
+    # (clip/fraction > 0). 0 on every step: the output set a bound nothing reached (one update per batch:
+    # every ratio is 1), so the run is grpo_ds's. None for the other laws.
+    ratio_clip_share: float | None = None
 
     def held(self) -> bool:
         return (
@@ -126,6 +131,10 @@ def seed_row(entry: dict[str, Any], *, target_setting: Any = None, reused: bool 
             lowering = [st for st, u in an.metric_series(events, cm.OUTPUT) if saturated.get(st) and u < 0]
             lower_clip_share = len(lowering) / len(saturated)
     runs = [v for _, v in an.metric_series(events, cm.SATURATED_STEPS)]
+    ratio_clip_share = None
+    if _law_of(events) == "clip_pi":
+        clipped = [v > 0 for _, v in an.metric_series(events, CLIP_FRACTION)]
+        ratio_clip_share = sum(clipped) / len(clipped) if clipped else None
     tail = [h for _, h in entropies[-END_STEPS:]]
     end_ratio = sum(tail) / len(tail) / target if tail and target else None
     return SeedRow(
@@ -148,7 +157,17 @@ def seed_row(entry: dict[str, Any], *, target_setting: Any = None, reused: bool 
         ma_above=ma_above,
         ma_below=ma_below,
         lower_clip_share=lower_clip_share,
+        ratio_clip_share=ratio_clip_share,
     )
+
+
+def _law_of(events: list[dict[str, Any]]) -> str | None:
+    """The algorithm a run ran, from its started event's spec."""
+    spec: dict[str, Any] = next(
+        (e["spec"] for e in events if e.get("type") == "started" and isinstance(e.get("spec"), dict)), {}
+    )
+    algorithm = spec.get("algorithm")
+    return algorithm.get("name") if isinstance(algorithm, dict) else None
 
 
 def noise_floor_of(suite: Suite, run_root: Path | None) -> tuple[float, str] | None:
@@ -322,6 +341,14 @@ def _why(rows: list[SeedRow], floor: tuple[float, str] | None) -> str:
     """The measured reasons a miss can have: the moving average leaving the band on one side (with the law's
     output at its lowering clip), a saturated actuator, the step noise in the run, the noise floor."""
     parts = []
+    inert = [r for r in rows if r.ratio_clip_share == 0.0]
+    if inert:
+        parts.append(
+            "the ratio clip bound no token on any step (clip/fraction 0) on seed "
+            + ", ".join(str(r.seed) for r in inert)
+            + ": with one update per batch every ratio is 1, so ε_high, the law's output, had no effect and "
+            "the run is grpo_ds's (clip_pi now needs optim.ppo_epochs ≥ 2)"
+        )
     short = [
         r for r in rows if r.ma_share is not None and r.ma_share < HELD_MA_SHARE and r.ma_above is not None
     ]

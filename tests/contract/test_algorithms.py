@@ -34,7 +34,9 @@ def test_zero_advantage_inertness_is_the_registrations_and_off_with_a_kl_penalty
 
 def test_the_spec_resolves_each_algorithms_estimator_from_its_registration() -> None:
     for name, entry in ALGORITHMS.items():
-        spec = TrainSpec.model_validate({"algorithm": {"name": name}})
+        info = entry.controller_info
+        epochs = 2 if info is not None and info.needs_off_policy else 1  # clip_pi: its clip binds off-policy
+        spec = TrainSpec.model_validate({"algorithm": {"name": name}, "optim": {"ppo_epochs": epochs}})
         assert spec.algorithm.estimator == entry.advantage_estimator
         assert isinstance(make_loss_params(name), ClipLossParams)
 

@@ -240,6 +240,34 @@ def test_a_miss_above_the_band_names_the_side_and_the_lowering_clip(tmp_path: Pa
     ]
 
 
+def test_a_clip_pi_run_whose_clip_bound_nothing_is_called_inert(tmp_path: Path) -> None:
+    """clip_pi's actuator is the ratio clip: seeds 0 and 1 log clip/fraction 0 on every step (one update
+    per batch), seed 2 binds it on one step. The why names seeds 0 and 1 only; another law's run, with the
+    same zeros, is not judged by its clip."""
+    control = tmp_path / "control"
+    for seed in SEEDS:
+        events = _events(collapsing_profile, 0.7)
+        events[0]["spec"]["algorithm"]["name"] = "clip_pi"
+        for e in events:
+            if e["type"] == "step":
+                e["metrics"]["clip/fraction"] = 0.02 if seed == 2 and e["step"] == 3 else 0.0
+        _write(control / "runs" / "control-tune" / "clip_pi" / f"seed{seed}", events)
+        other = _events(collapsing_profile, 0.7)
+        for e in other:
+            if e["type"] == "step":
+                e["metrics"]["clip/fraction"] = 0.0
+        _write(control / "runs" / "control-tune" / "default" / f"seed{seed}", other)
+    entry = _entry(control)
+    rows = {(r.arm, r.seed): r for r in cp.rows_of(entry)}
+    assert [rows[("clip_pi", s)].ratio_clip_share for s in SEEDS] == [0.0, 0.0, pytest.approx(1 / STEPS)]
+    assert all(rows[("default", s)].ratio_clip_share is None for s in SEEDS)
+    why = {r[0]: r[2] for r in _table_rows(suite_markdown(entry), "arm | verdict")}
+    assert why["clip_pi"].startswith(
+        "the ratio clip bound no token on any step (clip/fraction 0) on seed 0, 1: with one update per batch"
+    )
+    assert "ratio clip" not in why["default"]
+
+
 def test_baseline_target_follows_the_cell_and_the_noise_floor_file_wins(roots: tuple[Path, Path]) -> None:
     control, _ = roots
     cell = control / "runs" / "control-t0.5"

@@ -90,6 +90,9 @@ BAD_SPECS = [
         id="band-order",
     ),
     pytest.param(
+        with_spec(algorithm={"name": "clip_pi"}), "spec.optim", "invalid_spec", id="clip-pi-on-policy"
+    ),
+    pytest.param(
         with_spec(task__prompt_template="{prompt} {other}"),
         "spec.task.prompt_template",
         "invalid_spec",

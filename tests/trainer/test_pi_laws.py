@@ -122,6 +122,7 @@ def test_a_target_without_a_named_algorithm_gets_the_default_law() -> None:
         ({"control": {"smoothing": 1.0}}, "smoothing"),
         ({"name": "stare_pi", "control": {"u_max": 2.0}}, "u_max"),
         ({"control": {"target_entropy": 0.0}}, "target_entropy"),
+        ({"name": "clip_pi"}, "optim.ppo_epochs"),  # one epoch: the ratio clip cannot bind
     ],
 )
 def test_a_bad_control_section_is_refused_naming_the_field(algorithm: dict, field: str) -> None:
@@ -160,6 +161,26 @@ def test_the_default_law_runs_and_a_resume_continues_its_state_exactly(tmp_path:
     resumed = step_metrics(read_events(part))
     for step in (3, 4):
         assert {k: resumed[step][k] for k in CONTROL_KEYS} == {k: full[step][k] for k in CONTROL_KEYS}
+
+
+def test_clip_pi_acts_only_off_policy(tmp_path: Path) -> None:
+    """One update per batch: every ratio is 1 and the clip binds no token (why a spec with clip_pi and one
+    epoch is refused). With a second epoch the ratio moves and clip_pi's ε_high binds."""
+    on_policy = _algorithm(small_spec(optim={"steps": 2, "lr": 0.05}), {"name": "grpo_ds"})
+    assert Engine(TrainSpec.model_validate(on_policy), tmp_path / "on").run() == ExitCode.OK
+    on = step_metrics(read_events(tmp_path / "on"))
+    assert all(m["clip/fraction"] == 0.0 and m["kl/approx_old"] == 0.0 for m in on.values())
+    with pytest.raises(ValidationError, match=r"optim\.ppo_epochs"):
+        TrainSpec.model_validate(_algorithm(on_policy, {"name": "clip_pi"}))
+    off_policy = _algorithm(
+        small_spec(optim={"steps": 2, "lr": 0.05, "ppo_epochs": 2}),
+        {"name": "clip_pi", "control": {"target_entropy": {"relative": 0.5}}},
+    )
+    assert Engine(TrainSpec.model_validate(off_policy), tmp_path / "off").run() == ExitCode.OK
+    off = step_metrics(read_events(tmp_path / "off"))
+    assert any(m["clip/fraction"] > 0.0 for m in off.values())
+    # ε_high is the law's: clip_high + span·u, recorded as the actuator.
+    assert all(m["control/actuator"] == pytest.approx(0.28 + 0.2 * m["control/output"]) for m in off.values())
 
 
 def test_a_pi_state_round_trips_exactly() -> None:
