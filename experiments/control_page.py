@@ -43,6 +43,7 @@ MEASURED_FLOORS: dict[str, tuple[float, str]] = {
     "control-t0.5": SMOLLM2_AB_FLOOR,
     "control-t0.8": SMOLLM2_AB_FLOOR,
     "control-abs": SMOLLM2_AB_FLOOR,
+    "control-clip2": SMOLLM2_AB_FLOOR,  # the same policy at the start and batch (the epochs come after)
     "control-tiny": (0.023, "the tiny demo model after its SFT at 32 × 8, 8 re-samples"),
 }
 NOISE_FILE = "noise_floor.json"

@@ -11,6 +11,9 @@ Cells (each a suite of the plan, runnable and resumable on its own:
   H₀); control-t0.5 and control-t0.8 (a+b, lr 2e-5, 0.5 × H₀ and 0.8 × H₀); control-abs (a+b, lr 2e-5,
   an absolute target of 0.6 nats); control-gym (SmolLM2 on reasoning-gym's chain_sum, below); control-tiny
   (the demo spec's tiny model, with its SFT); control-tool (the tool-use task).
+- control-clip2 (a plant check, not a held-out cell): the tuning cell's setting at two epochs per batch
+  (optim.ppo_epochs 2), with its own grpo_ds at two epochs and clip_pi, whose actuator, the ratio clip,
+  binds only off-policy (§11.7). The other cells' clip_pi runs ran one epoch, where the clip binds nothing.
 
 The gym cell's start accuracy (it may run only with one in 0.05–0.6), measured on 2026-12-03 with
 `OMP_NUM_THREADS=1 nice -n 5 python scripts/start_accuracy.py --only gym/cell --k 2 --seeds 0 1 2
@@ -51,6 +54,7 @@ CELLS = (
     "control-gym",
     "control-tiny",
     "control-tool",
+    "control-clip2",
 )
 SEEDS = 3
 LAW_ARMS: dict[str, dict[str, Any]] = {
@@ -120,6 +124,9 @@ def _cell(name: str) -> tuple[str, dict[str, Any], Any, tuple[str, ...]]:
             rel,
             ("grpo_ds", *SMOLLM2_LAWS),
         )
+    if name == "control-clip2":
+        title = "SmolLM2 a+b, lr 2e-5, target 0.7 × H₀, two epochs per batch (clip_pi's plant check)"
+        return title, merge(_smollm2_base(2e-5), {"optim": {"ppo_epochs": 2}}), rel, ("grpo_ds", "clip_pi")
     if name == "control-tiny":
         base = demo_spec()
         base.pop("algorithm", None)

@@ -28,7 +28,10 @@ def test_every_cell_is_a_resumable_suite_of_valid_specs(cell: str) -> None:
             assert "name" not in run.spec["algorithm"] and spec.algorithm.name == "entropy_pi"
         assert spec.algorithm.name in ("grpo_ds", "entropy_pi", "stare_pi", "clip_pi")
         # clip_pi's actuator, the ratio clip, binds only off-policy: its arm takes a second epoch
-        assert spec.optim.ppo_epochs == (2 if run.arm == "clip_pi" else 1)
+        assert spec.optim.ppo_epochs == (2 if run.arm == "clip_pi" or cell == "control-clip2" else 1)
+    if cell == "control-clip2":  # clip_pi's plant check: clip_pi and grpo_ds, both at two epochs
+        assert suite.arms == ("grpo_ds", "clip_pi")
+        return
     assert suite.runs[0].arm == "default"
     smollm2 = suite.runs[0].spec["model"]["name"] == "smollm2-135m-instruct"
     # The PI arms of STARE and clip-higher run on the SmolLM2 cells; grpo_ds where no run of it exists.
