@@ -188,7 +188,7 @@ def _gib(n: int) -> str:
 
 # --- a job's memory per device ----------------------------------------------------------------------------
 
-# vLLM's KV cache on a CPU (its VLLM_CPU_KVCACHE_SPACE, which trainer/vllm_engine.py sets from this).
+# vLLM's KV cache on a CPU (its VLLM_CPU_KVCACHE_SPACE, which trainer/rollout/vllm_engine.py sets from this).
 VLLM_CPU_KV_CACHE_GIB = 1
 
 

@@ -12,9 +12,9 @@ from torch import Tensor
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import informative_groups
-from trainer.generation import RolloutEngine
-from trainer.rollout import Rollout, concat_rollouts, rollout
-from trainer.sampling import SampleStreams
+from trainer.rollout.batch import Rollout, concat_rollouts, rollout
+from trainer.rollout.generation import RolloutEngine
+from trainer.rollout.sampling import SampleStreams
 from trainer.tasks import Example, make_train_eval
 
 
@@ -79,7 +79,7 @@ def collect(
     this process's share of them; with dynamic sampling, batches are generated until enough informative
     groups (summed over the processes by `reduce`) or max_gen_batches, and the step trains on the first
     prompts_per_step informative groups over every process (`first_informative`). Returns (rollout, gen
-    batches). Each prompt samples from its own stream (trainer.sampling): (job seed, "train", step,
+    batches). Each prompt samples from its own stream (trainer.rollout.sampling): (job seed, "train", step,
     generation round, its index in the round's prompts_per_step). So a step's batch, summed over the
     processes, is the same at any number of processes."""
     n_prompts = spec.optim.prompts_per_step

@@ -12,7 +12,7 @@ One optimiser step k (`Engine.train_step`):
      target resolves on the first step); their state is passed to the loss (trainer.controllers);
   5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
   6. one event with every metric; checkpoint / evaluation at their intervals.
-Each step reseeds the RNGs from (seed, step), each prompt samples from its own stream (trainer.sampling).
+Each step reseeds the RNGs from (seed, step), each prompt samples from its own stream (trainer.rollout.sampling).
 
 The engine owns the step and the run loop; the rest is one module per concept in trainer/: update, scoring,
 sft, evaluation, data, events, distributed/strategy (ddp/fsdp2), hybrid (rollout mode), controllers, rollout.
@@ -53,12 +53,13 @@ from trainer.distributed import Strategy
 from trainer.distributed.runtime import Runtime
 from trainer.evaluation import evaluate
 from trainer.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
-from trainer.generation import RolloutEngine
-from trainer.hybrid import Rollouts
-from trainer.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.report import write_report
-from trainer.rollout import Rollout, reflection_rate
-from trainer.sampling import SampleStreams
+from trainer.rollout.batch import Rollout, reflection_rate
+from trainer.rollout.generation import RolloutEngine
+from trainer.rollout.hybrid import Rollouts
+from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics
+from trainer.rollout.sampling import SampleStreams
+from trainer.rollout.vllm_engine import build_rollout_engine
 from trainer.scoring import forward_is_deterministic
 from trainer.sft import run_sft
 from trainer.tasks import Example
@@ -76,7 +77,6 @@ from trainer.update import (
     reads_sample_stats,
     zero_advantage_skip,
 )
-from trainer.vllm_engine import build_rollout_engine
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
@@ -196,8 +196,8 @@ class Engine:
         self.model, self.optimizer = placement.prepare_for_training(self.runtime, model, spec, fill=fill)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
-        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine), switched
-        # to and from by trainer.hybrid's rollout_mode
+        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.rollout.vllm_engine), switched
+        # to and from by trainer.rollout.hybrid's rollout_mode
         self.rollouts = Rollouts(
             self.strategy, self.model, build_rollout_engine(spec, self.policy, self.tokenizer)
         )
@@ -256,7 +256,7 @@ class Engine:
 
     def collect(self, step: int | None = None) -> tuple[Rollout, int]:
         """Rollout for step `step` (default: the next one) on this process, with dynamic sampling; the
-        step names the prompts' sampling streams (trainer.sampling). Returns (rollout, gen batches)."""
+        step names the prompts' sampling streams (trainer.rollout.sampling). Returns (rollout, gen batches)."""
         with self.rollouts.rollout_mode() as (model, engine):
             return collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from contract.spec import TrainSpec
-from trainer.generation import RolloutEngine
-from trainer.rollout import run_episodes
+from trainer.rollout.batch import run_episodes
+from trainer.rollout.generation import RolloutEngine
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score
 
@@ -31,7 +31,7 @@ def evaluate(
     seeds: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
-    processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.sampling:
+    processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.rollout.sampling:
     (job seed, "eval", step, its index in the evaluation set); None: drawn from torch's global RNG). The
     model is left in train mode."""
     ev = spec.evaluation

@@ -12,8 +12,8 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from trainer.algos import token_stats_from_logits
-from trainer.generation import cache_argument, hf_model
-from trainer.rollout import Rollout
+from trainer.rollout.batch import Rollout
+from trainer.rollout.generation import cache_argument, hf_model
 
 
 def response_stats(

@@ -31,7 +31,7 @@ from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
 from trainer.distributed.runtime import Collective
 from trainer.distributed.strategy import PromptSharing
-from trainer.rollout import Rollout
+from trainer.rollout.batch import Rollout
 from trainer.scoring import micro_batches, prompts_shareable, response_stats
 
 LR_SCHEDULES = ("constant", "linear", "cosine")

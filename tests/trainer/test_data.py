@@ -20,7 +20,7 @@ from tests.trainer.test_engine import small_spec
 from trainer import placement
 from trainer.data import collect, load_examples
 from trainer.engine import seed_everything, step_seed
-from trainer.generation import HFGenerate
+from trainer.rollout.generation import HFGenerate
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ def test_run_writes_events_checkpoints_and_report(tmp_path):
     out = tmp_path / "run"
     events_seen: list[dict] = []
     # Seed 0: every step's batch holds a group with mixed rewards (zero_std_fraction < 1, asserted below);
-    # with seed 3 step 2's groups all have equal rewards (trainer.sampling draws each prompt's samples).
+    # with seed 3 step 2's groups all have equal rewards (trainer.rollout.sampling draws each prompt's samples).
     spec = TrainSpec.model_validate(small_spec(seed=0))
     code = Engine(spec, out, callbacks=[events_seen.append]).run()
     assert code == ExitCode.OK

@@ -40,7 +40,7 @@ from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import small_spec
 
 # Step 1 has equal rewards within every group, step 2 has a group with mixed rewards (each prompt samples
-# from its own stream, trainer.sampling: seed 3, small_spec's, now has a mixed group at step 1).
+# from its own stream, trainer.rollout.sampling: seed 3, small_spec's, now has a mixed group at step 1).
 SEED = 1
 TOL = 1e-4
 COMPARED = ("loss/policy", "entropy/mean", "reward/mean", "actor/grad_norm", "actor/lr")

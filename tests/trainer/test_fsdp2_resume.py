@@ -99,7 +99,7 @@ def _step2_shares(checkpoint: Path, processes: int) -> list:
     from trainer.data import collect, load_examples
     from trainer.engine import seed_everything, step_seed
     from trainer.models import load_model_and_tokenizer
-    from trainer.vllm_engine import build_rollout_engine
+    from trainer.rollout.vllm_engine import build_rollout_engine
 
     spec = TrainSpec.model_validate(_spec(processes))
     model, tokenizer = load_model_and_tokenizer(str(checkpoint / "model"))  # model/'s weights

@@ -1,4 +1,4 @@
-"""Rollouts: sample G responses per prompt through a rollout engine (trainer.generation: HF generate by
+"""Rollouts: sample G responses per prompt through a rollout engine (trainer.rollout.generation: HF generate by
 default), score them, and lay them out for training.
 
 Layout of a batch of B responses: `input_ids` (B, P + R) = left-padded prompt (P) followed by the
@@ -21,13 +21,13 @@ from torch import Tensor
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos.shaping import overlong_penalty
-from trainer.generation import (
+from trainer.rollout.generation import (
     HFGenerate,
     RolloutEngine,
     SampledTokenStats,
     position_ids_from_mask,
 )
-from trainer.sampling import seeds_or_drawn, turn_seeds
+from trainer.rollout.sampling import seeds_or_drawn, turn_seeds
 from trainer.tasks import Example, render_prompt
 from trainer.verifiers import score, shape_reward
 
@@ -55,7 +55,7 @@ class Rollout:
     # single-turn rollouts. Tool-result tokens sit inside the response with response_mask 0.
     tool_counts: Tensor | None = None
     # Per response token (B, R): its log-prob under a rollout engine that is not the trainer (vLLM's
-    # sampler), for the mismatch metrics and the truncated IS correction (trainer.mismatch); else None.
+    # sampler), for the mismatch metrics and the truncated IS correction (trainer.rollout.mismatch); else None.
     sampler_logprob: Tensor | None = None
 
     @property
@@ -179,8 +179,8 @@ def rollout(
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
     an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
-    prompt index), or the first of consecutive ones. `engine`: the rollout engine (trainer.generation).
-    `seeds`: each example's sampling stream (trainer.sampling.SampleStreams; None: drawn from torch's global
+    prompt index), or the first of consecutive ones. `engine`: the rollout engine (trainer.rollout.generation).
+    `seeds`: each example's sampling stream (trainer.rollout.sampling.SampleStreams; None: drawn from torch's global
     RNG)."""
     if spec.environment is not None:
         return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine, seeds=seeds)

@@ -1,6 +1,6 @@
 """vLLM as the rollout engine (spec `rollout.engine: vllm`), colocated with the trainer: one in-process
 `vllm.LLM` per trainer process, holding its own copy of the policy's weights, refreshed before the first
-rollout after an optimiser step (`load_weights`, fed the strategy's `full_state` by trainer.hybrid's
+rollout after an optimiser step (`load_weights`, fed the strategy's `full_state` by trainer.rollout.hybrid's
 `rollout_mode`). docs/ROLLOUTS.md describes it.
 
 - Above one process (torchrun, a Ray worker; ddp or fsdp2): each process builds its own engine (tensor
@@ -15,7 +15,7 @@ rollout after an optimiser step (`load_weights`, fed the strategy's `full_state`
 - The sampling record: vLLM's log-probs are of its own processed distribution (temperature, top-p) and its
   own kernels, so they are not π_old. `gives_pi_old` is False: the update scores π_old with the trainer
   (`trainer.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
-  for the mismatch metrics and the truncated importance-sampling correction (`trainer.mismatch`).
+  for the mismatch metrics and the truncated importance-sampling correction (`trainer.rollout.mismatch`).
 - Sleep and wake: on a GPU the engine is built with `enable_sleep_mode` and sleeps (weights offloaded, KV
   cache freed) while the trainer updates, so both fit one device; its share of the device while awake is
   rollout.gpu_memory_fraction, or what the estimated training state leaves (`memory_fraction`). On the CPU
@@ -38,8 +38,8 @@ from contract.spec import TrainSpec
 from trainer.distributed.hf_folder import FILE_BYTES, write_folder
 from trainer.distributed.process_group import world_size
 from trainer.distributed.strategy import full_state, hf_model
-from trainer.generation import Generation, HFGenerate, RolloutEngine
-from trainer.sampling import seeds_or_drawn
+from trainer.rollout.generation import Generation, HFGenerate, RolloutEngine
+from trainer.rollout.sampling import seeds_or_drawn
 
 # vLLM reads these when it is imported. In-process engine: the weight push hands tensors to the model
 # runner directly (no copy through a file or a socket). CPU: a 1 GiB KV cache, and no thread pinning, as
@@ -68,10 +68,10 @@ def _import_vllm() -> Any:
 
 
 class VLLMGenerate:
-    """The rollout engine on an in-process vLLM copy of the policy (trainer.generation.RolloutEngine)."""
+    """The rollout engine on an in-process vLLM copy of the policy (trainer.rollout.generation.RolloutEngine)."""
 
     gives_pi_old = False  # its log-probs are the sampler's, not the trainer's π_old (module docstring)
-    owns_weights = True  # its own copy, fed by load_weights (trainer.hybrid.rollout_mode)
+    owns_weights = True  # its own copy, fed by load_weights (trainer.rollout.hybrid.rollout_mode)
 
     def __init__(
         self,
@@ -148,7 +148,7 @@ class VLLMGenerate:
     ) -> Generation:
         """num_samples responses per left-padded prompt row, laid out as HFGenerate lays them out; `record`
         is ignored (no sampling record usable as π_old; the sampler's log-probs always come back). Each
-        prompt's request carries its seed (`seeds`, trainer.sampling; None: drawn from torch's global RNG):
+        prompt's request carries its seed (`seeds`, trainer.rollout.sampling; None: drawn from torch's global RNG):
         vLLM samples a seeded request from its own generator, so a prompt's samples do not depend on the
         batch around it."""
         del record
