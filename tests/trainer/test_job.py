@@ -1,5 +1,5 @@
-"""Launch and stop: the `run` arguments declared once (trainer.job.add_run_arguments) and built once
-(worker.supervisor.run_arguments), the one job entry (trainer.job.run_job) and the stop policies
+"""Launch and stop: the `run` arguments declared once (trainer.launch.job.add_run_arguments) and built once
+(worker.supervisor.run_arguments), the one job entry (trainer.launch.job.run_job) and the stop policies
 (trainer.events.StopPolicy, AgreedStop) the engine is given."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from trainer.events import AgreedStop, StopPolicy, stop_policy
-from trainer.job import Refused, add_run_arguments, load_job_spec, run_job
-from trainer.ray_launch import _parser as ray_parser
+from trainer.launch.job import Refused, add_run_arguments, load_job_spec, run_job
+from trainer.launch.ray_driver import _parser as ray_parser
 from worker.supervisor import ray_command, run_arguments, trainer_command
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.protocol import ERROR_FILE_ENV, EVENTS_FILE, ExitCode, exit_report, format_event_line
-from trainer.job import Refused, add_run_arguments, load_job_spec, run_job
+from trainer.launch.job import Refused, add_run_arguments, load_job_spec, run_job
 
 
 def _print_event(event: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """One job run in this process: the entry that `python -m trainer run` and the Ray worker both call
 (`run_job`), and the `run` command's arguments, declared once for both command lines (`add_run_arguments`:
-trainer/__main__.py and trainer/ray_launch.py, whose driver takes the same arguments plus the cluster's).
+trainer/launch/cli.py and trainer/launch/ray_driver.py, whose driver takes the same arguments plus the cluster's).
 
 A job that cannot run as given (an unreadable or invalid spec, bad task data or parameters found while
 loading, a launch whose process count is not the spec's) raises `Refused`, which the callers turn into

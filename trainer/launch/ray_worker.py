@@ -11,7 +11,7 @@ carries what the driver and the training processes tell each other:
 (torch.distributed, gloo on CPU, NCCL on GPU) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT; the engine joins that group (accelerate and
 trainer.distributed.init_process_group both use an initialised group as it is). The engine runs here as
-`python -m trainer run` runs it (trainer.job.run_job), in the same process, with the stop request delivered
+`python -m trainer run` runs it (trainer.launch.job.run_job), in the same process, with the stop request delivered
 by a watcher thread instead of a signal, and agreed over the group at each step's end
 (trainer.events.AgreedStop, injected into the engine).
 """
@@ -98,7 +98,7 @@ def train_worker(config: dict[str, Any]) -> None:
 
 def _run_engine(config: dict[str, Any], relay: Any, rank: int) -> int:
     from trainer.events import AgreedStop
-    from trainer.job import Refused, run_job
+    from trainer.launch.job import Refused, run_job
 
     def relay_event(event: dict[str, Any]) -> None:
         # Waited for: a checkpoint's event is in the relay before the next step starts.
