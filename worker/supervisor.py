@@ -158,7 +158,7 @@ TORCHRUN = "torch.distributed.run"
 
 
 def run_arguments(spec_path: Path, out_dir: Path, *, resume: bool) -> list[str]:
-    """The `run` command's arguments, as trainer.launch.job.add_run_arguments declares them: the same for
+    """The `run` command's arguments, as trainer.launch.command.add_run_arguments declares them: the same for
     `python -m trainer` (alone or under torchrun) and for the Ray driver."""
     args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
     return [*args, "--resume"] if resume else args

@@ -1,4 +1,4 @@
-"""Launch and stop: the `run` arguments declared once (trainer.launch.job.add_run_arguments) and built once
+"""Launch and stop: the `run` arguments declared once (trainer.launch.command.add_run_arguments) and built once
 (worker.supervisor.run_arguments), the one job entry (trainer.launch.job.run_job) and the stop policies
 (trainer.events.StopPolicy, AgreedStop) the engine is given."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from trainer.events import AgreedStop, StopPolicy, stop_policy
-from trainer.launch.job import Refused, add_run_arguments, load_job_spec, run_job
+from trainer.launch.command import Refused, add_run_arguments, load_job_spec
+from trainer.launch.job import run_job
 from trainer.launch.ray_driver import _parser as ray_parser
 from worker.supervisor import ray_command, run_arguments, trainer_command
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.protocol import ERROR_FILE_ENV, EVENTS_FILE, ExitCode, exit_report, format_event_line
-from trainer.launch.job import Refused, add_run_arguments, load_job_spec, run_job
+from trainer.launch.command import Refused, add_run_arguments, load_job_spec
+from trainer.launch.job import run_job
+from trainer.report import load_events, write_report
 
 
 def _print_event(event: dict[str, Any]) -> None:
@@ -67,8 +69,6 @@ def _main(argv: list[str] | None) -> int:
         print(json.dumps(load_job_spec(args.spec).resolved(), indent=2))
         return ExitCode.OK
     if args.command == "report":
-        from trainer.report import load_events, write_report
-
         paths = write_report(load_events(Path(args.out) / EVENTS_FILE), Path(args.out))
         print("\n".join(str(p) for p in paths))
         return ExitCode.OK

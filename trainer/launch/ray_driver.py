@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from contract.protocol import ExitCode, format_event_line
 from contract.spec import TrainSpec
-from trainer.launch.job import Refused, add_run_arguments, load_job_spec
+from trainer.launch.command import Refused, add_run_arguments, load_job_spec
 
 POLL_S = 0.2
 LOSS_POLL_S = 0.5  # how often a failed attempt asks the cluster whether one of its nodes died

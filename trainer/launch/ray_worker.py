@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from contract.protocol import ExitCode
+from trainer.launch.command import Refused
 
 STOP_POLL_S = 0.5  # how often a training process asks the relay whether to stop
 RELAY_CALL_S = 30.0  # a relay call that takes longer means the driver's node is gone
@@ -97,8 +98,10 @@ def train_worker(config: dict[str, Any]) -> None:
 
 
 def _run_engine(config: dict[str, Any], relay: Any, rank: int) -> int:
+    # Here, not at the top: the driver imports this module for `Relay` and `train_worker` and must not load
+    # the engine (torch, transformers); only the training processes run this.
     from trainer.events import AgreedStop
-    from trainer.launch.job import Refused, run_job
+    from trainer.launch.job import run_job
 
     def relay_event(event: dict[str, Any]) -> None:
         # Waited for: a checkpoint's event is in the relay before the next step starts.
