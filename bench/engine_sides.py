@@ -49,8 +49,8 @@ class OurSide:
 
 
 def trl_reward_function(verifier: str, params: dict[str, Any], chat: bool) -> Any:
-    from trainer.tasks import Example
-    from trainer.verifiers import score, shape_reward
+    from trainer.tasks.sources import Example
+    from trainer.tasks.verifiers import score, shape_reward
 
     def reward(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[0]["content"] if chat else c for c in completions]
@@ -155,7 +155,7 @@ def run_trl(case: Case, conn: Connection, scratch: str) -> None:
     from trl import GRPOTrainer
 
     from trainer.models import load_model_and_tokenizer
-    from trainer.tasks import render_prompt
+    from trainer.tasks.sources import render_prompt
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -41,7 +41,7 @@ from service.storage import stored_bytes
 from store import repository
 from store.artifacts import ArtifactStorage
 from store.database import Database
-from trainer import tasks
+from trainer.tasks import sources
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _longest_generated_prompt(spec: TrainSpec) -> int:
     task = spec.task
     size = min(PROMPT_SAMPLE, task.train_size + task.eval_size)
     try:
-        examples = tasks.make_examples(
+        examples = sources.make_examples(
             task.source, name=task.name, size=size, seed=spec.seed, params=dict(task.params)
         )
     except (ValueError, TypeError) as err:  # one example generated (job_specs); this many did not

@@ -15,7 +15,7 @@ from trainer.algos import informative_groups
 from trainer.rollout.batch import Rollout, concat_rollouts, rollout
 from trainer.rollout.generation import RolloutEngine
 from trainer.rollout.sampling import SampleStreams
-from trainer.tasks import Example, make_train_eval
+from trainer.tasks.sources import Example, make_train_eval
 
 
 class PromptOrder:

@@ -62,7 +62,7 @@ from trainer.rollout.sampling import SampleStreams
 from trainer.rollout.vllm_engine import build_rollout_engine
 from trainer.scoring import forward_is_deterministic
 from trainer.sft import run_sft
-from trainer.tasks import Example
+from trainer.tasks.sources import Example
 from trainer.update import (
     LossSetup,
     NonFiniteError,

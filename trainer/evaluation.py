@@ -12,8 +12,8 @@ from torch import Tensor
 from contract.spec import TrainSpec
 from trainer.rollout.batch import run_episodes
 from trainer.rollout.generation import RolloutEngine
-from trainer.tasks import Example, render_prompt
-from trainer.verifiers import score
+from trainer.tasks.sources import Example, render_prompt
+from trainer.tasks.verifiers import score
 
 Reduce = Callable[[list[float], str, torch.dtype], Tensor]
 CHUNK_PROMPTS = 128

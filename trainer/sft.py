@@ -13,7 +13,7 @@ from torch import Tensor
 from contract.protocol import EventType
 from contract.spec import SftSpec, TrainSpec
 from trainer.distributed.runtime import Collective
-from trainer.tasks import Example, render_prompt
+from trainer.tasks.sources import Example, render_prompt
 
 SFT_SCHEDULES = ("constant", "cosine")
 

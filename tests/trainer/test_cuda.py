@@ -125,7 +125,7 @@ def test_sampling_statistics_on_cuda_match_the_training_pass() -> None:
     from trainer.rollout.batch import rollout
     from trainer.rollout.generation import HFGenerate
     from trainer.scoring import response_stats
-    from trainer.tasks import Example
+    from trainer.tasks.sources import Example
 
     model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=3)
     model = model.to(CUDA).eval()

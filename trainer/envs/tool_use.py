@@ -17,7 +17,7 @@ from typing import Any
 
 from contract.spec import EnvironmentSpec
 from trainer.envs.tools import TOOLS, ToolResult, calculate, format_number, tool_error
-from trainer.tasks import Example
+from trainer.tasks.sources import Example
 
 CALL_PATTERN = re.compile(r"\A\s*\(([A-Za-z_]\w*|\d+)\)(.*)\Z", re.S)
 RESULT_SUFFIX = "\n"  # after every tool result in the context

@@ -28,8 +28,8 @@ from trainer.rollout.generation import (
     position_ids_from_mask,
 )
 from trainer.rollout.sampling import seeds_or_drawn, turn_seeds
-from trainer.tasks import Example, render_prompt
-from trainer.verifiers import score, shape_reward
+from trainer.tasks.sources import Example, render_prompt
+from trainer.tasks.verifiers import score, shape_reward
 
 REFLECTION_PATTERN = re.compile(
     r"\b(wait|however|let me check|let me verify|alternatively|double-check)\b", re.I
