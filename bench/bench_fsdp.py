@@ -14,7 +14,7 @@ wall time is the slower process's. Per process it records:
   - contract.distributed.estimate_memory's figure for the same step.
 The children run with MALLOC_MMAP_THRESHOLD_=65536 (bytes), so glibc returns every freed block above 64 KiB
 and RSS follows live memory (docs/DISTRIBUTED.md, "Memory"); the engine's own heap setting
-(trainer/heap.py) would instead keep freed blocks for reuse. Reported ratios are fsdp2 / ddp (< 1: fsdp2
+(trainer/run/heap.py) would instead keep freed blocks for reuse. Reported ratios are fsdp2 / ddp (< 1: fsdp2
 uses less / is faster), per round and their median over `--rounds` rounds; a round launches both strategies,
 in an order that alternates between rounds, since on a shared machine the load drifts between launches.
 

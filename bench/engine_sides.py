@@ -201,12 +201,12 @@ def run_trl(case: Case, conn: Connection, scratch: str) -> None:
 def worker(
     side: str, case: Case, algorithm: str, threads: int, options: dict[str, bool], conn: Connection
 ) -> None:
-    # Before anything allocates: the heap setting is per process (trainer/heap.py reads the variable when
+    # Before anything allocates: the heap setting is per process (trainer/run/heap.py reads the variable when
     # the engine starts; the TRL side applies it here).
     os.environ["STARE_HEAP_TUNING"] = "1" if options.get("heap", False) else "0"
     import torch
 
-    from trainer import heap
+    from trainer.run import heap
 
     if options.get("heap", False):
         assert heap.keep_freed_heap(), "the heap setting did not apply"

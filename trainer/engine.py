@@ -5,7 +5,7 @@ One optimiser step k (`Engine.train_step`):
      with dynamic sampling, regenerate (≤ max_gen_batches) until the batch holds enough informative groups;
   2. advantages (registry), global token/sequence counts (all-reduced across processes), the rows of the
      zero-advantage skip (`zero_advantage_skip`);
-  3. π_old on the step batch (trainer.update.measure_old_policy: one documented path and optimisations
+  3. π_old on the step batch (trainer.policy.update.measure_old_policy: one documented path and optimisations
      with the same numbers): measured before the update where a controller or an off-policy ratio reads
      it, else the training pass's own numbers;
   4. the controllers' update from H̄ (token-mean entropy of π_old), once, before the update (a relative
@@ -44,7 +44,7 @@ from contract.metrics import BandState
 from contract.protocol import CHECKPOINTS_DIR, EVENTS_FILE, ErrorCode, EventType, ExitCode
 from contract.spec import TrainSpec
 from contract.storage import UNAMBIGUOUS, StorageError
-from trainer import checkpoints, faults, heap, placement
+from trainer import checkpoints
 from trainer.algos import compute_advantages, make_loss_params, quadrant_analysis, zero_advantage_rows_inert
 from trainer.algos.control import StepStatistics
 from trainer.controllers import Controllers
@@ -52,18 +52,9 @@ from trainer.data import PromptOrder, collect, load_examples
 from trainer.distributed import Strategy
 from trainer.distributed.runtime import Runtime
 from trainer.evaluation import evaluate
-from trainer.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
-from trainer.report import write_report
-from trainer.rollout.batch import Rollout, reflection_rate
-from trainer.rollout.generation import RolloutEngine
-from trainer.rollout.hybrid import Rollouts
-from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics
-from trainer.rollout.sampling import SampleStreams
-from trainer.rollout.vllm_engine import build_rollout_engine
-from trainer.scoring import forward_is_deterministic
-from trainer.sft import run_sft
-from trainer.tasks.sources import Example
-from trainer.update import (
+from trainer.policy import placement
+from trainer.policy.scoring import forward_is_deterministic
+from trainer.policy.update import (
     LossSetup,
     NonFiniteError,
     OldPolicy,
@@ -77,6 +68,17 @@ from trainer.update import (
     reads_sample_stats,
     zero_advantage_skip,
 )
+from trainer.report import write_report
+from trainer.rollout.batch import Rollout, reflection_rate
+from trainer.rollout.generation import RolloutEngine
+from trainer.rollout.hybrid import Rollouts
+from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics
+from trainer.rollout.sampling import SampleStreams
+from trainer.rollout.vllm_engine import build_rollout_engine
+from trainer.run import faults, heap
+from trainer.run.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
+from trainer.sft import run_sft
+from trainer.tasks.sources import Example
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 

@@ -78,13 +78,13 @@ TRAINER_STARE_VARS = frozenset(
     {
         "STARE_MODEL_CACHE",  # trainer/models.py: where models are cached
         "STARE_KERNEL_BACKEND",  # trainer/algos/kernels.py: torch or triton
-        "STARE_HEAP_TUNING",  # trainer/heap.py: 0 turns the allocator tuning off
+        "STARE_HEAP_TUNING",  # trainer/run/heap.py: 0 turns the allocator tuning off
         "STARE_BWRAP",  # trainer/envs/sandbox.py: the python tool's bubblewrap
         "STARE_TOOL_PYTHON",  # trainer/envs/sandbox.py: the python tool's interpreter
         "STARE_TOOL_UID",  # trainer/envs/sandbox.py: the user a root trainer runs tool calls as
-        "STARE_INJECT_NAN_STEP",  # trainer/faults.py: fault injection (tests)
-        "STARE_INJECT_CRASH_STEP",  # trainer/faults.py: fault injection (tests)
-        "STARE_STEP_DELAY_S",  # trainer/faults.py: slow steps (fault tests)
+        "STARE_INJECT_NAN_STEP",  # trainer/run/faults.py: fault injection (tests)
+        "STARE_INJECT_CRASH_STEP",  # trainer/run/faults.py: fault injection (tests)
+        "STARE_STEP_DELAY_S",  # trainer/run/faults.py: slow steps (fault tests)
     }
 )
 TRAINER_ENV_NAMES = TRAINER_STARE_VARS | frozenset(

@@ -14,9 +14,9 @@ from accelerate import Accelerator
 
 from trainer.algos import compute_advantages, make_loss_params, stare_weights
 from trainer.models import load_model_and_tokenizer
+from trainer.policy.scoring import micro_batches
+from trainer.policy.update import LossSetup, StepBatch, policy_update
 from trainer.rollout.batch import Rollout
-from trainer.scoring import micro_batches
-from trainer.update import LossSetup, StepBatch, policy_update
 
 
 def global_batch(vocab: int) -> tuple[Rollout, torch.Tensor]:

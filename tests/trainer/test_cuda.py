@@ -122,9 +122,9 @@ def test_sampling_statistics_on_cuda_match_the_training_pass() -> None:
     """The per-token numbers recorded during generation on the GPU (Triton kernel where available) are the
     training forward's, up to float rounding, in fp32."""
     from trainer.models import load_model_and_tokenizer
+    from trainer.policy.scoring import response_stats
     from trainer.rollout.batch import rollout
     from trainer.rollout.generation import HFGenerate
-    from trainer.scoring import response_stats
     from trainer.tasks.sources import Example
 
     model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=3)

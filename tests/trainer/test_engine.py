@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from contract.spec import TrainSpec
 from trainer.engine import Engine, ExitCode
-from trainer.placement import REFERENCE_FILE
+from trainer.policy.placement import REFERENCE_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -370,7 +370,7 @@ def run_counting_forwards(monkeypatch, data: dict, out: Path, *, sample_stats: b
     """Runs the spec; returns (step metrics, final weights, [(rows, grad enabled)] per scoring forward).
     sample_stats=False: rollouts never record sampling statistics, so the update cannot read them."""
     import trainer.data as data_module
-    import trainer.scoring as scoring_module
+    import trainer.policy.scoring as scoring_module
 
     calls: list[tuple[int, bool]] = []
     real, real_rollout = scoring_module.response_logits, data_module.rollout

@@ -1,6 +1,6 @@
 """Launch and stop: the `run` arguments declared once (trainer.launch.command.add_run_arguments) and built once
 (worker.supervisor.run_arguments), the one job entry (trainer.launch.job.run_job) and the stop policies
-(trainer.events.StopPolicy, AgreedStop) the engine is given."""
+(trainer.run.events.StopPolicy, AgreedStop) the engine is given."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.events import AgreedStop, StopPolicy, stop_policy
 from trainer.launch.command import Refused, add_run_arguments, load_job_spec
 from trainer.launch.job import run_job
 from trainer.launch.ray_driver import _parser as ray_parser
+from trainer.run.events import AgreedStop, StopPolicy, stop_policy
 from worker.supervisor import ray_command, run_arguments, trainer_command
 
 

@@ -9,9 +9,9 @@ import torch
 from contract.spec import TrainSpec
 from trainer.data import load_examples
 from trainer.models import apply_lora, load_model_and_tokenizer
+from trainer.policy.scoring import response_stats
 from trainer.rollout.batch import SampledTokenStats, concat_rollouts, generate, rollout
 from trainer.rollout.generation import HFGenerate
-from trainer.scoring import response_stats
 from trainer.tasks.sources import Example
 from trainer.tasks.verifiers import score
 

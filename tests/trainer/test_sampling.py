@@ -22,10 +22,10 @@ from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
 from contract.spec import TrainSpec
 from tests.trainer.test_engine import small_spec
-from trainer import placement
 from trainer.data import collect, load_examples
 from trainer.engine import Engine, seed_everything
 from trainer.models import load_model_and_tokenizer
+from trainer.policy import placement
 from trainer.rollout.generation import HFGenerate
 from trainer.rollout.sampling import SampleStreams, SeededSampler, nucleus, stream_seed, turn_seeds
 

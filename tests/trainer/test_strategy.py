@@ -134,8 +134,8 @@ def test_an_fsdp2_resume_reads_the_weights_once_into_a_meta_built_model(tmp_path
     """A resume from DCP shards builds the model on the meta device from the checkpoint's config (no
     weights read or initialised), the strategy allocates the shards, and the shards are read once; the
     resumed run then repeats the uninterrupted one's steps."""
-    from trainer import placement
     from trainer.engine import Engine
+    from trainer.policy import placement
 
     data = small_spec(distributed={"strategy": "fsdp2"}, checkpoint={"interval": 1, "keep_last": 5})
     data["optim"]["steps"] = 3
@@ -180,7 +180,7 @@ def test_a_fresh_fsdp2_run_above_one_process_is_loaded_by_rank_0_alone_or_from_e
     (every rank a skeleton). The fills themselves run in test_fsdp2.py and test_fsdp2_start_fill.py."""
     from types import SimpleNamespace
 
-    from trainer import placement
+    from trainer.policy import placement
 
     def runtime(strategy: str, processes: int) -> SimpleNamespace:
         spec = DistributedSpec(strategy=strategy, processes_per_node=processes)

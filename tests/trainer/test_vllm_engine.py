@@ -25,10 +25,10 @@ from trainer.algos.surrogate import PolicyLossInputs
 from trainer.data import collect
 from trainer.engine import Engine
 from trainer.evaluation import evaluate
+from trainer.policy.scoring import response_stats
 from trainer.rollout.batch import Episodes, Rollout, episodes_rollout, run_episodes
 from trainer.rollout.generation import HFGenerate
 from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics, truncated_is_weights
-from trainer.scoring import response_stats
 
 pytestmark = [
     pytest.mark.vllm,

@@ -11,7 +11,7 @@ its list_checkpoints, latest_checkpoint and prune work on these folders too):
   model_config/       the HF config (and peft's adapter_config.json for LoRA), for export without the job
   distributed.json    world size and strategy it was written at (information: loading reshards freely)
   state.json          the caller's extra state (step, data cursor, controller state); written last
-The caller's `before_commit` adds the folders users download (trainer.placement: `model/`, `adapter/`).
+The caller's `before_commit` adds the folders users download (trainer.policy.placement: `model/`, `adapter/`).
 Every process writes (and fsyncs) its part into one temp folder `.tmp-step-000050-PID` (rank 0's pid); after
 all report success rank 0 writes state.json and renames the folder into place, so a step-* folder exists
 only once complete. A failure on any process removes the temp folder on rank 0 and raises on every

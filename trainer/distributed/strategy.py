@@ -222,10 +222,10 @@ class Strategy:
 
     @property
     def prompt_sharing(self) -> PromptSharing:
-        """How a training forward may run a group's shared prompt once (trainer.scoring.response_logits):
+        """How a training forward may run a group's shared prompt once (trainer.policy.scoring.response_logits):
         "rows" (where the rows share one: a lone process), "never" (every call the full forward: DDP syncs
         buffers in each call), "agreed" (one choice for every process and micro-batch: sharded layers
-        all-gather in each call; trainer.update.micro_batch_plan)."""
+        all-gather in each call; trainer.policy.update.micro_batch_plan)."""
         return "rows"
 
     @property

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.engine import Engine
-from trainer.events import EventCallback, StopPolicy
 from trainer.launch.command import Refused, load_job_spec
+from trainer.run.events import EventCallback, StopPolicy
 
 
 def run_job(

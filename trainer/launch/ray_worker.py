@@ -13,7 +13,7 @@ MASTER_ADDR and MASTER_PORT; the engine joins that group (accelerate and
 trainer.distributed.init_process_group both use an initialised group as it is). The engine runs here as
 `python -m trainer run` runs it (trainer.launch.job.run_job), in the same process, with the stop request delivered
 by a watcher thread instead of a signal, and agreed over the group at each step's end
-(trainer.events.AgreedStop, injected into the engine).
+(trainer.run.events.AgreedStop, injected into the engine).
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def train_worker(config: dict[str, Any]) -> None:
 def _run_engine(config: dict[str, Any], relay: Any, rank: int) -> int:
     # Here, not at the top: the driver imports this module for `Relay` and `train_worker` and must not load
     # the engine (torch, transformers); only the training processes run this.
-    from trainer.events import AgreedStop
     from trainer.launch.job import run_job
+    from trainer.run.events import AgreedStop
 
     def relay_event(event: dict[str, Any]) -> None:
         # Waited for: a checkpoint's event is in the relay before the next step starts.

@@ -35,8 +35,8 @@ from trainer.distributed.checkpoint import CONFIG_DIR, SHARDS_DIR
 from trainer.distributed.fsdp import model_state_bytes
 from trainer.distributed.runtime import Runtime
 from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton, skeleton_of, weights_files
+from trainer.policy.scoring import align_tensors, micro_batches, response_stats
 from trainer.rollout.batch import Rollout
-from trainer.scoring import align_tensors, micro_batches, response_stats
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REFERENCE_FILE = Path("reference") / "model.safetensors"

@@ -99,7 +99,7 @@ def response_logits(
 
     The shared-prompt path makes two forward calls, the full forward one. Where the processes meet in every
     forward call, each process must make the same calls whatever its rows, so the caller passes
-    `share_prompts` as the run's strategy says (trainer.update.micro_batch_plan): under DDP (each call
+    `share_prompts` as the run's strategy says (trainer.policy.update.micro_batch_plan): under DDP (each call
     syncs buffers) False, every call the full forward; in an FSDP2 training forward (each call all-gathers
     every layer, its backward reduce-scatters) the choice agreed over the processes for the step: True
     takes the shared-prompt path even where the rows share no prompt. None: by the rows (one process, or

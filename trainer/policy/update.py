@@ -31,8 +31,8 @@ from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
 from trainer.distributed.runtime import Collective
 from trainer.distributed.strategy import PromptSharing
+from trainer.policy.scoring import micro_batches, prompts_shareable, response_stats
 from trainer.rollout.batch import Rollout
-from trainer.scoring import micro_batches, prompts_shareable, response_stats
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 Stats = tuple[Tensor, Tensor | None, Tensor | None]

@@ -14,7 +14,7 @@ rollout after an optimiser step (`load_weights`, fed the strategy's `full_state`
   back as ids; nothing is re-tokenised, so multi-turn episodes keep the exact tokens of every turn.
 - The sampling record: vLLM's log-probs are of its own processed distribution (temperature, top-p) and its
   own kernels, so they are not π_old. `gives_pi_old` is False: the update scores π_old with the trainer
-  (`trainer.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
+  (`trainer.policy.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
   for the mismatch metrics and the truncated importance-sampling correction (`trainer.rollout.mismatch`).
 - Sleep and wake: on a GPU the engine is built with `enable_sleep_mode` and sleeps (weights offloaded, KV
   cache freed) while the trainer updates, so both fit one device; its share of the device while awake is
