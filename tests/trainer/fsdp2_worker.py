@@ -37,8 +37,7 @@ from trainer.distributed import (
     save_sharded,
 )
 from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
-from trainer.distributed.strategy import hf_model
-from trainer.models import apply_lora, build_tiny_arith, build_tiny_arith_tokenizer
+from trainer.models import apply_lora, build_tiny_arith, build_tiny_arith_tokenizer, hf_model
 
 STEPS = 6
 SAVE_AFTER = 3  # the checkpoint holds the state after this many updates

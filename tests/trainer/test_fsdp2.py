@@ -369,8 +369,7 @@ def test_memory_estimate_within_25_percent_of_peak_rss(runs, two_nodes, strategy
 
 
 def test_decoder_layers_are_found_through_wrappers():
-    from trainer.distributed import decoder_layers
-    from trainer.models import apply_lora, build_tiny_arith
+    from trainer.models import apply_lora, build_tiny_arith, decoder_layers
 
     model, _ = build_tiny_arith(seed=0)
     layers = decoder_layers(model)

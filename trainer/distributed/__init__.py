@@ -24,14 +24,13 @@ from trainer.distributed.process_group import (
     rank,
     world_size,
 )
-from trainer.distributed.strategy import Strategy, decoder_layers, make_strategy
+from trainer.distributed.strategy import Strategy, make_strategy
 
 __all__ = [
     "Strategy",
     "all_reduce_mean",
     "all_reduce_sum",
     "barrier",
-    "decoder_layers",
     "export_adapter",
     "export_hf_folder",
     "init_process_group",

@@ -56,13 +56,8 @@ from contract.storage import fsync_dir, fsync_tree, storage_writes
 from trainer.checkpoints import replace_folder, rng_state, set_rng_state
 from trainer.distributed.hf_folder import write_folder, write_weights
 from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
-from trainer.distributed.strategy import (
-    adapter_model,
-    full_adapter_state,
-    full_state,
-    hf_model,
-    peft_config_of,
-)
+from trainer.distributed.strategy import full_adapter_state, full_state
+from trainer.models import adapter_model, hf_model, peft_config_of
 
 SHARDS_DIR = "sharded"
 RNG_DIR = "rng"

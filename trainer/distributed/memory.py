@@ -15,7 +15,7 @@ from pathlib import Path
 from torch import nn
 
 from contract.distributed import ModelShape
-from trainer.distributed.strategy import decoder_layers, hf_model
+from trainer.models import decoder_layers, hf_model
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")

@@ -20,8 +20,8 @@ A `Strategy` answers every question the engine has about how the policy is laid 
 - `policy(model)`: the module under DDP's wrapper (peft's wrapper kept), whose parameters are the policy's.
 - `sharded`, `prompt_sharing`: what the update needs to know to keep the processes' collectives in step.
 
-`hf_model` and `peft_config_of` are the two views inside the wrappers (the transformers model, peft's
-config); nothing else in the trainer unwraps a model.
+The views inside the wrappers (the transformers model, peft's model and config, the decoder layers) are
+trainer/models.py's; nothing else in the trainer unwraps a model.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from contract.distributed import DistributedSpec
 from trainer.distributed.process_group import world_size
+from trainer.distributed.shard_load import load_shards_from_files
+from trainer.models import decoder_layers, hf_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PromptSharing = Literal["rows", "never", "agreed"]
@@ -57,49 +59,6 @@ def make_strategy(spec: DistributedSpec, device: torch.device) -> Strategy:
     """The strategy `spec` names, for a process computing on `device`."""
     strategies: dict[str, type[Strategy]] = {"ddp": DDP, "fsdp2": FSDP2}
     return strategies[spec.strategy](spec, device)
-
-
-# --- views inside the wrappers -----------------------------------------------------------------------------
-
-
-def hf_model(model: Any) -> Any:
-    """The transformers model inside DDP's and peft's wrappers (a PreTrainedModel, typed Any because
-    nn.Module's attribute lookup hides its config)."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    get_base = getattr(inner, "get_base_model", None)  # peft
-    return get_base() if callable(get_base) else inner
-
-
-def adapter_model(model: Any) -> Any:
-    """The peft model (the LoRA wrapper, with save_pretrained) inside DDP's wrapper, or None for a model
-    without adapters."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    return inner if getattr(inner, "peft_config", None) else None
-
-
-def peft_config_of(model: Any) -> Any:
-    """The LoRA adapter's peft config (one adapter), or None for a model without adapters."""
-    inner = adapter_model(model)
-    if inner is None:
-        return None
-    configs = inner.peft_config
-    if len(configs) != 1:
-        raise ValueError(f"one LoRA adapter per model; the model has {sorted(configs)}")
-    return next(iter(configs.values()))
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, in order: modules whose class HF lists in `_no_split_modules`, or a
-    subclass of one (fully_shard swaps a sharded layer's class for `FSDP<name>`, a subclass of its own)."""
-    inner = hf_model(model)
-    names = set(getattr(inner, "_no_split_modules", None) or ())
-    layers = [m for m in inner.modules() if any(c.__name__ in names for c in type(m).__mro__)]
-    if not layers:
-        raise ValueError(
-            f"cannot find the decoder layers of {type(inner).__name__}: its _no_split_modules "
-            f"({sorted(names) or 'none'}) names no submodule"
-        )
-    return layers
 
 
 # --- full tensors ------------------------------------------------------------------------------------------
@@ -425,8 +384,6 @@ class FSDP2(Strategy):
             model.to_empty(device="cpu" if offload else self.device)
             fill_non_persistent_buffers(model)
         if from_files:
-            from trainer.distributed.shard_load import load_shards_from_files
-
             load_shards_from_files(model, from_files)
         if from_rank0 and world_size() > 1:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -12,8 +12,9 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from trainer.algos import token_stats_from_logits
+from trainer.models import hf_model
 from trainer.rollout.batch import Rollout
-from trainer.rollout.generation import cache_argument, hf_model
+from trainer.rollout.generation import cache_argument
 
 
 def response_stats(

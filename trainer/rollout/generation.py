@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers import DynamicCache, LogitsProcessorList
 
 from trainer.algos.kernels import token_stats_from_logits
-from trainer.distributed.strategy import hf_model
+from trainer.models import hf_model
 from trainer.rollout.sampling import SeededSampler, seeds_or_drawn
 
 SampleRecord = tuple[Tensor, Tensor, Tensor]  # (log-prob, entropy, C), each (B, R), 0 past the response

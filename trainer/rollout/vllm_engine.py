@@ -37,7 +37,8 @@ from contract.fleet import VLLM_CPU_KV_CACHE_GIB
 from contract.spec import TrainSpec
 from trainer.distributed.hf_folder import FILE_BYTES, write_folder
 from trainer.distributed.process_group import world_size
-from trainer.distributed.strategy import full_state, hf_model
+from trainer.distributed.strategy import full_state
+from trainer.models import hf_model
 from trainer.rollout.generation import Generation, HFGenerate, RolloutEngine
 from trainer.rollout.sampling import seeds_or_drawn
 
