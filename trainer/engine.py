@@ -51,6 +51,8 @@ from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
 from trainer.distributed import Strategy
 from trainer.distributed.runtime import Runtime
+from trainer.envs import sandbox
+from trainer.envs.tool_use import reduced_tool_metrics
 from trainer.evaluation import evaluate
 from trainer.policy import placement
 from trainer.policy.scoring import forward_is_deterministic
@@ -68,7 +70,7 @@ from trainer.policy.update import (
     reads_sample_stats,
     zero_advantage_skip,
 )
-from trainer.report import write_report
+from trainer.report import load_events, write_report
 from trainer.rollout.batch import Rollout, reflection_rate
 from trainer.rollout.generation import RolloutEngine
 from trainer.rollout.hybrid import Rollouts
@@ -183,8 +185,6 @@ class Engine:
         env = self.spec.environment
         if env is None or "python" not in env.tools:
             return
-        from trainer.envs import sandbox
-
         problem = sandbox.available()
         if problem is not None:
             raise ValueError(f"environment.tools: the python tool cannot run on this machine: {problem}")
@@ -447,8 +447,6 @@ class Engine:
             }
         )
         if batch.tool_counts is not None:
-            from trainer.envs.tool_use import reduced_tool_metrics
-
             metrics.update(reduced_tool_metrics(batch.tool_counts, self._reduce))
         metrics.update(self.controllers.metrics(StepStatistics(batch_entropy=h_bar)))
         return metrics
@@ -592,7 +590,5 @@ class Engine:
     def _write_report(self) -> None:
         if not self.is_main:
             return
-        from trainer.report import load_events
-
         with contextlib.suppress(Exception):
             write_report(load_events(self.out / EVENTS_FILE), self.out)

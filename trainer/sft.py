@@ -13,6 +13,7 @@ from torch import Tensor
 from contract.protocol import EventType
 from contract.spec import SftSpec, TrainSpec
 from trainer.distributed.runtime import Collective
+from trainer.envs.tool_use import transcript
 from trainer.tasks.sources import Example, render_prompt
 
 SFT_SCHEDULES = ("constant", "cosine")
@@ -129,8 +130,6 @@ def sft_transcripts(
     """Tool-use SFT rows: the prompt, then a code-generated episode (trainer.envs.tool_use.transcript),
     each model turn closed by EOS; the targets are the model turns' tokens only (tool results, like in
     RL, are context and never a label)."""
-    from trainer.envs.tool_use import transcript
-
     env = spec.environment
     assert env is not None
     tok = tokenizer

@@ -174,6 +174,7 @@ class Driver:
         self.storage = tempfile.mkdtemp(prefix="stare-ray-")
 
     def start(self) -> None:
+        # Ray (the `distributed` extra) and the worker body, which imports it, load only once a job starts.
         import ray
         from ray.train.v2.api.config import FailureConfig, RunConfig
         from ray.train.v2.torch.torch_trainer import TorchTrainer

@@ -21,6 +21,7 @@ from torch import Tensor
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos.shaping import overlong_penalty
+from trainer.envs.tool_use import ToolUseEnv, episode_counts
 from trainer.rollout.generation import (
     HFGenerate,
     RolloutEngine,
@@ -300,8 +301,6 @@ def run_episodes(
     ids, so the context is always the ids the model produced plus the tools' ids. `seeds`: each example's
     stream (None: drawn from torch's global RNG); a row's turn t samples from (its example's stream, its
     sample index, t), so an episode is the same whatever else is in the batch."""
-    from trainer.envs.tool_use import ToolUseEnv
-
     env_spec = spec.environment
     assert env_spec is not None
     rows = [ex for ex in examples for _ in range(num_samples)]
@@ -366,8 +365,6 @@ def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, 
     """(input_ids (B, P+R), attention_mask, response_mask (B, R), P, tool_counts (B, C)): prompts
     left-padded, the pieces after them right-padded; response_mask 1 on model tokens only. The counters'
     token_mismatches compares each turn's context and sampled ids with the laid-out row."""
-    from trainer.envs.tool_use import episode_counts
-
     n = len(episodes.prompt_ids)
     p_len = max(len(p) for p in episodes.prompt_ids)
     responses = [[t for ids, _ in row for t in ids] for row in episodes.pieces]

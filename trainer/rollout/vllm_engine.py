@@ -33,9 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from contract.fleet import VLLM_CPU_KV_CACHE_GIB
+from contract.fleet import VLLM_CPU_KV_CACHE_GIB, job_memory
 from contract.spec import TrainSpec
 from trainer.distributed.hf_folder import FILE_BYTES, write_folder
+from trainer.distributed.memory import model_shape
 from trainer.distributed.process_group import world_size
 from trainer.distributed.strategy import full_state
 from trainer.models import hf_model
@@ -260,9 +261,6 @@ def memory_fraction(training_bytes: int, device_bytes: int) -> float:
 def build_rollout_engine(spec: TrainSpec, model: Any, tokenizer: Any) -> RolloutEngine:
     """The spec's rollout engine (rollout.engine) on the policy `model` (unwrapped)."""
     if spec.rollout.engine == "vllm":
-        from contract.fleet import job_memory
-        from trainer.distributed.memory import model_shape
-
         # The training state per device, from the estimate (prompts bounded by the engine's context).
         limit = min(
             int(getattr(hf_model(model).config, "max_position_embeddings", MAX_MODEL_LEN_CAP)),
