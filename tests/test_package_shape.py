@@ -125,3 +125,132 @@ def test_the_trainer_root_holds_at_most_12_modules_and_its_folders_are_packages(
     folders = [p for p in trainer.iterdir() if p.is_dir() and any(p.glob("*.py"))]
     assert {"launch", "rollout", "policy", "run", "tasks", "distributed"} <= {p.name for p in folders}
     assert [p.name for p in folders if not (p / "__init__.py").is_file()] == []
+
+
+# --- one handle on the processes ---------------------------------------------------------------------------
+
+RUNTIME = "trainer/distributed/runtime.py"
+# torch.distributed's group functions and collectives (and its reduce operations).
+COLLECTIVES = {
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
+    "broadcast_object_list", "barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
+    "scatter", "send", "recv", "init_process_group", "destroy_process_group", "new_group", "get_rank",
+    "get_world_size", "is_initialized", "get_backend", "ReduceOp",
+}  # fmt: skip
+# Inside trainer/distributed/, beside the runtime: the strategy hands every process rank 0's weights before
+# sharding a loaded model (one broadcast per tensor, as DDP does when it wraps a model): part of laying the
+# model out, which is the strategy's.
+LAYOUT_CALLS = [("trainer/distributed/strategy.py", "torch.distributed.broadcast")]
+SCANNED = ("trainer", "contract", "service", "worker", "store", "experiments", "monitoring", "stare_client")
+
+
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """Local name → the dotted name it stands for, from the module's imports (wherever they stand)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([aliases.get(node.id, node.id), *reversed(parts)])
+
+
+def distributed_uses(source: str) -> tuple[list[str], list[str]]:
+    """(the torch.distributed modules a module imports, the group functions and collectives it names)."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    imported = sorted({target for target in aliases.values() if target.startswith("torch.distributed")})
+    named = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute | ast.Name) and not isinstance(
+            getattr(node, "ctx", None), ast.Store
+        ):
+            dotted = _dotted(node, aliases)
+            if dotted and dotted.startswith("torch.distributed.") and dotted.split(".")[2] in COLLECTIVES:
+                named.append(".".join(dotted.split(".")[:3]))
+    return imported, sorted(set(named))
+
+
+def test_the_scan_finds_collectives_under_any_alias() -> None:
+    source = (
+        "import torch\nimport torch.distributed as dist\nfrom torch.distributed import barrier as b\n"
+        "def f(x):\n    dist.all_reduce(x, op=dist.ReduceOp.SUM)\n    b()\n    torch.distributed.get_rank()\n"
+    )
+    imported, named = distributed_uses(source)
+    assert imported == ["torch.distributed", "torch.distributed.barrier"]
+    assert named == [
+        "torch.distributed.ReduceOp", "torch.distributed.all_reduce", "torch.distributed.barrier",
+        "torch.distributed.get_rank",
+    ]  # fmt: skip
+    assert distributed_uses("from torch.distributed.tensor import DTensor\nDTensor\n") == (
+        ["torch.distributed.tensor.DTensor"],
+        [],
+    )
+
+
+def test_one_place_calls_the_collectives_and_nothing_outside_distributed_imports_them() -> None:
+    outside, calls = [], []
+    for package in SCANNED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            imported, named = distributed_uses(path.read_text(encoding="utf-8"))
+            if imported and not where.startswith("trainer/distributed/"):
+                outside.append(f"{where}: {imported}")
+            calls += [(where, name) for name in named]
+    assert outside == []
+    assert {where for where, _ in calls} - {RUNTIME} == {where for where, _ in LAYOUT_CALLS}
+    assert [c for c in calls if c[0] != RUNTIME] == LAYOUT_CALLS
+    assert ("trainer/distributed/runtime.py", "torch.distributed.all_reduce") in calls  # the scan saw it
+    # process_group's free functions are gone: the group is joined and used through the runtime alone
+    assert not (ROOT / "trainer" / "distributed" / "process_group.py").exists()
+
+
+def _declared_names(node: ast.AST) -> list[str]:
+    """The names an assignment (plain or annotated) or a class statement binds."""
+    if isinstance(node, ast.ClassDef):
+        return [node.name]
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AnnAssign)
+        else []
+    )
+    return [target.id for target in targets if isinstance(target, ast.Name)]
+
+
+def test_one_reduce_type_one_reduction() -> None:
+    """`Reduce` (and the reduction names) are declared once, in the runtime; every function of the trainer
+    that takes a reduction takes a `Reduce`; no other object offers one."""
+    declared, untyped, methods = [], [], []
+    for path in sorted((ROOT / "trainer").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            declared += [
+                f"{where}:{name}" for name in _declared_names(node) if name in {"Reduce", "REDUCTIONS"}
+            ]
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if node.name in {"_reduce", "reduce"} and where != RUNTIME:
+                methods.append(f"{where}:{node.lineno} {node.name}")
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                annotation = ast.unparse(arg.annotation) if arg.annotation is not None else None
+                if arg.arg == "reduce" and annotation != "Reduce":
+                    untyped.append(f"{where}:{node.lineno} {node.name}({arg.arg}: {annotation})")
+    assert sorted(declared) == [f"{RUNTIME}:REDUCTIONS", f"{RUNTIME}:Reduce"]
+    assert untyped == []
+    assert methods == []

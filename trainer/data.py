@@ -3,15 +3,14 @@ each step's rollouts from them (`collect`, with dynamic sampling)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import informative_groups
+from trainer.distributed.runtime import Reduce
 from trainer.rollout.batch import Rollout, concat_rollouts, rollout
 from trainer.rollout.generation import RolloutEngine
 from trainer.rollout.sampling import SampleStreams
@@ -71,7 +70,7 @@ def collect(
     rank: int,
     world: int,
     sample_stats: bool,
-    reduce: Callable[[Any, str, torch.dtype], Tensor],
+    reduce: Reduce,
     step: int,
     engine: RolloutEngine,
 ) -> tuple[Rollout, int]:
@@ -122,9 +121,7 @@ def collect(
     return batch, batches
 
 
-def first_informative(
-    batch: Rollout, start: int, drawn: int, n_prompts: int, reduce: Callable[[Any, str, torch.dtype], Tensor]
-) -> Rollout:
+def first_informative(batch: Rollout, start: int, drawn: int, n_prompts: int, reduce: Reduce) -> Rollout:
     """This process's rows of the step's first `n_prompts` informative groups over every process, in the
     order the prompts were drawn (group id = start + round · prompts_per_step + index; `drawn` prompts in
     all): what one process would keep. One sum-reduce of a 0/1 mask over the drawn prompts. The processes'

@@ -85,9 +85,6 @@ from trainer.tasks.sources import Example
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
 
-REDUCTIONS = ("sum", "max")
-
-
 class Interrupted(Exception):
     pass
 
@@ -133,8 +130,8 @@ class Engine:
         self.device = self.runtime.device
         if self.device.type == "cpu":
             heap.keep_freed_heap()  # no page faults for the activations every step reallocates
-        self.rank, self.world = self.runtime.process_index, self.runtime.num_processes
-        self.is_main = self.runtime.is_main_process
+        self.rank, self.world = self.runtime.rank, self.runtime.world_size
+        self.is_main = self.runtime.is_main
         # When to stop early (SIGTERM/SIGINT, or a launcher's request): agreed over the processes above one.
         self.stop = stop if stop is not None else stop_policy(self.world)
         self.events = EventLog(self.out, callbacks or [], is_main=self.is_main)
@@ -232,20 +229,14 @@ class Engine:
         self.rollouts.policy_changed()
         self.sft_done = True
 
-    def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
-        """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
-        accelerator's device (NCCL reduces CUDA tensors only)."""
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-        reduced = self.runtime.reduce(torch.tensor(values, dtype=dtype, device=self.device), reduction)
-        return reduced.cpu()
-
     def evaluate(self) -> dict[str, float]:
         share = range(self.rank, len(self.eval_examples), self.world)  # seeds by global index: any world size
         seeds = SampleStreams(self.spec.seed, "eval", self.step).prompt_seeds(share)
         examples = [self.eval_examples[i] for i in share]
         with self.rollouts.rollout_mode() as (model, eng):  # shares differ by a prompt: no collectives
-            return evaluate(model, self.tokenizer, self.spec, examples, self._reduce, engine=eng, seeds=seeds)
+            return evaluate(
+                model, self.tokenizer, self.spec, examples, self.runtime.reduce, engine=eng, seeds=seeds
+            )
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -262,7 +253,7 @@ class Engine:
         with self.rollouts.rollout_mode() as (model, engine):
             return collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
-                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=engine,
+                sample_stats=self.record_sample_stats, reduce=self.runtime.reduce, engine=engine,
                 step=self.step + 1 if step is None else step,
             )  # fmt: skip
 
@@ -286,10 +277,12 @@ class Engine:
         t_gen = time.perf_counter() - t0
 
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
-        counts = self._reduce([batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64)
+        counts = self.runtime.reduce(
+            [batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64
+        )
         global_tokens, global_sequences = float(counts[0]), float(counts[1])  # 2
         n_micro, share = micro_batch_plan(
-            batch, spec.optim.micro_batch_size, self._reduce, sharing=self.strategy.prompt_sharing
+            batch, spec.optim.micro_batch_size, self.runtime.reduce, sharing=self.strategy.prompt_sharing
         )
         skip_rows = zero_advantage_skip(advantages) if self.skip_zero_advantage else None
 
@@ -323,7 +316,7 @@ class Engine:
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
         metrics.update(update_metrics)
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
-        metrics.update(step_mismatch_metrics(batch, old.logprob, self._reduce, spec.rollout.tis_cap))
+        metrics.update(step_mismatch_metrics(batch, old.logprob, self.runtime.reduce, spec.rollout.tis_cap))
         metrics.update(
             self.step_metrics(
                 batch, advantages, old, h_bar, global_tokens, global_sequences,
@@ -336,7 +329,7 @@ class Engine:
     def _mean_entropy(self, step: int, entropy: Tensor | None, mask: Tensor, global_tokens: float) -> float:
         """H̄: the token-mean entropy over the step batch of every process; non-finite is an error."""
         h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
-        h_bar = float(self._reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
+        h_bar = float(self.runtime.reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
         return check_finite_entropy(step, h_bar)
 
     def update_controllers(self, step: int, h_bar: float) -> None:
@@ -387,7 +380,7 @@ class Engine:
                 grad_norm = float(self.runtime.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
             self.optimizer.step()
             self.rollouts.policy_changed()
-            metrics.update(placement.held_bytes(self.model, self.optimizer, self._reduce))
+            metrics.update(placement.held_bytes(self.model, self.optimizer, self.runtime.reduce))
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return metrics, grad_norm
@@ -421,7 +414,7 @@ class Engine:
         self.steps_out_of_band = 0 if state is BandState.IN_BAND else self.steps_out_of_band + 1
         lengths = batch.response_lengths
         elapsed = time.perf_counter() - t0
-        tokens = float(self._reduce(float(batch.attention_mask.sum()), "sum", torch.float32))
+        tokens = float(self.runtime.reduce(float(batch.attention_mask.sum()), "sum", torch.float32))
         metrics.update(
             {
                 "entropy/mean": h_bar,
@@ -447,7 +440,7 @@ class Engine:
             }
         )
         if batch.tool_counts is not None:
-            metrics.update(reduced_tool_metrics(batch.tool_counts, self._reduce))
+            metrics.update(reduced_tool_metrics(batch.tool_counts, self.runtime.reduce))
         metrics.update(self.controllers.metrics(StepStatistics(batch_entropy=h_bar)))
         return metrics
 
@@ -480,7 +473,7 @@ class Engine:
             self.emit({"type": EventType.CHECKPOINT, "step": self.step, "path": str(path)})
             for step in checkpoints.prune(self.out / CHECKPOINTS_DIR, self.spec.checkpoint.keep_last):
                 self.emit({"type": EventType.CHECKPOINT_DELETED, "step": step})
-        self.runtime.wait_for_everyone()
+        self.runtime.barrier()
         return path
 
     def _restore(self, path: Path) -> None:
@@ -573,7 +566,7 @@ class Engine:
             if self.step % spec.checkpoint.interval == 0:
                 self.save()
                 last_saved = self.step
-            signum = self.stop.agreed()  # every process, once a step, at this point
+            signum = self.stop.agreed(self.runtime.reduce)  # every process, once a step, at this point
             if signum is not None:
                 if last_saved != self.step:
                     self.save()

@@ -3,19 +3,18 @@ avg@k, pass@k and the response length, summed over the processes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from contract.spec import TrainSpec
+from trainer.distributed.runtime import Reduce
 from trainer.rollout.batch import run_episodes
 from trainer.rollout.generation import RolloutEngine
 from trainer.tasks.sources import Example, render_prompt
 from trainer.tasks.verifiers import score
 
-Reduce = Callable[[list[float], str, torch.dtype], Tensor]
 CHUNK_PROMPTS = 128
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from contract.protocol import EventType
 from contract.spec import SftSpec, TrainSpec
-from trainer.distributed.runtime import Collective
+from trainer.distributed.runtime import Runtime
 from trainer.envs.tool_use import transcript
 from trainer.tasks.sources import Example, render_prompt
 
@@ -47,7 +47,7 @@ def sft_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
 def run_sft(
     model: torch.nn.Module,
     tokenizer: Any,
-    collective: Collective,
+    runtime: Runtime,
     spec: TrainSpec,
     examples: list[Example],
     emit: Callable[[dict[str, Any]], None],
@@ -64,7 +64,7 @@ def run_sft(
     )
     params = [p for group in opt.param_groups for p in group["params"]]
     gen = torch.Generator().manual_seed(spec.seed + 11)
-    rank, world = collective.process_index, collective.num_processes
+    rank, world = runtime.rank, runtime.world_size
     model.train()
     loss_value = float("nan")
     for i in range(sft.steps):
@@ -72,9 +72,9 @@ def run_sft(
         exs = [examples[j] for j in idx[rank::world]]
         ids, attn, labels = sft_batch(tokenizer, spec, exs)
         ids, attn, labels = (
-            ids.to(collective.device),
-            attn.to(collective.device),
-            labels.to(collective.device),
+            ids.to(runtime.device),
+            attn.to(runtime.device),
+            labels.to(runtime.device),
         )
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
         if sft.label_smoothing > 0:
@@ -83,9 +83,9 @@ def run_sft(
         else:
             loss = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
-        collective.backward(loss)
+        runtime.backward(loss)
         if sft.grad_clip is not None:
-            collective.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
+            runtime.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
         for group in opt.param_groups:
             group["lr"] = sft.lr * sft_lr_factor(sft, i)
         opt.step()

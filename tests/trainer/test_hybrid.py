@@ -46,7 +46,7 @@ def _rollouts(engine):  # type: ignore[no-untyped-def]
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() != 1:
         pytest.skip("needs a lone process")
     model, tokenizer = build_tiny_arith(seed=0)
-    strategy = make_strategy(DistributedSpec(), torch.device("cpu"))
+    strategy = make_strategy(DistributedSpec(), torch.device("cpu"), 1)
     prepared = strategy.prepare(model)
     return Rollouts(strategy, prepared, engine(prepared, tokenizer)), prepared
 

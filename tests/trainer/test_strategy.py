@@ -125,7 +125,7 @@ def test_ddp_bf16_is_a_forward_hook_policy_not_a_patched_forward():
     KL reference, then computes with its own weights, not the policy's)."""
     model, _ = build_tiny_arith(seed=0)
     spec = DistributedSpec(mixed_precision={"param_dtype": "bfloat16"})
-    strategy = make_strategy(spec, torch.device("cpu"))
+    strategy = make_strategy(spec, torch.device("cpu"), 1)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() != 1:
         pytest.skip("needs a lone process")
     prepared = strategy.prepare(model)
@@ -204,7 +204,7 @@ def test_a_fresh_fsdp2_run_above_one_process_is_loaded_by_rank_0_alone_or_from_e
 
     def runtime(strategy: str, processes: int) -> SimpleNamespace:
         spec = DistributedSpec(strategy=strategy, processes_per_node=processes)
-        return SimpleNamespace(strategy=make_strategy(spec, torch.device("cpu")))
+        return SimpleNamespace(strategy=make_strategy(spec, torch.device("cpu"), processes))
 
     data = small_spec(model={"name": "tiny-arith", "lora": {"r": 4, "alpha": 8}})
     spec = TrainSpec.model_validate(data)

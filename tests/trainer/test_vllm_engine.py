@@ -308,7 +308,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
     engine.policy.eval()
     batch, batches = collect(
         engine.policy, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
-        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine, step=1,
+        sample_stats=False, reduce=engine.runtime.reduce, engine=engine.rollout_engine, step=1,
     )  # fmt: skip
     engine.policy.train()
     assert 1 <= batches <= 2
@@ -319,7 +319,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
         engine.tokenizer,
         spec,
         examples,
-        engine._reduce,
+        engine.runtime.reduce,
         engine=engine.rollout_engine,
     )
     on_hf = evaluate(
@@ -327,7 +327,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
         engine.tokenizer,
         spec,
         examples,
-        engine._reduce,
+        engine.runtime.reduce,
         engine=HFGenerate(engine.policy, engine.tokenizer),
     )
     assert on_vllm["eval/num_prompts"] == 8.0

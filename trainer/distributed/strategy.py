@@ -46,8 +46,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from contract.distributed import DistributedSpec
-from trainer.distributed.process_group import world_size
-from trainer.distributed.shard_load import load_shards_from_files
+from trainer.distributed import shard_load
 from trainer.models import decoder_layers, hf_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -55,10 +54,11 @@ PromptSharing = Literal["rows", "never", "agreed"]
 Files = Sequence[Path]  # safetensors files of a model's weights (prepare's from_files)
 
 
-def make_strategy(spec: DistributedSpec, device: torch.device) -> Strategy:
-    """The strategy `spec` names, for a process computing on `device`."""
+def make_strategy(spec: DistributedSpec, device: torch.device, world_size: int) -> Strategy:
+    """The strategy `spec` names, for a process computing on `device` in a group of `world_size` processes
+    (the Runtime makes it, for the group it joined)."""
     strategies: dict[str, type[Strategy]] = {"ddp": DDP, "fsdp2": FSDP2}
-    return strategies[spec.strategy](spec, device)
+    return strategies[spec.strategy](spec, device, world_size)
 
 
 # --- full tensors ------------------------------------------------------------------------------------------
@@ -171,8 +171,8 @@ class Strategy:
 
     name: ClassVar[str]
 
-    def __init__(self, spec: DistributedSpec, device: torch.device) -> None:
-        self.spec, self.device = spec, device
+    def __init__(self, spec: DistributedSpec, device: torch.device, world_size: int) -> None:
+        self.spec, self.device, self.world_size = spec, device, world_size
 
     @property
     def sharded(self) -> bool:
@@ -222,9 +222,9 @@ class Strategy:
         return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
     def _check_world(self) -> None:
-        if world_size() != self.spec.world_size:
+        if self.world_size != self.spec.world_size:
             raise ValueError(
-                f"distributed.strategy {self.name}: the process group has {world_size()} processes, "
+                f"distributed.strategy {self.name}: the process group has {self.world_size} processes, "
                 f"the spec {self.spec.world_size}"
             )
 
@@ -314,8 +314,8 @@ class FSDP2(Strategy):
 
     name = "fsdp2"
 
-    def __init__(self, spec: DistributedSpec, device: torch.device) -> None:
-        super().__init__(spec, device)
+    def __init__(self, spec: DistributedSpec, device: torch.device, world_size: int) -> None:
+        super().__init__(spec, device, world_size)
         self._mesh: Any = None
 
     @property
@@ -356,7 +356,7 @@ class FSDP2(Strategy):
             )
         spec = self.spec
         loaded: dict[str, Any] = {}
-        if from_rank0 and world_size() > 1 and not any(p.is_meta for p in model.parameters()):  # rank 0
+        if from_rank0 and self.world_size > 1 and not any(p.is_meta for p in model.parameters()):  # rank 0
             loaded = model.state_dict()  # the loaded tensors, kept while the skeleton is sharded
             model.to("meta")
             hf_model(model).tie_weights()  # to("meta") makes a new parameter per tied module
@@ -374,7 +374,7 @@ class FSDP2(Strategy):
         if not on_meta:
             if not offload:
                 model.to(self.device)  # (with offloading, fully_shard moves each shard to host memory itself)
-            _copy_rank0_weights(model, self.device)
+            _copy_rank0_weights(model, self.device, self.world_size)
         for unit in [*decoder_layers(model), hf_model(model)]:
             fully_shard(unit, **options)
             _RESHARD_AFTER_FORWARD[unit] = spec.reshard_after_forward
@@ -384,8 +384,8 @@ class FSDP2(Strategy):
             model.to_empty(device="cpu" if offload else self.device)
             fill_non_persistent_buffers(model)
         if from_files:
-            load_shards_from_files(model, from_files)
-        if from_rank0 and world_size() > 1:
+            shard_load.load_shards_from_files(model, from_files)
+        if from_rank0 and self.world_size > 1:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             fill = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -425,11 +425,11 @@ def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def _copy_rank0_weights(model: nn.Module, device: torch.device) -> None:
+def _copy_rank0_weights(model: nn.Module, device: torch.device, world_size: int) -> None:
     """Every process takes rank 0's parameters and buffers, as DDP does when it wraps a model. fully_shard
     keeps each process's own slice of whatever that process holds, so weights initialised differently per
     process would otherwise be stitched together from several initialisations."""
-    if world_size() == 1:
+    if world_size == 1:
         return
     seen: set[int] = set()
     with torch.no_grad():

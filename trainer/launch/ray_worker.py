@@ -9,8 +9,8 @@ carries what the driver and the training processes tell each other:
 
 `train_worker` is Ray Train's per-worker function. Ray Train has already joined the process group
 (torch.distributed, gloo on CPU, NCCL on GPU) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT; the engine joins that group (accelerate and
-trainer.distributed.init_process_group both use an initialised group as it is). The engine runs here as
+MASTER_ADDR and MASTER_PORT; the engine joins that group (trainer.distributed.runtime.Runtime uses an
+initialised group as it is). The engine runs here as
 `python -m trainer run` runs it (trainer.launch.job.run_job), in the same process, with the stop request delivered
 by a watcher thread instead of a signal, and agreed over the group at each step's end
 (trainer.run.events.AgreedStop, injected into the engine).

@@ -14,13 +14,12 @@ weights, so the probability it gave a sampled token, π_sampler(y_t), differs fr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-Reduce = Callable[[list[float], str, torch.dtype], Tensor]
+from trainer.distributed.runtime import Reduce
 
 
 def truncated_is_weights(trainer_logprob: Tensor, sampler_logprob: Tensor, cap: float) -> Tensor:

@@ -37,7 +37,6 @@ from contract.fleet import VLLM_CPU_KV_CACHE_GIB, job_memory
 from contract.spec import TrainSpec
 from trainer.distributed.hf_folder import FILE_BYTES, write_folder
 from trainer.distributed.memory import model_shape
-from trainer.distributed.process_group import world_size
 from trainer.distributed.strategy import full_state
 from trainer.models import hf_model
 from trainer.rollout.generation import Generation, HFGenerate, RolloutEngine
@@ -83,10 +82,12 @@ class VLLMGenerate:
         max_model_len: int | None = None,
         gpu_memory_fraction: float | None = None,
         training_bytes: int = 0,
+        world_size: int = 1,
     ) -> None:
         """`gpu_memory_fraction`: the device share the engine may take (None: what `training_bytes`, the
-        training state that stays on the device while the engine is awake, leaves: `memory_fraction`)."""
-        self.model, self.tokenizer = model, tokenizer
+        training state that stays on the device while the engine is awake, leaves: `memory_fraction`).
+        `world_size`: the run's processes (above one, each builds its own engine in the group)."""
+        self.model, self.tokenizer, self.world_size = model, tokenizer, world_size
         self.gpu_memory_fraction, self.training_bytes = gpu_memory_fraction, training_bytes
         inner = hf_model(model)
         self.on_gpu = next(iter(inner.parameters())).device.type == "cuda"
@@ -122,7 +123,7 @@ class VLLMGenerate:
                     seed=0,
                     # Above one process: one engine per process, in the process group already there (module
                     # docstring); vLLM reads RANK and LOCAL_RANK, which torchrun and the Ray worker set.
-                    distributed_executor_backend="external_launcher" if world_size() > 1 else None,
+                    distributed_executor_backend="external_launcher" if self.world_size > 1 else None,
                 )
             self._vllm = vllm
         return self._llm
@@ -272,5 +273,6 @@ def build_rollout_engine(spec: TrainSpec, model: Any, tokenizer: Any) -> Rollout
             tokenizer,
             gpu_memory_fraction=spec.rollout.gpu_memory_fraction,
             training_bytes=estimate.parameters_bytes + estimate.optimizer_bytes,
+            world_size=spec.distributed.world_size,  # the group's: the runtime refused any other launch
         )
     return HFGenerate(model, tokenizer)
