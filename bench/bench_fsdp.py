@@ -11,7 +11,7 @@ each timed step runs between two barriers, so its wall time is the slower proces
   - peak RSS during the steps: the high-water mark is reset (trainer.distributed.memory) after the model is
     wrapped, so the transient of loading the full model in every process is not counted, and the RSS at
     that point is reported beside it;
-  - contract.distributed.estimate_memory's figure for the same step.
+  - contract.fleet.estimate_memory's figure for the same step.
 The children run with MALLOC_MMAP_THRESHOLD_=65536 (bytes), so glibc returns every freed block above 64 KiB
 and RSS follows live memory (docs/DISTRIBUTED.md, "Memory"); the engine's own heap setting
 (trainer/run/heap.py) would instead keep freed blocks for reuse. Reported ratios are fsdp2 / ddp (< 1: fsdp2
@@ -48,7 +48,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
 
-    from contract.distributed import DistributedSpec, estimate_memory
+    from contract.distributed import DistributedSpec
+    from contract.fleet import estimate_memory
     from trainer.distributed import Runtime, model_state_bytes
     from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
     from trainer.models import load_model_and_tokenizer

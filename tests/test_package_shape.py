@@ -254,3 +254,34 @@ def test_one_reduce_type_one_reduction() -> None:
     assert sorted(declared) == [f"{RUNTIME}:REDUCTIONS", f"{RUNTIME}:Reduce"]
     assert untyped == []
     assert methods == []
+
+
+# --- placement asked in one place ---------------------------------------------------------------------------
+
+# What placement computes on its way to an answer: the service names none of it.
+PLACEMENT_INSIDES = {
+    "job_memory", "memory_param", "micro_batch_tokens", "vllm_cpu_resident_bytes", "estimate_memory",
+    "memory_per_device", "lora_parameters", "place", "JobNeeds", "model_shape", "builtin_model_shape",
+}  # fmt: skip
+
+
+def test_the_service_asks_placement_one_question_in_one_place() -> None:
+    """How much memory a job needs, which worker class it fits and why not is contract.fleet.place_job's
+    answer: the service calls it once (service/fleet.py) and names nothing of the arithmetic behind it."""
+    insides, calls = [], []
+    for path in sorted((ROOT / "service").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases = _aliases(tree)
+        for node in ast.walk(tree):
+            dotted = _dotted(node, aliases) if isinstance(node, ast.Attribute | ast.Name) else None
+            module, _, name = (dotted or "").rpartition(".")
+            if (
+                module in {"contract.fleet", "contract.catalog", "contract.distributed"}
+                and name in PLACEMENT_INSIDES
+            ):
+                insides.append(f"{where}:{node.lineno} {dotted}")  # type: ignore[attr-defined]
+            if isinstance(node, ast.Call) and _dotted(node.func, aliases) == "contract.fleet.place_job":
+                calls.append(where)
+    assert insides == []
+    assert calls == ["service/fleet.py"]

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from contract.distributed import DistributedSpec, estimate_memory
+from contract.distributed import DistributedSpec
+from contract.fleet import estimate_memory
 from trainer.distributed import (
     Runtime,
     export_hf_folder,
@@ -417,7 +418,7 @@ def generation_check(model: Any) -> dict[str, Any]:
 
 
 def measure_memory(spec: DistributedSpec, out: Path) -> None:
-    """Peak RSS of two training steps at a large micro-batch, against contract.distributed.estimate_memory.
+    """Peak RSS of two training steps at a large micro-batch, against contract.fleet.estimate_memory.
     Run first in a process: memory freed earlier and kept by the allocator would hide the step's peak."""
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     warm, _ = build_tiny_arith(

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from contract.distributed import estimate_memory
+from contract.fleet import estimate_memory
 from trainer.checkpoints import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
