@@ -67,6 +67,8 @@ class Services:
                 workers=settings.task_check_processes,
                 seconds=settings.task_check_seconds,
                 memory_mb=settings.task_check_memory_mb,
+                queue=settings.task_check_queue_per_tenant,
+                confine=settings.task_check_isolation,
             ),
         )
 

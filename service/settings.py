@@ -78,11 +78,15 @@ class Settings(SharedSettings):
     tool_max_turns: Annotated[int, Field(ge=1, le=32)] = 8
 
     # Task generation and verifier dry runs (service/offload.py) run in child processes, at most
-    # task_check_processes at once, each call within a wall clock and an address-space limit; past either
-    # is a 422 naming the field. Prewarm starts the children with the app (tests turn it off).
+    # task_check_processes at once and one per tenant (task_check_queue_per_tenant more of a tenant's wait;
+    # past that a 429), each call within a wall clock and an address-space limit; past either is a 422
+    # naming the field. The children run under bubblewrap (service/offload_confine.py): false turns that
+    # off, where the operator isolates the API otherwise. Prewarm starts the children with the app.
     task_check_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
     task_check_memory_mb: Annotated[int, Field(ge=256, le=65_536)] = 1024
-    task_check_processes: Annotated[int, Field(ge=1, le=64)] = 2
+    task_check_processes: Annotated[int, Field(ge=1, le=64)] = 3
+    task_check_queue_per_tenant: Annotated[int, Field(ge=0, le=1000)] = 4
+    task_check_isolation: bool = True
     task_check_prewarm: bool = True
 
     def tool_limits(self) -> dict[str, float]:

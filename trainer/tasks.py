@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import safejson
-from trainer import rg_safety
+from trainer import rg_config, rg_safety
 
 __all__ = [
     "ARITHMETIC_OPERATIONS",
@@ -155,6 +155,7 @@ def generate_reasoning_gym(
     reserved = sorted({"size", "seed"} & set(config))
     if reserved:
         raise ValueError(f"reasoning-gym params may not set {reserved}; use the task's size and seed")
+    config = rg_config.check_config(name, config, "task.params")  # the allow-list (issue 44, R1)
     examples = []
     try:  # reasoning-gym raises all kinds on bad params (AttributeError, IndexError, MemoryError, ...)
         dataset = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
@@ -168,8 +169,8 @@ def generate_reasoning_gym(
                     meta={REASONING_GYM_META_KEY: meta},
                 )
             )
-    except Exception as exc:
-        raise ValueError(f"bad params for reasoning-gym task {name!r}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # a stable message: the generator's own may name files (issue 44, R1)
+        raise ValueError(f"reasoning-gym task {name!r} cannot generate with these params") from exc
     return examples
 
 
