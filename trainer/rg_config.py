@@ -52,11 +52,14 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One of `options` (`many`: a non-empty list of them); `optional`: null too."""
+    """One of `options` (`many`: a non-empty list of them); `optional`: null too. `enum` ("module:Class"):
+    the generator wants that enum's members, which the checked config then holds (a StrEnum is still its
+    string in JSON)."""
 
     options: tuple[str, ...]
     many: bool = True
     optional: bool = False
+    enum: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("advanced_geometry", "task_types"): Choice(("orthocenter", "incircle_radius", "angle_measure")),
     ("aiw", "male_names"): Words(_NAME, max_items=1000),
     ("aiw", "female_names"): Words(_NAME, max_items=1000),
-    ("aiw", "task_types"): Choice(("siblings", "friends", "colleagues")),
+    ("aiw", "task_types"): Choice(
+        ("siblings", "friends", "colleagues"), enum="reasoning_gym.logic.aiw:TaskType"
+    ),
     ("aiw", "task_type_weights"): _WEIGHTS,
     ("arc_agi", "board_format_opts"): _STRUCTURED,
     ("arc_agi", "rotations"): Choice(("90", "180", "270")),
@@ -168,7 +173,9 @@ RULES: dict[tuple[str, str], Rule] = {
         ("time", "time_seconds", "time_ms", "date", "datetime", "datetime_tz")
     ),
     ("word_sorting", "transformation"): Choice(
-        ("lowercase", "uppercase", "original", "randomcase"), many=False
+        ("lowercase", "uppercase", "original", "randomcase"),
+        many=False,
+        enum="reasoning_gym.algorithmic.word_sorting:TextTransformation",
     ),
 }
 REFUSED = frozenset(key for key, rule in RULES.items() if isinstance(rule, Refused))
@@ -276,7 +283,18 @@ def _checked(kind: NumberField | Rule, value: Any, field: str) -> Any:
     for item in items:
         if not _fits(kind, item):
             raise ConfigError(f"{field} must be {wanted}", field)
-    return list(items) if many else value
+    values = [_member(kind, item) for item in items]
+    return values if many else values[0]
+
+
+def _member(kind: Choice | Words, item: str) -> Any:
+    """The enum member a generator wants for a checked string, else the string."""
+    if not isinstance(kind, Choice) or kind.enum is None:
+        return item
+    import importlib
+
+    module, name = kind.enum.split(":")
+    return getattr(importlib.import_module(module), name)(item)
 
 
 def _fits(kind: Choice | Words, item: Any) -> bool:

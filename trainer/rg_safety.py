@@ -187,7 +187,8 @@ def check_meta(meta: Any, where: str = "meta.reasoning_gym") -> dict[str, Any]:
 def _dataset(task: str, config_json: str, seed: int, size: int) -> Any:
     import reasoning_gym
 
-    return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config_json))
+    config = rg_config.check_config(task, json.loads(config_json), "config")  # (enums back from strings)
+    return reasoning_gym.create_dataset(task, size=size, seed=seed, **config)
 
 
 @functools.lru_cache(maxsize=4096)
