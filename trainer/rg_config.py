@@ -215,9 +215,7 @@ def _default(field: dataclasses.Field[Any]) -> Any:
 def field_kinds(task: str) -> dict[str, NumberField | Rule]:
     """Every settable field of `task` with what it takes (RULES, else its numeric annotation). A field that
     is neither is left out (so refused as unknown); RESERVED are left out."""
-    from reasoning_gym.factory import DATASETS
-
-    config_class = DATASETS[task][1]
+    config_class = _registry()[task][1]
     hints = typing.get_type_hints(config_class)
     kinds: dict[str, NumberField | Rule] = {}
     for field in dataclasses.fields(config_class):
@@ -355,6 +353,13 @@ def _span(kind: Numbers) -> str:
 
 
 def task_names() -> frozenset[str]:
+    return frozenset(_registry())
+
+
+def _registry() -> dict[str, Any]:
+    """reasoning-gym's task registry, whole: the package is imported first, since a registry read while
+    another thread is still importing the package holds only the tasks registered so far."""
+    import reasoning_gym  # noqa: F401
     from reasoning_gym.factory import DATASETS
 
-    return frozenset(DATASETS)
+    return DATASETS
