@@ -28,6 +28,7 @@ class Services:
     queue: JobQueue
     limiter: RateLimiter  # per API key
     tenant_limiter: RateLimiter  # per tenant, over all its keys
+    address_limiter: RateLimiter  # per source address, for requests that prove no key (yet)
     principals: PrincipalCache
     telemetry: Telemetry
     models: dict[str, tuple[str, bool]]
@@ -59,6 +60,12 @@ class Services:
                 settings.tenant_rate_limit_burst,
                 prefix="stare:ratelimit:tenant:",
             ),
+            address_limiter=_rate_limiter(
+                settings,
+                settings.address_rate_limit_per_second,
+                settings.address_rate_limit_burst,
+                prefix="stare:ratelimit:address:",
+            ),
             principals=PrincipalCache(settings.auth_cache_ttl_s),
             telemetry=Telemetry(db),
             models=model_catalogue(settings.extra_models),
@@ -89,6 +96,7 @@ class Services:
     async def aclose(self) -> None:
         await self.limiter.aclose()
         await self.tenant_limiter.aclose()
+        await self.address_limiter.aclose()
         await self.queue.aclose()
         await self.db.aclose()
 

@@ -31,6 +31,9 @@ class Settings(SharedSettings):
     max_upload_bytes: Annotated[int, Field(ge=1)] = 100 * MIB
     max_line_bytes: Annotated[int, Field(ge=16)] = 1 * MIB
     max_json_body_bytes: Annotated[int, Field(ge=1024)] = 1 * MIB
+    # Values (strings, numbers, containers, keys) in one JSON body: a body with more is refused before it
+    # is parsed (contract.safejson). A spec or a dry run holds a few hundred.
+    max_json_values: Annotated[int, Field(ge=100, le=1_000_000)] = 10_000
     max_file_errors: Annotated[int, Field(ge=1, le=1000)] = 20
     max_active_jobs_per_tenant: Annotated[int, Field(ge=0)] = 100  # 0: no limit
     # Capacity (docs/SERVICE.md, "Placement"): POST /v1/jobs and /estimate refuse a job that no live worker
@@ -47,6 +50,10 @@ class Settings(SharedSettings):
     # Per tenant, over all its keys (a tenant cannot multiply its rate by minting keys); 0: no tenant limit.
     tenant_rate_limit_per_second: Annotated[float, Field(ge=0)] = 40.0
     tenant_rate_limit_burst: Annotated[int, Field(ge=1)] = 200
+    # Requests that prove no key yet (none sent, a wrong one, one not in the principal cache, a sign-in)
+    # spend a token of their source address's bucket before any lookup: 0 disables it.
+    address_rate_limit_per_second: Annotated[float, Field(ge=0)] = 10.0
+    address_rate_limit_burst: Annotated[int, Field(ge=1)] = 100
     max_active_keys_per_tenant: Annotated[int, Field(ge=0)] = 20  # POST /v1/api-keys past it: 409; 0: none
     # memory: buckets in this process (one API process); redis: shared by several (serve --workers N)
     rate_limit_backend: Literal["memory", "redis"] = "memory"
