@@ -8,6 +8,8 @@ child goes to the waiting tenant served least recently (service/fairness.py, ser
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
 from collections.abc import Callable
 
@@ -81,10 +83,8 @@ def test_two_tenants_hanging_checks_delay_only_themselves(workers: int) -> None:
     finished: dict[str, float] = {}
 
     async def run(tenant: str, name: str, args: tuple[object, ...], start: float) -> None:
-        try:
+        with contextlib.suppress(BudgetExceeded):
             await pool.run("generate", *args, phase="spec.task.params", tenant=tenant)
-        except BudgetExceeded:
-            pass
         finished[name] = time.monotonic() - start
 
     async def main() -> None:
@@ -109,9 +109,7 @@ def test_two_tenants_hanging_checks_delay_only_themselves(workers: int) -> None:
         assert finished["c"] < budget, finished  # a free child: c never waits for a's or b's
     # one at a time per tenant: a's three hangs end a budget apart at least
     a_ends = sorted(finished[name] for name in ("a0", "a1", "a2"))
-    assert all(later - earlier >= budget * 0.9 for earlier, later in zip(a_ends, a_ends[1:], strict=False)), (
-        a_ends
-    )
+    assert all(later - earlier >= budget * 0.9 for earlier, later in itertools.pairwise(a_ends)), a_ends
 
 
 def test_a_tenants_full_queue_is_a_429_naming_the_limit(

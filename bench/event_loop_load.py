@@ -1,0 +1,143 @@
+"""The load of bench_event_loop.py and tests/security/test_event_loop.py (issue 44, R3): hostile JSON bodies
+sent by several clients at once, authenticated and not, while a probe times GET /healthz.
+
+- `worst_bodies()`: the bodies, each 1 MiB: the finding's (16-deep arrays of zeros and one `\\ud83d`
+  escape), a string of escaped surrogate pairs ending in a lone one, the most values a body may hold with a
+  lone surrogate after them (the slow path's walk) padded with long strings, and a string of escaped
+  backslashes;
+- `attack(...)`: `clients` connections, each sending one body after another (closed loop) to a POST route,
+  half with a valid key (one key per client, each of its own tenant) and half with a wrong one; a refused
+  connection is opened again;
+- `probe(...)`: GET /healthz every `interval_s` on its own keep-alive connection: the latencies.
+
+The attackers run in their own process (`python -m bench.event_loop_load attack ...`), so the probe's timing
+shares no interpreter with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from typing import Any
+
+MIB = 1 << 20
+PATH = "/v1/jobs/estimate"
+
+
+def worst_bodies(size: int = MIB, values: int = 10_000) -> dict[str, bytes]:
+    deep = b"[" * 16 + b",".join([b"0"] * ((size - 64) // 2)) + b',"\\ud83d"' + b"]" * 16
+    pairs = b'{"spec": {"name": "' + b"\\ud83d\\ude00" * ((size - 64) // 12) + b'\\ud83d"}}'
+    filler = b'"' + b"x" * max(1, (size - values * 3) // 300) + b'"'
+    walk = (
+        b'{"spec": {}, "metadata": [' + b",".join([b"0"] * (values - 400) + [filler] * 300) + b',"\\udc00"]}'
+    )
+    slashes = b'{"spec": {"name": "' + b"\\\\" * ((size - 64) // 2) + b'"}}'
+    return {"deep": deep[:size], "pairs": pairs, "walk": walk[:size], "slashes": slashes}
+
+
+def request_bytes(path: str, key: str | None, body: bytes) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    if key is not None:
+        head.append(f"Authorization: Bearer {key}")
+    head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    if length:
+        await reader.readexactly(length)
+    return int(head[9:12])
+
+
+async def _client(port: int, requests: list[bytes], deadline: float, statuses: dict[int, int]) -> None:
+    index = 0
+    while time.monotonic() < deadline:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        try:
+            while time.monotonic() < deadline:
+                writer.write(requests[index % len(requests)])
+                index += 1
+                status = await asyncio.wait_for(_response(reader), 30)
+                statuses[status] = statuses.get(status, 0) + 1
+                if status in (401, 429, 413):  # the server may close a connection whose body it did not read
+                    break
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def attack(port: int, keys: list[str | None], seconds: float) -> dict[str, Any]:
+    """Each entry of `keys` is a client (None or a wrong key: unauthenticated), for `seconds`."""
+    bodies = list(worst_bodies().values())
+    deadline = time.monotonic() + seconds
+    statuses: dict[int, int] = {}
+    tasks = [
+        _client(
+            port,
+            [request_bytes(PATH, key, body) for body in bodies[i % len(bodies) :] + bodies],
+            deadline,
+            statuses,
+        )
+        for i, key in enumerate(keys)
+    ]
+    await asyncio.gather(*tasks)
+    return {str(status): count for status, count in sorted(statuses.items())}
+
+
+async def probe(port: int, seconds: float, interval_s: float = 0.02) -> list[float]:
+    """GET /healthz latencies (seconds), one request every interval_s on a keep-alive connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    latencies = []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            start = time.perf_counter()
+            writer.write(request)
+            status = await _response(reader)
+            latencies.append(time.perf_counter() - start)
+            if status != 200:
+                raise RuntimeError(f"/healthz answered {status}")
+            await asyncio.sleep(interval_s)
+    finally:
+        writer.close()
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.event_loop_load")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("attack", help="send the worst bodies from several clients; print the answers")
+    run.add_argument("--port", type=int, required=True)
+    run.add_argument("--seconds", type=float, default=10.0)
+    run.add_argument("--key", action="append", default=[], help="a valid key (one client each)")
+    run.add_argument("--unauthenticated", type=int, default=4, help="clients with a wrong key")
+    args = parser.parse_args(argv)
+    keys: list[str | None] = [*args.key, *["sk-stare-wrong" + "x" * 40] * args.unauthenticated]
+    print(json.dumps(asyncio.run(attack(args.port, keys, args.seconds))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
