@@ -15,148 +15,17 @@ attackers' answers by status.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import os
 import platform
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import _common  # noqa: F401 - the repository root on sys.path
 
-from bench.event_loop_load import percentile, probe
+from bench.event_loop_load import run
 
 ROOT = Path(__file__).resolve().parents[1]
-PG = os.environ.get("STARE_TEST_PG_HOST", "127.0.0.1"), int(os.environ.get("STARE_TEST_PG_PORT", "5432"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def database() -> Iterator[str]:
-    """A fresh migrated PostgreSQL database (the service's URL form), dropped on exit."""
-    import psycopg
-    from psycopg import sql
-
-    from store import migrate
-
-    name = f"stare_bench_loop_{uuid.uuid4().hex[:10]}"
-    admin = psycopg.connect(host=PG[0], port=PG[1], dbname="postgres", autocommit=True)
-    user = admin.info.user
-    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://{user}@{PG[0]}:{PG[1]}/{name}"
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.close()
-
-
-def tenant_keys(url: str, count: int) -> list[str]:
-    from store import repository
-    from store.database import Database
-
-    db = Database(url, pool_size=1)
-    keys = []
-    try:
-        for _ in range(count):
-            with db.transaction() as session:
-                tenant = repository.create_tenant(session, f"bench-{uuid.uuid4().hex[:10]}")
-                keys.append(repository.create_api_key(session, tenant.id, "bench")[1])
-    finally:
-        db.dispose()
-    return keys
-
-
-@contextlib.contextmanager
-def api(source: Path, url: str, artifacts: Path, **settings: str) -> Iterator[int]:
-    """`python -m service serve` from `source` on a free port, until the block ends."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(source),
-        "OMP_NUM_THREADS": "1",
-        "STARE_DATABASE_URL": url,
-        "STARE_ARTIFACT_ROOT": str(artifacts),
-        "STARE_QUEUE_BACKEND": "record",
-        "STARE_TASK_CHECK_PREWARM": "false",
-        **settings,
-    }
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
-    cmd = [sys.executable, "-m", "service", "serve", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError("the API did not start: " + log.read().decode()[-2000:]) from None
-                time.sleep(0.2)
-        yield port
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(20)
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-
-
-def measure(port: int, keys: list[str], unauthenticated: int, seconds: float) -> dict[str, Any]:
-    """The probe's latencies while the attackers run (their own process), and the attackers' answers."""
-    cmd = [sys.executable, "-m", "bench.event_loop_load", "attack", "--port", str(port)]
-    cmd += ["--seconds", str(seconds + 2), "--unauthenticated", str(unauthenticated)]
-    for key in keys:
-        cmd += ["--key", key]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    attackers = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # the attackers are sending
-    latencies = asyncio.run(probe(port, seconds))
-    out, _ = attackers.communicate(timeout=seconds + 120)
-    ms = [1000 * value for value in latencies]
-    return {
-        "healthz_ms": {
-            "count": len(ms),
-            "p50": round(percentile(ms, 0.50), 2),
-            "p99": round(percentile(ms, 0.99), 2),
-            "max": round(max(ms), 2),
-        },
-        "answers": json.loads(out.strip().splitlines()[-1]) if out.strip() else {},
-    }
-
-
-def run(source: Path, clients: int, seconds: float) -> dict[str, Any]:
-    authenticated = clients // 2
-    with database() as url, tempfile.TemporaryDirectory() as artifacts:
-        keys = tenant_keys(url, authenticated)
-        with api(source, url, Path(artifacts)) as port:
-            idle = asyncio.run(probe(port, min(3.0, seconds)))
-            loaded = measure(port, keys, clients - authenticated, seconds)
-    return {
-        "source": str(source),
-        "clients": {"authenticated": authenticated, "unauthenticated": clients - authenticated},
-        "idle_healthz_ms_p99": round(1000 * percentile(idle, 0.99), 2),
-        **loaded,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,14 +43,13 @@ for _k in (1, 8):
 # hooks and not walked. In the text with escaped backslashes and quotes removed: a NUL escape, a high
 # surrogate escape not followed by a low one, a low one not after a high one; in the raw bytes: a
 # surrogate's own UTF-8 bytes.
-_LONE_SURROGATE = re.compile(
-    rb"\\u[dD](?:[89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
-    rb"|[c-fC-F](?<!\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F]))"
-)
+_SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
-# Outside strings: NaN and infinities, a digit run past MAX_INT_DIGITS (an integer too large, or a float
-# long enough to overflow), an exponent of three digits (a float that may overflow to infinity).
-_NUMBER_CANDIDATE = re.compile(rb"NaN|Infinity|(?<!\d)\d{%d}|[eE][+-]?0*[1-9]\d{2}" % (MAX_INT_DIGITS + 1))
+# Outside strings: NaN and infinities, an exponent of three digits (a float that may overflow to infinity);
+# a digit run past MAX_INT_DIGITS (an integer too large, or a float long enough to overflow).
+_NUMBER_CANDIDATE = re.compile(rb"NaN|Infinity|[eE][+-]?0*[1-9]\d{2}")
+_LONG_DIGITS = re.compile(rb"(?<!\d)\d{%d}" % (MAX_INT_DIGITS + 1))
 
 
 @dataclass(frozen=True)
@@ -121,42 +120,36 @@ def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH, max_values: int = MA
     values = max(strings, outside.count(b",") + outside.count(b"[") + outside.count(b"{") + 1)
     if values > max_values:  # refused before anything costs more than a pass over the text
         raise UnsafeDocument(Problem("too_many_values", f"more than {max_values} values in one document"))
+    long_digits = _LONG_DIGITS.search(outside) is not None
     suspect = (
-        _deeper_than(outside, max_depth)
+        long_digits
+        or _deeper_than(outside, max_depth)
         or b"\\u0000" in unescaped
-        or _LONE_SURROGATE.search(unescaped) is not None
+        or _lone_surrogate(unescaped)
         or _SURROGATE_BYTES.search(raw) is not None
         or _NUMBER_CANDIDATE.search(outside) is not None
     )
-    return _checked(data, max_depth) if suspect else json.loads(data)
+    return _checked(data, max_depth, long_digits=long_digits) if suspect else json.loads(data)
 
 
-def _checked(data: str | bytes, max_depth: int) -> Any:
-    """The slow path, for a document a candidate says may break a rule: parsed with hooks for numbers,
-    then walked for the first problem (at most max_values nodes)."""
-    refused: list[_Refused] = []
+def _lone_surrogate(unescaped: bytes) -> bool:
+    """Whether a surrogate escape is not half of a pair (a high one, then a low one): the pairs cut out in
+    C, is any surrogate escape left?"""
+    if _SURROGATE_ESCAPE.search(unescaped) is None:
+        return False
+    return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", unescaped)) is not None
+
+
+def _checked(data: str | bytes, max_depth: int, *, long_digits: bool = True) -> Any:
+    """The slow path, for a document a candidate says may break a rule: parsed (integers past
+    MAX_INT_DIGITS left unconverted, when `long_digits` says there may be one), then walked for the first
+    problem (at most max_values nodes; an infinite float is found there)."""
 
     def parse_int(text: str) -> int | _Refused:
-        if len(text) <= MAX_INT_DIGITS:
-            return int(text)
-        value = _parse_int(text)
-        if isinstance(value, _Refused):
-            refused.append(value)
-        return value
-
-    def parse_float(text: str) -> float | _Refused:
-        value = float(text)
-        if math.isfinite(value):
-            return value
-        refused.append(_Refused("non_finite_number", f"number {text[:40]} is not finite"))
-        return refused[-1]
-
-    def parse_constant(text: str) -> _Refused:
-        refused.append(_parse_constant(text))
-        return refused[-1]
+        return int(text) if len(text) <= MAX_INT_DIGITS else _parse_int(text)
 
     try:
-        value = json.loads(data, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant)
+        value = json.loads(data, parse_int=parse_int if long_digits else None, parse_constant=_parse_constant)
     except RecursionError:
         raise UnsafeDocument(Problem("too_deep", f"nested deeper than {max_depth} levels")) from None
     problem = find_unsafe(value, max_depth=max_depth)
