@@ -276,7 +276,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         authenticate=lambda scope: authenticate_scope(services, scope),
         sign_in_gate=lambda scope: spend_address_token(services, client_address(scope)),
         exception_handlers=lambda: app.exception_handlers,
-        max_values=settings.max_json_values,
+        check_body=services.body_checks.check,
     )
     app.add_middleware(TelemetryMiddleware, telemetry=services.telemetry)
     app.add_middleware(pages.PageSecurityHeaders)  # outermost: the boundary's refusals under /ui too

@@ -11,8 +11,8 @@ In this order, and in the error shape, before anything is read from or written t
   and a body of at most SIGN_IN_MAX_BYTES). No other path's body is parsed here;
 - a JSON body that breaks contract.safejson's rules (NUL or lone surrogate in any string or key, NaN or
   infinite numbers, integers over 64 digits, nesting deeper than 32, more than `max_values` values): 422
-  naming the field as a dotted path. The check is linear in the body's size and mostly in C; a body over
-  OFFLOAD_BYTES is checked in a worker thread.
+  naming the field as a dotted path. The check is linear in the body's size and mostly in C; a large body
+  is checked in another process (service/body_checks.py), so not even the interpreter lock is held for it.
 
 So no route has to guard its own strings: PostgreSQL never sees a NUL, no float column or JSON document
 gets an infinity, and POST /v1/jobs/estimate and POST /v1/jobs answer the same body the same way. Dataset
@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-import anyio.to_thread
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -40,7 +39,6 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AUTHENTICATED_PREFIX = "/v1/"  # every route under it needs a key or a session (the OpenAPI schema says so)
 SIGN_IN_PATH = "/ui/session"
 SIGN_IN_MAX_BYTES = 4096
-OFFLOAD_BYTES = 64 * 1024  # a JSON body larger than this is checked in a worker thread
 
 # Authenticates a request from its scope (headers, cookies, client): raises a ServiceError (401, 403, 429).
 Gate = Callable[[Scope], Awaitable[object]]
@@ -77,7 +75,7 @@ class RequestBoundary:
         authenticate: Gate | None = None,
         sign_in_gate: Gate | None = None,
         exception_handlers: Callable[[], Mapping[Any, Handler]] = dict,
-        max_values: int = safejson.MAX_VALUES,
+        check_body: Callable[[bytes], Awaitable[safejson.Problem | None]] | None = None,
     ) -> None:
         self.app = app
         self.path_templates = path_templates  # e.g. "/v1/jobs/{job_id}" (the OpenAPI paths)
@@ -88,7 +86,7 @@ class RequestBoundary:
         self.authenticate = authenticate  # a /v1 request's caller, before its body (None: routes do it)
         self.sign_in_gate = sign_in_gate  # a sign-in's source-address token, before its body
         self.exception_handlers = exception_handlers  # the app's, for what the gates raise
-        self.max_values = max_values
+        self.check_body = check_body or _check_inline  # service/body_checks.py: large bodies elsewhere
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -205,19 +203,11 @@ class RequestBoundary:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body:
-            try:
-                if len(body) > OFFLOAD_BYTES:  # the loop serves others meanwhile (the check is linear)
-                    await anyio.to_thread.run_sync(self._check_body, body)
-                else:
-                    self._check_body(body)
-            except safejson.UnsafeDocument as err:
-                await error_response(422, err.problem.code, str(err), err.problem.where or None)(
-                    scope, receive, send
-                )
-                return
-            except ValueError:
-                pass  # not JSON at all: the route's own parsing answers that (422 invalid_json)
+        problem = await self.check_body(body) if body else None
+        if problem is not None:
+            message = str(safejson.UnsafeDocument(problem))
+            await error_response(422, problem.code, message, problem.where or None)(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -229,8 +219,11 @@ class RequestBoundary:
 
         await self.app(scope, replay, send)
 
-    def _check_body(self, body: bytes) -> None:
-        safejson.loads(body, max_values=self.max_values)
+
+async def _check_inline(body: bytes) -> safejson.Problem | None:
+    from service.body_checks import check
+
+    return check(body, safejson.MAX_VALUES)
 
 
 def _handler_for(exc: Exception, handlers: Mapping[Any, Handler]) -> Handler | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.body_checks import BodyChecks
 from service.fleet import Fleet
 from service.job_specs import model_catalogue
 from service.offload import ChildPool
@@ -34,6 +35,7 @@ class Services:
     models: dict[str, tuple[str, bool]]
     fleet: Fleet  # the worker classes placement chooses from (service/fleet.py)
     offload: ChildPool  # task generation and verifier dry runs, off the event loop and out of this process
+    body_checks: BodyChecks  # large JSON bodies' checks, in other processes (service/body_checks.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -77,6 +79,9 @@ class Services:
                 queue=settings.task_check_queue_per_tenant,
                 confine=settings.task_check_isolation,
             ),
+            body_checks=BodyChecks(
+                processes=settings.body_check_processes, max_values=settings.max_json_values
+            ),
         )
 
     def enqueue(self, job_id: str, queue: str) -> bool:
@@ -102,6 +107,7 @@ class Services:
 
     def close(self) -> None:
         self.offload.close()
+        self.body_checks.close()
         self.queue.close()
         self.db.dispose()
 

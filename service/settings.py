@@ -34,6 +34,8 @@ class Settings(SharedSettings):
     # Values (strings, numbers, containers, keys) in one JSON body: a body with more is refused before it
     # is parsed (contract.safejson). A spec or a dry run holds a few hundred.
     max_json_values: Annotated[int, Field(ge=100, le=1_000_000)] = 10_000
+    # Processes that check large JSON bodies (service/body_checks.py), started on the first; 0: a thread.
+    body_check_processes: Annotated[int, Field(ge=0, le=64)] = 2
     max_file_errors: Annotated[int, Field(ge=1, le=1000)] = 20
     max_active_jobs_per_tenant: Annotated[int, Field(ge=0)] = 100  # 0: no limit
     # Capacity (docs/SERVICE.md, "Placement"): POST /v1/jobs and /estimate refuse a job that no live worker
