@@ -22,6 +22,7 @@ contract.spec.load_spec.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -42,7 +43,7 @@ SIGN_IN_MAX_BYTES = 4096
 
 # Authenticates a request from its scope (headers, cookies, client): raises a ServiceError (401, 403, 429).
 Gate = Callable[[Scope], Awaitable[object]]
-Handler = Callable[[Request, Exception], Awaitable[Response]]
+Handler = Callable[[Request, Any], Response | Awaitable[Response]]
 
 
 def error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -142,9 +143,10 @@ class RequestBoundary:
             handler = _handler_for(exc, self.exception_handlers())
             if handler is None:
                 raise
-            response = await handler(Request(scope), exc)
-            assert isinstance(response, JSONResponse)
-            return response
+            response = handler(Request(scope), exc)
+            answer = await response if inspect.isawaitable(response) else response
+            assert isinstance(answer, JSONResponse)
+            return answer
         return None
 
     # ------------------------------------------------------------------------------------ path, query, headers
@@ -205,8 +207,8 @@ class RequestBoundary:
         body = b"".join(chunks)
         problem = await self.check_body(body) if body else None
         if problem is not None:
-            message = str(safejson.UnsafeDocument(problem))
-            await error_response(422, problem.code, message, problem.where or None)(scope, receive, send)
+            text = str(safejson.UnsafeDocument(problem))
+            await error_response(422, problem.code, text, problem.where or None)(scope, receive, send)
             return
         replayed = False
 

@@ -129,7 +129,6 @@ def _arithmetic_from_params(size: int, seed: int, params: dict[str, Any]) -> lis
 
 def reasoning_gym_task_names() -> list[str]:
     import reasoning_gym  # noqa: F401 - the whole package first: another thread may be importing it
-
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)

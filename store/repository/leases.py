@@ -305,14 +305,11 @@ def retry_job(
     """After a system error: `recovering` (re-send it; it resumes from the latest checkpoint) while the job's
     budgets last, else `failed`. Returns the new status, or None when the lease is lost.
 
-    A trainer crash spends the crash budget (failures; the job fails at the max_attempts-th). An
-    infrastructure failure (`infrastructure`: the trainer killed from outside) spends the lost-worker budget
-    (lost_workers; fails at the max_lost_workers-th). Both extend the crash streak when the failed attempt
-    completed no step (it got no further than the checkpoint it resumed from), and start a new one when it
-    completed any (issue 44, N15: a resume redoes the steps after its checkpoint, so an attempt killed at
-    12 after resuming from 10 was progressing though an earlier one reached 15); a streak of
-    CRASH_LOOP_STREAK fails the job at once, code `crash_loop`, naming the steps and quoting
-    `error.message` (the trainer's last error lines).
+    A trainer crash spends the crash budget (failures; fails at the max_attempts-th), an infrastructure
+    failure (`infrastructure`: the trainer killed from outside) the lost-worker budget (lost_workers).
+    Both extend the crash streak when the failed attempt completed no step, else start a new one (N15: a
+    resume redoes the steps after its checkpoint, so an attempt killed at 12 after resuming from 10 was
+    progressing); a streak of CRASH_LOOP_STREAK fails the job at once, code `crash_loop`.
     User errors are never retried: call finish_job(..., "failed", error=...) for those."""
     if error.category != "system":
         raise ValueError("only system errors are retried")
@@ -339,13 +336,7 @@ def retry_job(
     else:
         spent = {"failures": Job.failures + 1}
         left = job.max_attempts - job.failures - 1
-    final = error
-    if streak >= CRASH_LOOP_STREAK:
-        final = JobError(
-            FailureCode.CRASH_LOOP,
-            crash_loop_message(streak, resumed_from(session, job_id), furthest, error.message),
-            "system",
-        )
+    final = _crash_loop(session, job_id, streak, furthest, error)
     exhausted = left <= 0 or final is not error
     values: dict[str, Any] = {
         "status": "failed" if exhausted else "recovering",
@@ -384,6 +375,14 @@ def furthest_step(session: Session, job_id: str, current_step: int) -> int:
     redoes steps), or the job's current step when that is higher."""
     recorded = session.scalar(sa.select(sa.func.max(JobMetric.step)).where(JobMetric.job_id == job_id))
     return max(current_step, recorded or 0)
+
+
+def _crash_loop(session: Session, job_id: str, streak: int, furthest: int, error: JobError) -> JobError:
+    """The crash_loop error a streak of CRASH_LOOP_STREAK becomes, else `error` itself."""
+    if streak < CRASH_LOOP_STREAK:
+        return error
+    message = crash_loop_message(streak, resumed_from(session, job_id), furthest, error.message)
+    return JobError(FailureCode.CRASH_LOOP, message, "system")
 
 
 def completed_a_step(session: Session, job_id: str, attempt: int) -> bool:
