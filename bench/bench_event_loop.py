@@ -32,12 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, default=ROOT, help="the source tree the API runs from")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--authenticated", type=int, default=None, help="of the clients (default: half)")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--smoke", action="store_true", help="2 clients, 3 s")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     clients, seconds = (2, 3.0) if args.smoke else (args.clients, args.seconds)
-    result = run(args.source.resolve(), clients, seconds)
+    result = run(args.source.resolve(), clients, seconds, args.authenticated)
     result["machine"] = {
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

@@ -253,8 +253,9 @@ def measure(port: int, keys: list[str], unauthenticated: int, seconds: float) ->
     }
 
 
-def run(source: Path, clients: int, seconds: float) -> dict[str, Any]:
-    authenticated = clients // 2
+def run(source: Path, clients: int, seconds: float, authenticated: int | None = None) -> dict[str, Any]:
+    """`clients` attackers, `authenticated` of them (default half) with a valid key each."""
+    authenticated = clients // 2 if authenticated is None else authenticated
     with database() as url, tempfile.TemporaryDirectory() as artifacts:
         keys = tenant_keys(url, authenticated)
         with api(source, url, Path(artifacts)) as port:

@@ -35,11 +35,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract import safejson
 from service.errors import error_body
+from service.fairness import FairGate, QueueFull
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AUTHENTICATED_PREFIX = "/v1/"  # every route under it needs a key or a session (the OpenAPI schema says so)
 SIGN_IN_PATH = "/ui/session"
 SIGN_IN_MAX_BYTES = 4096
+
+# A JSON body past SMALL_BODY_BYTES (or of no announced length) waits for one of LARGE_BODY_SLOTS, one per
+# tenant (service/fairness.py): reading, checking and parsing 1 MiB costs the loop a few milliseconds, and
+# without a bound the bodies a few tenants send at their rate limits queue up ahead of everyone's requests.
+SMALL_BODY_BYTES = 64 * 1024
+LARGE_BODY_SLOTS = 2
+LARGE_BODY_QUEUE = 8
 
 # Authenticates a request from its scope (headers, cookies, client): raises a ServiceError (401, 403, 429).
 Gate = Callable[[Scope], Awaitable[object]]
@@ -87,6 +95,7 @@ class RequestBoundary:
         self.authenticate = authenticate  # a /v1 request's caller, before its body (None: routes do it)
         self.sign_in_gate = sign_in_gate  # a sign-in's source-address token, before its body
         self.exception_handlers = exception_handlers  # the app's, for what the gates raise
+        self.large_bodies = FairGate(LARGE_BODY_SLOTS, LARGE_BODY_QUEUE)
         self.check_body = check_body or _check_inline  # service/body_checks.py: large bodies elsewhere
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,7 +120,10 @@ class RequestBoundary:
             )
             return
         if method in BODY_METHODS and parsed_here and _is_json(scope):
-            await self._json_request(scope, receive, send, limit)
+            if declared is not None and declared <= SMALL_BODY_BYTES:
+                await self._json_request(scope, receive, send, limit)
+                return
+            await self._large_json_request(scope, receive, send, limit)
             return
         received = 0
 
@@ -187,7 +199,34 @@ class RequestBoundary:
 
     # --------------------------------------------------------------------------------------------- JSON bodies
 
-    async def _json_request(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    async def _large_json_request(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """A large body is read, checked and answered a few at a time, one per tenant at a time (its slot
+        held to the end: given back as soon as the route has parsed it, the next body's reading overlapped
+        the route's work and /healthz waited longer, measured)."""
+        whose = _whose(scope)
+        try:
+            await self.large_bodies.acquire(whose)
+        except QueueFull:
+            message = (
+                f"at most one large request body per tenant is read at a time and {LARGE_BODY_QUEUE} wait"
+            )
+            await error_response(429, "too_many_large_bodies", f"{message}; retry later")(
+                scope, receive, send
+            )
+            return
+        try:
+            await self._json_request(scope, receive, send, limit)
+        finally:
+            self.large_bodies.release(whose)
+
+    async def _json_request(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        limit: int,
+        handed_over: Callable[[], None] | None = None,
+    ) -> None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -220,6 +259,17 @@ class RequestBoundary:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _whose(scope: Scope) -> str:
+    """The authenticated tenant of a request (the boundary's gate put its caller in the scope's state),
+    else its source address."""
+    caller = scope.get("state", {}).get("stare_caller")
+    tenant = getattr(getattr(caller, "principal", None), "tenant", None)
+    if tenant is not None:
+        return f"tenant:{tenant.id}"
+    client = scope.get("client")
+    return f"address:{client[0] if client else 'unknown'}"
 
 
 async def _check_inline(body: bytes) -> safejson.Problem | None:

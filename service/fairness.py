@@ -54,41 +54,45 @@ class FairGate:
     @contextlib.asynccontextmanager
     async def hold(self, tenant: str) -> AsyncIterator[None]:
         """A slot for `tenant` for the block's duration; QueueFull when its queue is full."""
-        state = self._tenants.setdefault(tenant, _Tenant())
-        if not state.running and self._free > 0:
-            self._grant(state)
-        else:
-            if len(state.waiting) >= self.queue:
-                self._forget_if_idle(tenant)
-                raise QueueFull(self.queue)
-            granted = anyio.Event()
-            state.waiting.append(granted)
-            try:
-                await granted.wait()
-            except BaseException:  # cancelled (the client went away): leave the queue, or give back
-                if granted in state.waiting:
-                    state.waiting.remove(granted)
-                    self._forget_if_idle(tenant)
-                else:
-                    self._release(tenant)
-                raise
+        await self.acquire(tenant)
         try:
             yield
         finally:
-            self._release(tenant)
+            self.release(tenant)
+
+    async def acquire(self, tenant: str) -> None:
+        """Wait for a slot for `tenant` (QueueFull when its queue is full); `release` gives it back."""
+        state = self._tenants.setdefault(tenant, _Tenant())
+        if not state.running and self._free > 0:
+            self._grant(state)
+            return
+        if len(state.waiting) >= self.queue:
+            self._forget_if_idle(tenant)
+            raise QueueFull(self.queue)
+        granted = anyio.Event()
+        state.waiting.append(granted)
+        try:
+            await granted.wait()
+        except BaseException:  # cancelled (the client went away): leave the queue, or give back
+            if granted in state.waiting:
+                state.waiting.remove(granted)
+                self._forget_if_idle(tenant)
+            else:
+                self.release(tenant)
+            raise
+
+    def release(self, tenant: str) -> None:
+        state = self._tenants[tenant]
+        state.running = False
+        self._free += 1
+        self._dispatch()
+        self._forget_if_idle(tenant)
 
     def _grant(self, state: _Tenant) -> None:
         state.running = True
         self._free -= 1
         self._grants += 1
         state.served = self._grants
-
-    def _release(self, tenant: str) -> None:
-        state = self._tenants[tenant]
-        state.running = False
-        self._free += 1
-        self._dispatch()
-        self._forget_if_idle(tenant)
 
     def _dispatch(self) -> None:
         while self._free > 0:

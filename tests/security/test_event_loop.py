@@ -186,3 +186,66 @@ def test_healthz_p99_stays_under_100ms_while_8_clients_send_the_worst_bodies() -
     assert int(answers.get("401", 0)) + int(answers.get("429", 0)) > 0, answers  # the unauthenticated ones
     assert int(answers.get("422", 0)) > 0, answers  # the authenticated ones, refused for their bodies
     assert latency["p99"] <= 1000 * P99_S, result
+
+
+def test_large_bodies_are_read_a_few_at_a_time_one_per_tenant() -> None:
+    """service/boundary.py: a JSON body over 64 KiB waits for one of 2 slots, one per tenant, and a
+    tenant's 8 waiting ones are the most (429 too_many_large_bodies past them); small bodies never wait."""
+    import anyio
+    import httpx
+
+    from service.boundary import LARGE_BODY_QUEUE, RequestBoundary
+
+    release = anyio.Event()
+    inside: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        inside.append(dict(scope["headers"])[b"x-tenant"].decode())
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def authenticate(scope: Any) -> None:
+        tenant = dict(scope["headers"])[b"x-tenant"].decode()
+        principal = type("P", (), {"tenant": type("T", (), {"id": tenant})()})()
+        scope.setdefault("state", {})["stare_caller"] = type("C", (), {"principal": principal})()
+
+    boundary = RequestBoundary(
+        app,
+        path_templates=list,
+        max_bytes=2**20,
+        upload_path="/v1/files",
+        max_upload_bytes=2**20,
+        authenticate=authenticate,
+    )
+    large = b'{"x": "' + b"y" * 70_000 + b'"}'
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=boundary)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+
+            async def post(tenant: str, body: bytes) -> int:
+                headers = {"x-tenant": tenant, "content-type": "application/json"}
+                return (await client.post("/v1/x", content=body, headers=headers)).status_code
+
+            results: dict[str, int] = {}
+            async with anyio.create_task_group() as group:
+
+                async def keep(name: str, tenant: str, body: bytes) -> None:
+                    results[name] = await post(tenant, body)
+
+                for n in range(1 + LARGE_BODY_QUEUE):
+                    group.start_soon(keep, f"a{n}", "a", large)
+                await anyio.sleep(0.2)
+                assert inside == ["a"], inside  # one of tenant a's at a time
+                assert await post("a", large) == 429  # its queue is full
+                group.start_soon(keep, "b0", "b", large)
+                group.start_soon(keep, "a-small", "a", b"{}")
+                await anyio.sleep(0.2)
+                assert sorted(inside) == ["a", "a", "b"], inside  # b's takes the second slot; small ones pass
+                release.set()
+            assert set(results.values()) == {200}, results
+            return list(results.values())
+
+    assert len(anyio.run(main)) == LARGE_BODY_QUEUE + 3
