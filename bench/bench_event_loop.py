@@ -9,7 +9,8 @@ one; each sends 1 MiB hostile bodies one after another to POST /v1/jobs/estimate
 probe that times GET /healthz every 20 ms for `--seconds`. Reported: the probe's p50, p99 and max, and the
 attackers' answers by status.
 
-    .venv/bin/python bench/bench_event_loop.py [--source DIR] [--clients 8] [--seconds 20] [--json out.json]
+    .venv/bin/python bench/bench_event_loop.py [--source DIR] [--clients 8] [--authenticated N] [--seconds 20]
+        [--dedicated] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,12 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, default=ROOT, help="the source tree the API runs from")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--authenticated", type=int, default=None, help="of the clients (default: half)")
+    parser.add_argument(
+        "--dedicated",
+        action="store_true",
+        help="root only: the API at nice -10, the attackers at +10 (the machine's other work weighs on neither)",
+    )
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--smoke", action="store_true", help="2 clients, 3 s")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     clients, seconds = (2, 3.0) if args.smoke else (args.clients, args.seconds)
-    result = run(args.source.resolve(), clients, seconds, args.authenticated)
+    result = run(args.source.resolve(), clients, seconds, args.authenticated, dedicated=args.dedicated)
     result["machine"] = {
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
