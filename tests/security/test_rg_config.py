@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from trainer.tasks import make_examples, rg_config
+from trainer.tasks import rg_config
+from trainer.tasks.sources import make_examples
 
 
 def _package_fields() -> dict[tuple[str, str], Any]:
