@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from contract.control import LAW_SETTINGS, StarePiParams
+from contract.control_split import SplitLossParams
 from contract.docs import DOCS, generated_doc_main
 from contract.hyperparams import (
     AdaptiveEntropyParams,
@@ -155,6 +156,16 @@ for _algorithm in (
     ),
     Algorithm("stare_pi", StarePiParams, "grpo", zero_advantage_inert=True, controller="stare_pi"),
     Algorithm("clip_pi", ClipLossParams, "grpo", zero_advantage_inert=True, controller="clip_pi"),
+    # The second-generation law (docs/ALGORITHMS.md §12): the bonus raises, confident-token sharpening
+    # lowers; both act only on rows with Â ≠ 0, so those with Â = 0 stay inert.
+    Algorithm(
+        "entropy_split",
+        SplitLossParams,
+        "grpo",
+        zero_advantage_inert=True,
+        controller="entropy_split",
+        differentiable_entropy=True,
+    ),
 ):
     register(_algorithm)
 

@@ -24,6 +24,7 @@ Kp = (1 − p²)/B and Ki = (1 − p)²/B (`pole_placement`). The measured δ an
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from contract.hyperparams import (
     StareParams,
     check_target_entropy,
 )
+from contract.control_split import SplitControl
 
 # The design: both poles at POLE (5 % settling in about 15 steps, no overshoot of the linear loop). 0.8, not
 # the first design's 0.7: on the tuning cell's first runs the batch entropy's step-to-step noise (σ ≈ 0.2–0.3
@@ -218,10 +220,11 @@ class StarePiParams(ClipLossParams):
 
 # The laws, by controller name: their settings class. The algorithm a job gets when it sets
 # algorithm.control and names no algorithm: DEFAULT_LAW (docs/ALGORITHMS.md §11.4).
-LAW_SETTINGS: dict[str, type[PiControlParams]] = {
+LAW_SETTINGS: dict[str, type[Any]] = {
     "entropy_pi": EntropyPiControl,
     "stare_pi": StarePiControl,
     "clip_pi": ClipPiControl,
+    "entropy_split": SplitControl,
 }
 DEFAULT_LAW = "entropy_pi"
 
@@ -229,4 +232,8 @@ DEFAULT_LAW = "entropy_pi"
 def law_settings(law: str, target_entropy: float, overrides: dict[str, Any]) -> PiControlParams:
     """The settings of `law` with the spec's overrides (None values: the law's default)."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    return LAW_SETTINGS[law](target_entropy=target_entropy, **given)
+    settings_cls = LAW_SETTINGS[law]
+    known = {f.name for f in dataclasses.fields(settings_cls)}
+    for name in sorted(set(given) - known):
+        raise ValueError(f"{name} is not a setting of {law}; its settings: {', '.join(sorted(known))}")
+    return settings_cls(target_entropy=target_entropy, **given)

@@ -161,6 +161,19 @@ class ControlSpec(_Strict):
     u_min: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
     smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     span: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
+    # entropy_split's (docs/ALGORITHMS.md §12)
+    mode: Literal["hold", "floor"] | None = None
+    filter: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    rate: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
+    span_up: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
+    span_down: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    open_loop: (
+        Annotated[
+            list[tuple[Annotated[int, Field(ge=1, le=MAX_STEPS)], Annotated[float, Field(ge=-1.0, le=1.0)]]],
+            Field(min_length=1, max_length=100),
+        ]
+        | None
+    ) = None
 
     def overrides(self) -> dict[str, Any]:
         return self.model_dump(exclude={"target_entropy"})

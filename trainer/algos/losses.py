@@ -42,7 +42,7 @@ from contract.hyperparams import (
     KlCovParams,
     StareParams,
 )
-from trainer.algos import pi_control, rsi, stare  # noqa: F401  (they register stare, rsi_s and the PI laws)
+from trainer.algos import pi_control, rsi, split_control, stare  # noqa: F401  (they register their losses)
 from trainer.algos.control import check_control
 from trainer.algos.entropy_control import EntropyCoefState
 from trainer.algos.selection import (
