@@ -31,7 +31,7 @@ from typing import Any
 import _common
 import torch
 
-from contract.control import EntropyPiControl, PiState, pi_step
+from contract.control.pi import EntropyPiSettings, PiState, pi_step
 from contract.spec import TrainSpec
 
 OVERHEAD_TARGET = 0.03
@@ -88,7 +88,7 @@ class Side:
 
 
 def law_seconds(calls: int = 20_000) -> float:
-    p = EntropyPiControl(target_entropy=1.0)
+    p = EntropyPiSettings(target_entropy=1.0)
     state, t0 = PiState(), time.perf_counter()
     for i in range(calls):
         state = pi_step(state, 0.8 + 0.001 * (i % 100), p)

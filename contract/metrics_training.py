@@ -78,9 +78,8 @@ TRAINING: tuple[Metric, ...] = (
     _m(
         "entropy/target",
         "nats",
-        "The controller's target entropy, resolved: algorithm.gate.target_entropy (stare) or "
-        "algorithm.entropy_control.target_entropy (adaptive_entropy), nats or {relative: r} × H₀ (H₀: "
-        "entropy/mean of the first RL step).",
+        "The controller's target entropy, resolved: algorithm.control.target_entropy, nats or "
+        "{relative: r} × H₀ (H₀: entropy/mean of the first RL step).",
         prometheus="stare_job_target_entropy_resolved_nats",
         prometheus_help="The job's resolved target entropy.",
         shown=[_J, _R],
@@ -286,5 +285,37 @@ TRAINING: tuple[Metric, ...] = (
         prometheus="stare_job_predicted_entropy_drift",
         prometheus_help="Total first-order entropy drift.",
         shown=[_R],
+    ),
+)
+
+# Holding a target as users see it (contract/stability.py), logged by every job with a target.
+_TARGETED = "algorithms with a target entropy"
+HOLDING: tuple[Metric, ...] = (
+    _m(
+        "entropy/ma_hold_fraction",
+        "fraction",
+        "Share of the steps from the settling step on whose 5-step moving average of entropy/mean is within "
+        "±25 % of entropy/target (contract/stability.py).",
+        prometheus="stare_job_entropy_ma_hold_fraction",
+        prometheus_help="Share of post-settling steps with the 5-step mean within 25 % of the target.",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/settling_step",
+        "step",
+        "The first RL step whose 5-step moving average of entropy/mean is within ±25 % of the target; 0 "
+        "while none has been.",
+        prometheus="stare_job_entropy_settling_step",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/mean_abs_deviation",
+        "fraction",
+        "Mean of |entropy/mean − target| / target over the steps from the settling step on.",
+        prometheus="stare_job_entropy_mean_abs_deviation",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
     ),
 )

@@ -1,5 +1,5 @@
 """entropy_split's actuators: what the law's output does to the loss (docs/ALGORITHMS.md §12; the law itself,
-torch-free, is contract/control_split.py).
+torch-free, is declared in contract/control/split.py).
 
 Per token t of the micro-batch, on the grpo_ds clipped surrogate ℓ_t (token-mean, as grpo_ds):
 
@@ -24,14 +24,12 @@ which the law's integral absorbs), and the bonus reaches only Â ≠ 0 rows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from contract.control_split import SplitControl, SplitLossParams, SplitState, split_step
-from trainer.algos.control import StepStatistics, register_controller
+from contract.control.split import SplitLossParams, SplitState
+from trainer.algos.control import register_actuator
 from trainer.algos.surrogate import (
     Metrics,
     PolicyLossInputs,
@@ -39,68 +37,7 @@ from trainer.algos.surrogate import (
     clipped_surrogate,
     finish,
     prepare,
-    register_loss,
 )
-
-SPLIT_METRICS = frozenset(
-    {
-        "control/output",
-        "control/error",
-        "control/integral",
-        "control/saturated",
-        "control/saturated_steps",
-        "control/actuator",
-        "control/target_entropy",
-        "control/filtered_error",
-        "control/bonus",
-        "control/sharpen",
-        "control/rate_limited",
-    }
-)
-
-
-@register_controller("entropy_split", SplitState)
-@dataclass(frozen=True)
-class EntropySplit:
-    """The split-range law as the engine's controller: `update` once per step from H̄."""
-
-    settings: SplitControl
-    loss_params: Any = None
-    name = "entropy_split"
-    state_cls = SplitState
-
-    @property
-    def target_entropy(self) -> float:
-        return self.settings.target_entropy
-
-    def initial_state(self) -> SplitState:
-        return SplitState()
-
-    def update(self, state: SplitState, stats: StepStatistics) -> SplitState:
-        return split_step(state, stats.batch_entropy, self.settings)
-
-    def metrics(self, state: SplitState, stats: StepStatistics) -> dict[str, float]:
-        return {
-            "control/output": state.output,
-            "control/error": state.error,
-            "control/integral": state.integral,
-            "control/saturated": float(state.saturated),
-            "control/saturated_steps": float(state.saturated_steps),
-            "control/actuator": state.bonus - state.sharpen,
-            "control/target_entropy": self.settings.target_entropy,
-            "control/filtered_error": state.filtered if state.filtered is not None else 0.0,
-            "control/bonus": state.bonus,
-            "control/sharpen": state.sharpen,
-            "control/rate_limited": float(state.rate_limited),
-        }
-
-    def metric_names(self) -> frozenset[str]:
-        return SPLIT_METRICS
-
-    def token_weights(
-        self, state: SplitState, old_logprob: Any, advantages: Any, mask: Any
-    ) -> tuple[Tensor | None, dict[str, float]]:
-        return None, {}
 
 
 def confident_weights(old_logprob: Tensor, adv: Tensor, mask: Tensor, kappa: float, p_conf: float) -> Tensor:
@@ -109,7 +46,7 @@ def confident_weights(old_logprob: Tensor, adv: Tensor, mask: Tensor, kappa: flo
     return torch.where(confident, 1.0 + kappa * torch.sign(adv), torch.ones_like(adv))
 
 
-@register_loss("entropy_split")
+@register_actuator("entropy_split")
 def entropy_split_loss(
     inputs: PolicyLossInputs, p: SplitLossParams, control: SplitState | None = None
 ) -> tuple[Tensor, Metrics]:
