@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from contract.control.base import ControlSettings, ControlState, Controller, OwnAlgorithm
+from contract.control.base import Controller, ControlSettings, ControlState, OwnAlgorithm
 from contract.metrics_types import Surface, metric
 
 NAME = "toy_constant"
