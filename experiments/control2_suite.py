@@ -3,8 +3,10 @@ runs on the old tuning cell, then held-out cells no earlier suite used.
 
 - ctl2-plant: the tuning cell's setting (SmolLM2, a+b 0..20, lr 2e-5, 4 × 8 samples at temperature 0.7),
   40 steps, the law open loop (a fixed output schedule, `algorithm.control.open_loop`): grpo_ds (u = 0),
-  `up` (α = 0.3 throughout), `up_down` (α = 0.3 for steps 1–15, then κ = 0.6), `up_zero` (α = 0.3 for
-  steps 1–15, then nothing). Seeds 0–1. experiments/plant.py reads the gains and the lag off them.
+  `up` (α = 0.3 throughout), `down` (κ = 0.6 throughout), `up_small` (α = 0.15 throughout),
+  `small_then_down` (α = 0.15 for steps 1–20, then κ = 0.6). Seeds 0–1 (`up` seed 0 only: at α = 0.3 entropy
+  rose from 0.9 to 5.2 nats in 40 steps and accuracy fell to 0). experiments/plant.py reads the gains and
+  the lag off them.
 - ctl2-tune: the tuning cell (target 0.7 × H₀), the law closed: `hold` and `floor` at the defaults, seeds
   0–2. Defaults may change after these runs; every held-out cell runs after they are committed.
 """
@@ -24,8 +26,9 @@ SPLIT = "entropy_split"
 PLANT_ARMS: dict[str, list[list[float]] | None] = {
     "grpo_ds": None,
     "up": [[1, 0.3]],
-    "up_down": [[1, 0.3], [16, -0.6]],
-    "up_zero": [[1, 0.3], [16, 0.0]],
+    "down": [[1, -0.6]],
+    "up_small": [[1, 0.15]],
+    "small_then_down": [[1, 0.15], [21, -0.6]],
 }
 CLOSED_ARMS: dict[str, dict[str, Any]] = {"hold": {"mode": "hold"}, "floor": {"mode": "floor"}}
 
