@@ -318,4 +318,22 @@ HOLDING: tuple[Metric, ...] = (
         shown=[Surface.REPORT],
         applies_to=_TARGETED,
     ),
+    _m(
+        "entropy/ma_mean_abs_deviation",
+        "fraction",
+        "Mean of |M_t − target| / target over the steps from the settling step on, M_t the 5-step moving "
+        "average of entropy/mean (what a chart of it shows; the sampler's step noise averaged down).",
+        prometheus="stare_job_entropy_ma_mean_abs_deviation",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/ma_max_excursion",
+        "fraction",
+        "The largest (M_t − target) / target from the settling step on: how far the moving average overshot "
+        "above the target (≤ 0: it never went above).",
+        prometheus="stare_job_entropy_ma_max_excursion",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
 )
