@@ -76,6 +76,14 @@ TRAINING: tuple[Metric, ...] = (
         shown=[_J, _R],
     ),
     _m(
+        "entropy/sampler_gap",
+        "nats",
+        "The rollout engine's entropy minus the trainer's H̄ on the same tokens (its exact entropy where it "
+        "recorded one, else its mean surprisal on its own samples); absent where the sampler's numbers are "
+        "π_old's own. The laws control the trainer's H̄.",
+        shown=[_R],
+    ),
+    _m(
         "entropy/target",
         "nats",
         "The controller's target entropy, resolved: algorithm.control.target_entropy, nats or "

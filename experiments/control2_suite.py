@@ -4,7 +4,8 @@ runs on the old tuning cell, then held-out cells no earlier suite used.
 - ctl2-plant: the tuning cell's setting (SmolLM2, a+b 0..20, lr 2e-5, 4 × 8 samples at temperature 0.7),
   40 steps, the law open loop (a fixed output schedule, `algorithm.control.open_loop`): grpo_ds (u = 0),
   `up` (α = 0.3 throughout), `down` (κ = 0.6 throughout), `up_small` (α = 0.15 throughout),
-  `small_then_down` (α = 0.15 for steps 1–20, then κ = 0.6). Seeds 0–1 (`up` seed 0 only: at α = 0.3 entropy
+  `small_then_down` (α = 0.15 for steps 1–20, then κ = 0.6), `down_p05` (κ = 0.6 with p_conf 0.5: at 0.95 the
+  confident tokens' first-order entropy sensitivity is ~1 % of the batch's, §12.2). Seeds 0–1 (`up` seed 0 only: at α = 0.3 entropy
   rose from 0.9 to 5.2 nats in 40 steps and accuracy fell to 0). experiments/plant.py reads the gains and
   the lag off them.
 - ctl2-tune: the tuning cell (target 0.7 × H₀), the law closed: `hold` and `floor` at the defaults, seeds
@@ -29,7 +30,10 @@ PLANT_ARMS: dict[str, list[list[float]] | None] = {
     "down": [[1, -0.6]],
     "up_small": [[1, 0.15]],
     "small_then_down": [[1, 0.15], [21, -0.6]],
+    "down_p05": [[1, -0.6]],  # confident at p ≥ 0.5 (algorithm.params.p_conf), not 0.95
 }
+# The loss parameters an arm changes (the lowering actuator's confidence threshold).
+ARM_PARAMS: dict[str, dict[str, Any]] = {"down_p05": {"p_conf": 0.5}}
 CLOSED_ARMS: dict[str, dict[str, Any]] = {"hold": {"mode": "hold"}, "floor": {"mode": "floor"}}
 
 
@@ -42,7 +46,8 @@ def _smollm2(lr: float = 2e-5, steps: int = 100) -> dict[str, Any]:
 def _arm_algorithm(arm: str, target: Any, control: dict[str, Any] | None) -> dict[str, Any]:
     if arm == "grpo_ds":
         return {"name": "grpo_ds", "gate": {"target_entropy": target}}
-    return {"name": SPLIT, "control": {"target_entropy": target, **(control or {})}}
+    params = ARM_PARAMS.get(arm, {})
+    return {"name": SPLIT, "params": params, "control": {"target_entropy": target, **(control or {})}}
 
 
 def _suite(name: str, title: str, base: dict[str, Any], arms: dict[str, Any], seeds: int) -> Suite:
