@@ -44,10 +44,13 @@ def _smollm2(lr: float = 2e-5, steps: int = 100) -> dict[str, Any]:
 
 
 def _arm_algorithm(arm: str, target: Any, control: dict[str, Any] | None) -> dict[str, Any]:
+    """An arm's algorithm section: grpo_ds with the cell's target where the page reads it (its gate section,
+    which it does not act on), or the law with the cell's target (`floor`: its own default floor)."""
     if arm == "grpo_ds":
         return {"name": "grpo_ds", "gate": {"target_entropy": target}}
     params = ARM_PARAMS.get(arm, {})
-    return {"name": SPLIT, "params": params, "control": {"target_entropy": target, **(control or {})}}
+    own = {} if (control or {}).get("mode") == "floor" else {"target_entropy": target}
+    return {"name": SPLIT, "params": params, "control": {**own, **(control or {})}}
 
 
 def _suite(name: str, title: str, base: dict[str, Any], arms: dict[str, Any], seeds: int) -> Suite:

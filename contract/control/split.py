@@ -42,6 +42,10 @@ from contract.hyperparams import ClipLossParams
 from contract.metrics_types import Surface, metric
 
 NAME = "entropy_split"
+# The floor mode's default, relative to H₀: the collapse rule is H̄ below 0.25 × H₀ for 5 steps
+# (contract/stability.py); 0.35 leaves ln(0.35/0.25) ≈ 0.34 of room, two steps of the fastest drift measured
+# on the tuning cell (grpo_ds: 0.9 → 0.14 nats in 10 steps), for the law to answer before a collapse counts.
+FLOOR = 0.35
 Step = Annotated[int, Field(ge=1, le=10_000_000)]
 Schedule = Annotated[
     list[tuple[Step, Annotated[float, Field(ge=-1.0, le=1.0)]]], Field(min_length=1, max_length=100)
@@ -62,6 +66,14 @@ class SplitSettings(ControlSettings):
     span_up: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.5  # α per unit u
     span_down: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0  # κ per unit −u
     open_loop: Schedule | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _floor_target(cls, data: Any) -> Any:
+        """Mode floor without a target: FLOOR × H₀, just above the collapse line (contract/stability.py)."""
+        if isinstance(data, dict) and data.get("mode") == "floor" and "target_entropy" not in data:
+            return {**data, "target_entropy": {"relative": FLOOR}}
+        return data
 
     @model_validator(mode="after")
     def _weights_stay_non_negative(self) -> SplitSettings:
