@@ -1,6 +1,6 @@
 """A model that ddp × 2 cannot fit on this machine, trained under fsdp2 × 2 and resumed at 1 process (issue 34).
 
-1. The size comes from the memory estimate (contract.distributed.estimate_memory, what POST /v1/jobs/estimate
+1. The size comes from the memory estimate (contract.fleet.estimate_memory, what POST /v1/jobs/estimate
    answers and placement refuses on): the largest Llama of width 2048 (bench/make_config_model.py's shape,
    SmolLM2's tokenizer) whose fsdp2 × 2 job, HF-generate rollout included, fits `--fit-share` of this
    machine's memory in its two processes, and whose ddp × 2 job does not fit the machine at all.
@@ -60,10 +60,26 @@ def job_spec(folder: Path, *, steps: int, processes: int, new_tokens: int) -> di
     }
 
 
+def memory_per_device(job: Any, configs: dict[str, Any]) -> Any:
+    """The memory per device placement gives `job` (contract.fleet.place_job, with the prompt bound the
+    service reads off the task), on a class that refuses nothing."""
+    from contract.fleet import Offer, WorkerClass, place_job
+    from service.fleet import prompt_tokens
+
+    unbounded = WorkerClass(queue="bench", processes_per_node=4096, rollout_engines=("hf", "vllm"))
+    placed = place_job(
+        job,
+        [Offer("bench", unbounded, live=False)],
+        prompt_tokens=lambda: prompt_tokens(job, None),  # type: ignore[arg-type]  # generated: no storage
+        configs=configs,
+    )
+    assert placed.memory is not None
+    return placed.memory
+
+
 def estimates(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     """Per-process bytes of the job under ddp × 2, fsdp2 × 2 and fsdp2 × 1, as the service computes them."""
     from contract.spec import TrainSpec
-    from service.fleet import job_memory_per_device
 
     name = spec["model"]["name"]
     out = {}
@@ -73,9 +89,7 @@ def estimates(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
         ("fsdp2 x1", "fsdp2", 1),
     ):
         job = {**spec, "distributed": {"strategy": strategy, "processes_per_node": processes}}
-        memory, _ = job_memory_per_device(TrainSpec.model_validate(job), None, {name: config})  # type: ignore[arg-type]
-        assert memory is not None
-        out[label] = memory.model_dump()
+        out[label] = memory_per_device(TrainSpec.model_validate(job), {name: config}).model_dump()
     return out
 
 
@@ -106,14 +120,13 @@ def with_vllm(config: dict[str, Any], spec: dict[str, Any], memory_total: int, p
     training state (no sleep mode on the CPU): contract.fleet's vllm_cpu_resident_bytes, what placement
     counts on a CPU class. On paper (the estimate) and projected from this run's measured peak (HF
     generate's peak was in the update, not the rollout: vLLM's copy adds to it)."""
-    from contract.fleet import GIB, VLLM_CPU_KV_CACHE_GIB, model_shape_from_config, vllm_cpu_resident_bytes
+    from contract.catalog import model_shape_from_config
+    from contract.fleet import GIB, VLLM_CPU_KV_CACHE_GIB, vllm_cpu_resident_bytes
     from contract.spec import TrainSpec
-    from service.fleet import job_memory_per_device
 
     name = spec["model"]["name"]
     job = TrainSpec.model_validate({**spec, "rollout": {"engine": "vllm"}})
-    memory, _ = job_memory_per_device(job, None, {name: config})  # type: ignore[arg-type]
-    assert memory is not None
+    memory = memory_per_device(job, {name: config})
     kv = VLLM_CPU_KV_CACHE_GIB * GIB
     weights = vllm_cpu_resident_bytes(job, model_shape_from_config(config)) - kv  # what placement counts
     per_device = memory_total // 2
@@ -135,14 +148,12 @@ def pick_layers(memory_total: int, fit_share: float, new_tokens: int) -> int:
     """The most layers at WIDTH whose fsdp2 × 2 job fits fit_share of the machine (both processes)."""
     from bench.make_config_model import shape_config
     from contract.spec import TrainSpec
-    from service.fleet import job_memory_per_device
 
     best = 1
     for layers in range(1, 64):
         config = shape_config(layers=layers, **WIDTH)
         spec = job_spec(Path("/sizing"), steps=3, processes=2, new_tokens=new_tokens)
-        memory, _ = job_memory_per_device(TrainSpec.model_validate(spec), None, {"/sizing": config})  # type: ignore[arg-type]
-        assert memory is not None
+        memory = memory_per_device(TrainSpec.model_validate(spec), {"/sizing": config})
         if 2 * memory.total_bytes > fit_share * memory_total:
             break
         best = layers
@@ -254,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (folder / "config.json").is_file():
             parameters = write_model(folder, config, seed=0)
         else:
-            from contract.fleet import model_shape_from_config
+            from contract.catalog import model_shape_from_config
 
             parameters = model_shape_from_config(config).parameters
         spec = job_spec(folder, steps=steps, processes=2, new_tokens=new_tokens)

@@ -25,7 +25,7 @@ micro-batched forward/backward of the clipped loss, one AdamW step. The two side
 
 Sides (VARIANTS; tiny-arith runs all five, SmolLM2 the first two and TRL):
   ours        the engine as shipped: rows with advantage 0 scored without autograd
-              (optim.skip_zero_advantage) and the glibc heap setting of trainer/heap.py;
+              (optim.skip_zero_advantage) and the glibc heap setting of trainer/run/heap.py;
   ours_full   every row forward and backward (skip off), heap setting on;
   ours_plain  every row forward and backward and glibc's default heap: the engine's compute path alone;
   trl         TRL as it ships;

@@ -1,20 +1,20 @@
 """FSDP2 against DDP at two processes: training step time and what each process holds (issue 23).
 
 For each strategy the script launches itself under `torchrun --nproc-per-node 2` (gloo on CPU, NCCL where
-CUDA is there), loads the model in every process, prepares it with the strategy (trainer.distributed.make_strategy), and runs
-AdamW steps of a token-mean cross-entropy on random tokens (`--rows` rows of `--length` tokens per process,
-no padding). The first `--warmup` steps are not timed; each timed step runs between two barriers, so its
-wall time is the slower process's. Per process it records:
+CUDA is there), loads the model in every process, prepares it with the run's strategy
+(trainer.distributed.Runtime.strategy), and runs AdamW steps of a token-mean cross-entropy on random tokens
+(`--rows` rows of `--length` tokens per process, no padding). The first `--warmup` steps are not timed;
+each timed step runs between two barriers, so its wall time is the slower process's. Per process it records:
   - the median step time (wall) and the CPU time of the process over the timed steps;
   - parameter, gradient and optimizer bytes it holds (trainer.distributed.model_state_bytes: the local
     shard of a DTensor), taken after the last backward, before its optimizer step;
   - peak RSS during the steps: the high-water mark is reset (trainer.distributed.memory) after the model is
     wrapped, so the transient of loading the full model in every process is not counted, and the RSS at
     that point is reported beside it;
-  - contract.distributed.estimate_memory's figure for the same step.
+  - contract.fleet.estimate_memory's figure for the same step.
 The children run with MALLOC_MMAP_THRESHOLD_=65536 (bytes), so glibc returns every freed block above 64 KiB
 and RSS follows live memory (docs/DISTRIBUTED.md, "Memory"); the engine's own heap setting
-(trainer/heap.py) would instead keep freed blocks for reuse. Reported ratios are fsdp2 / ddp (< 1: fsdp2
+(trainer/run/heap.py) would instead keep freed blocks for reuse. Reported ratios are fsdp2 / ddp (< 1: fsdp2
 uses less / is faster), per round and their median over `--rounds` rounds; a round launches both strategies,
 in an order that alternates between rounds, since on a shared machine the load drifts between launches.
 
@@ -48,8 +48,9 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
 
-    from contract.distributed import DistributedSpec, estimate_memory
-    from trainer.distributed import barrier, init_process_group, make_strategy, model_state_bytes
+    from contract.distributed import DistributedSpec
+    from contract.fleet import estimate_memory
+    from trainer.distributed import Runtime, model_state_bytes
     from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
     from trainer.models import load_model_and_tokenizer
 
@@ -60,11 +61,12 @@ def child(args: argparse.Namespace) -> None:
         else torch.device("cpu")
     )
     spec = DistributedSpec(strategy=args.child, processes_per_node=int(os.environ["WORLD_SIZE"]))
-    rank, world = init_process_group(spec, device)
+    runtime = Runtime(spec, device)
+    rank, world = runtime.rank, runtime.world_size
     model, _ = load_model_and_tokenizer(args.model, seed=0)
     shape = model_shape(model)
     model.train()
-    model = make_strategy(spec, device).prepare(model)
+    model = runtime.strategy.prepare(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     generator = torch.Generator().manual_seed(rank)
     vocab = shape.vocab_size
@@ -76,7 +78,7 @@ def child(args: argparse.Namespace) -> None:
         if step == args.warmup:
             cpu_start = time.process_time()
         ids = torch.randint(0, vocab, (args.rows, args.length), generator=generator).to(device)  # (B, T)
-        barrier()
+        runtime.barrier()
         start = time.perf_counter()
         logits = model(input_ids=ids).logits
         loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
@@ -86,7 +88,7 @@ def child(args: argparse.Namespace) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del logits, loss
-        barrier()
+        runtime.barrier()
         if step >= args.warmup:
             wall_s.append(time.perf_counter() - start)
     estimate = estimate_memory(

@@ -1,6 +1,6 @@
 """The memory estimate against a real process's peak RSS on SmolLM2-135M (issue 23, "Placement").
 
-contract.distributed.estimate_memory is what POST /v1/jobs/estimate reports as memory per device and what
+contract.fleet.estimate_memory is what POST /v1/jobs/estimate reports as memory per device and what
 placement refuses on. tests/trainer/test_fsdp2.py holds it within 25 % of the peak RSS on the tiny model
 (where activations dominate); this script checks it where the model state dominates: SmolLM2-135M, one
 plain process (ddp × 1), AdamW on `--rows` rows of `--length` random tokens, no padding.
@@ -37,8 +37,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from contract.distributed import estimate_memory
-    from contract.fleet import builtin_model_shape
+    from contract.catalog import builtin_model_shape
+    from contract.fleet import estimate_memory
     from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
     from trainer.models import build_tiny_arith, load_model_and_tokenizer
 

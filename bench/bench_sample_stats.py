@@ -1,7 +1,7 @@
 """What reading per-token statistics off generation saves the update (issue 3), in-process A/B.
 
 Rollouts can record each sampled token's log-prob, entropy and C(p) from the logits generate's own forward
-passes compute (`SampledTokenStats` in trainer/rollout.py). The engine then (a) leaves rows with advantage 0
+passes compute (`SampledTokenStats` in trainer/rollout/batch.py). The engine then (a) leaves rows with advantage 0
 out of every forward (without the record they take a forward without autograd), and (b) gives on-policy
 STARE over several micro-batches its π_old without a separate no-grad pass over the batch.
 

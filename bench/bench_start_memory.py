@@ -1,7 +1,7 @@
 """Peak RSS per process at start under fsdp2 × 2: three ways of filling the shards, side by side (issue 34).
 
 For each way the script launches itself under `torchrun --nproc-per-node 2` (gloo on CPU), builds and
-prepares the model with the strategy (trainer.distributed.make_strategy) and records, per process, the
+prepares the model with the strategy (trainer.distributed.Runtime.strategy) and records, per process, the
 high-water mark of its RSS (VmHWM, /proc/self/status; trainer.distributed.memory) once the model is
 prepared, before any step, and its RSS before the load began:
   - `full`: every process loads the whole model (trainer.models.load_model_and_tokenizer), then shards it
@@ -48,19 +48,20 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from contract.distributed import DistributedSpec
-    from trainer.distributed import barrier, init_process_group, make_strategy, model_state_bytes
+    from trainer.distributed import Runtime, model_state_bytes
     from trainer.distributed.memory import peak_rss_bytes, rss_bytes
     from trainer.models import load_model_and_tokenizer, skeleton_of, weights_files
 
     torch.set_num_threads(1)
     device = torch.device("cpu")
     spec = DistributedSpec(strategy="fsdp2", processes_per_node=int(os.environ["WORLD_SIZE"]))
-    rank, _ = init_process_group(spec, device)
+    runtime = Runtime(spec, device)  # the group, and the strategy made for it
+    rank = runtime.rank
     skeleton_of(args.model)  # converts SmolLM2's GGUF once, if no process did before (not measured)
-    barrier()
+    runtime.barrier()
     rss_before = rss_bytes()
     peak_before = peak_rss_bytes()
-    strategy = make_strategy(spec, device)
+    strategy = runtime.strategy
     model: Any
     if args.child == "full" or (args.child == "rank0" and rank == 0):
         model, _ = load_model_and_tokenizer(args.model)
@@ -76,7 +77,7 @@ def child(args: argparse.Namespace) -> None:
         model = strategy.prepare(model, from_files=files)
     else:
         model = strategy.prepare(model, from_rank0=args.child == "rank0")
-    barrier()
+    runtime.barrier()
     record = {
         "rank": rank,
         "rss_before_load_bytes": rss_before,

@@ -13,7 +13,7 @@ STARE_PARAMS = {"top_ratio": 0.1, "reweight_w": 1.1, "reweight_m": 0.9, "variant
 STARE_GATE_TARGET = 100.0
 
 # The sides of the comparison with TRL: (label, trainer, options). "heap": the engine's glibc heap setting
-# (trainer/heap.py; on by default in our engine, off by default in any other process); "skip": scoring
+# (trainer/run/heap.py; on by default in our engine, off by default in any other process); "skip": scoring
 # rows with advantage 0 without autograd (optim.skip_zero_advantage, on by default).
 VARIANTS: dict[str, tuple[str, str, dict[str, bool]]] = {
     "ours": ("ours (grpo), as shipped", "ours", {"heap": True, "skip": True}),

@@ -49,8 +49,8 @@ class OurSide:
 
 
 def trl_reward_function(verifier: str, params: dict[str, Any], chat: bool) -> Any:
-    from trainer.tasks import Example
-    from trainer.verifiers import score, shape_reward
+    from trainer.tasks.sources import Example
+    from trainer.tasks.verifiers import score, shape_reward
 
     def reward(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[0]["content"] if chat else c for c in completions]
@@ -155,7 +155,7 @@ def run_trl(case: Case, conn: Connection, scratch: str) -> None:
     from trl import GRPOTrainer
 
     from trainer.models import load_model_and_tokenizer
-    from trainer.tasks import render_prompt
+    from trainer.tasks.sources import render_prompt
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -201,12 +201,12 @@ def run_trl(case: Case, conn: Connection, scratch: str) -> None:
 def worker(
     side: str, case: Case, algorithm: str, threads: int, options: dict[str, bool], conn: Connection
 ) -> None:
-    # Before anything allocates: the heap setting is per process (trainer/heap.py reads the variable when
+    # Before anything allocates: the heap setting is per process (trainer/run/heap.py reads the variable when
     # the engine starts; the TRL side applies it here).
     os.environ["STARE_HEAP_TUNING"] = "1" if options.get("heap", False) else "0"
     import torch
 
-    from trainer import heap
+    from trainer.run import heap
 
     if options.get("heap", False):
         assert heap.keep_freed_heap(), "the heap setting did not apply"

@@ -180,7 +180,7 @@ def _engine_runs(
     steps: int,
 ) -> None:
     from trainer.engine import Engine
-    from trainer.tasks import render_prompt
+    from trainer.tasks.sources import render_prompt
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "llama"

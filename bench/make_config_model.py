@@ -7,7 +7,7 @@ HF folder: the from-config model of issue 34 (a model sized so that ddp × 2 can
     PYTHONPATH=. .venv/bin/python bench/make_config_model.py OUT --layers 2 --hidden 64 --intermediate 256 \
         --heads 4 --kv-heads 2
 
-`--parameters N` picks the number of layers whose total (contract.fleet.model_shape_from_config) is closest
+`--parameters N` picks the number of layers whose total (contract.catalog.model_shape_from_config) is closest
 to N at the given width; `--layers` sets it. The folder holds config.json, generation_config.json, the
 weights (safetensors, fp32, normal(0, 0.02) as transformers initialises a Llama, from `--seed`) and the
 tokenizer. The script prints, as JSON, the config's shape fields (what the service's
@@ -49,7 +49,7 @@ def shape_config(*, layers: int, hidden: int, intermediate: int, heads: int, kv_
 
 def layers_for(parameters: float, *, hidden: int, intermediate: int, heads: int, kv_heads: int) -> int:
     """The number of layers (≥ 1) whose model is closest to `parameters` at this width."""
-    from contract.fleet import model_shape_from_config
+    from contract.catalog import model_shape_from_config
 
     def total(layers: int) -> int:
         config = shape_config(

@@ -3,9 +3,9 @@ price). Written once here: the API's POST /v1/jobs/estimate answers these fields
 EstimateObject extends JobEstimate with the queue and the tenant's limits), and the client's model is held
 to that schema by tests/client/test_drift.py.
 
-`memory_per_device` is contract.fleet.job_memory's figure (parameters, gradients, AdamW state, fsdp2's
-gather buffers and one micro-batch's activations, per device for the spec's strategy and world size), or
-None for a model whose shape the service does not know (docs/SERVICE.md, "Placement").
+`memory_per_device` is placement's figure (contract.fleet.place_job: parameters, gradients, AdamW state,
+fsdp2's gather buffers and one micro-batch's activations, per device for the spec's strategy and world
+size), or None for a model whose shape the service does not know (docs/SERVICE.md, "Placement").
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.distributed import MemoryEstimate
 from contract.spec import TrainSpec
 
 
@@ -40,25 +39,6 @@ class MemoryPerDevice(BaseModel):
     )
     total_bytes: int
 
-    @classmethod
-    def of(
-        cls, spec: TrainSpec, estimate: MemoryEstimate, prompt_tokens: int, micro_batch_tokens: int
-    ) -> MemoryPerDevice:
-        return cls(
-            strategy=spec.distributed.strategy,
-            processes=spec.distributed.world_size,
-            prompt_tokens=prompt_tokens,
-            micro_batch_tokens=micro_batch_tokens,
-            parameters_bytes=estimate.parameters_bytes,
-            gradients_bytes=estimate.gradients_bytes,
-            optimizer_bytes=estimate.optimizer_bytes,
-            gathered_bytes=estimate.gathered_bytes,
-            activations_bytes=estimate.activations_bytes,
-            not_coexisting_bytes=estimate.not_coexisting_bytes,
-            rollout_gathered_bytes=estimate.rollout_gathered_bytes,
-            total_bytes=estimate.total_bytes,
-        )
-
 
 class JobEstimate(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -82,7 +62,7 @@ class JobEstimate(BaseModel):
 
 
 def estimate(spec: TrainSpec, memory: MemoryPerDevice | None = None) -> JobEstimate:
-    """The job's cost, from its validated spec (and its memory, from contract.fleet.job_memory)."""
+    """The job's cost, from its validated spec (and its memory, from contract.fleet.place_job)."""
     steps = spec.optim.steps
     per_step = spec.responses_per_step
     if spec.optim.dynamic_sampling.enabled:  # DAPO may draw up to max_gen_batches batches per step

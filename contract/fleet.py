@@ -1,33 +1,38 @@
-"""Placement that knows the fleet: what a worker class can run, what a job needs, and which class runs it.
+"""Placement: how much memory a job needs per device, which worker class runs it, and why not, answered by
+one call (`place_job`). Torch-free: the service decides placement (POST /v1/jobs and /estimate call
+`place_job` once), and the workers advertise with the same model.
 
-Torch-free (the service decides placement; the workers advertise with the same model). A `WorkerClass` is
-what one kind of worker offers: the Celery queue it consumes, the strategies it runs, the nodes it can span
-(1, or the Ray cluster's node count), processes per node, memory per device, the device kind and the
-rollout engines it has. Live workers advertise theirs in the worker registry (store.repository.workers);
-operators declare classes for capacity that is not up yet (STARE_WORKER_CLASSES, docs/SERVICE.md).
+A `WorkerClass` is what one kind of worker offers: the Celery queue it consumes, the strategies it runs, the
+nodes it can span (1, or the Ray cluster's node count), processes per node, memory per device, the device
+kind and the rollout engines it has. Live workers advertise theirs in the worker registry
+(store.repository.workers); operators declare classes for capacity that is not up yet
+(STARE_WORKER_CLASSES, docs/SERVICE.md).
 
-`place` takes a job's needs and the classes, and returns the class whose queue the job goes to, or raises
+`place_job` measures the job, then `place` picks the class. The memory per device is `job_memory`'s
+(`estimate_memory` at the spec's micro-batch: micro_batch_size responses, each the longest prompt plus
+max_new_tokens tokens) on the model's `ModelShape` (contract.catalog: a built-in model's, or one the
+deployment declares a config for; an unknown model is never refused on memory), plus what a vllm engine
+holds beside the training state on a CPU. `place` returns the class whose queue the job goes to, or raises
 `CapacityError` naming the spec field that no class can meet and the largest class for it. The checks run
 in a fixed order, each over the classes that passed the ones before: strategy, nodes, processes per node,
 rollout engine, memory per device. So the field named is the first one no class can satisfy together with
 what the job already asked for, and the class named is the largest of those that got that far.
 
-`job_memory` is the memory per device of a job (contract.distributed.estimate_memory at the spec's
-micro-batch: micro_batch_size responses, each the longest prompt plus max_new_tokens tokens), from a
-`ModelShape` that `model_shape_from_config` derives from an HF config's fields (the built-in models' are in
-contract.catalog.BUILTIN_CONFIGS).
+`estimate_memory` is the per-process memory of one training step (parameters, gradients, AdamW state,
+activations of one micro-batch) for either strategy at N processes; docs/DISTRIBUTED.md says how it maps
+onto a process's peak RSS and how it was checked (tests/trainer/test_fsdp2.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.catalog import BUILTIN_CONFIGS
-from contract.distributed import DTYPE_BYTES, MemoryEstimate, ModelShape, estimate_memory
+from contract.catalog import ModelShape, model_shape
+from contract.estimate import MemoryPerDevice
 from contract.spec import TrainSpec
 
 Strategy = Literal["ddp", "fsdp2"]
@@ -35,6 +40,7 @@ RolloutEngine = Literal["hf", "vllm"]
 # peft's default LoRA targets for Llama (trainer.models.apply_lora with target_modules None).
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
 GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 class WorkerClass(BaseModel):
@@ -80,6 +86,54 @@ class CapacityError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlacement:
+    """Where a job goes: the offer whose queue it is routed to, and its memory per device (None: a model
+    whose shape the deployment does not know)."""
+
+    offer: Offer
+    memory: MemoryPerDevice | None
+
+    @property
+    def queue(self) -> str:
+        return self.offer.worker_class.queue
+
+
+def place_job(
+    spec: TrainSpec,
+    offers: Sequence[Offer],
+    *,
+    prompt_tokens: Callable[[], int],
+    configs: Mapping[str, Mapping[str, int | bool]] | None = None,
+    processes_param: str = "spec.distributed.processes_per_node",
+    prefer_queue: str | None = None,
+) -> JobPlacement:
+    """The worker class `spec` runs on and its memory per device, or CapacityError naming the spec field no
+    class meets and the largest class for it. `prompt_tokens`: an upper bound on the longest prompt in
+    tokens, asked only where the model's shape is known (the service reads it off the task). `configs`: the
+    extra models the deployment declares configs for; `processes_param`: the field the request spelled the
+    processes with; `prefer_queue`: the deployment's default queue (`place`)."""
+    shape = model_shape(spec.model.name, configs or {})
+    memory, param, resident = None, "spec.model.name", 0
+    if shape is not None:
+        prompt = prompt_tokens()
+        estimate = job_memory(spec, shape, prompt)
+        memory = memory_per_device(spec, estimate, prompt)
+        param, resident = memory_param(spec, estimate), vllm_cpu_resident_bytes(spec, shape)
+    dist = spec.distributed
+    needs = JobNeeds(
+        strategy=dist.strategy,
+        nodes=dist.nodes,
+        processes_per_node=dist.processes_per_node,
+        rollout_engine=spec.rollout.engine,
+        memory_per_device_bytes=memory.total_bytes if memory is not None else None,
+        processes_param=processes_param,
+        memory_param=param,
+        cpu_resident_bytes=resident,
+    )
+    return JobPlacement(place(needs, offers, prefer_queue=prefer_queue), memory)
 
 
 def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None = None) -> Offer:
@@ -188,7 +242,7 @@ def _gib(n: int) -> str:
 
 # --- a job's memory per device ----------------------------------------------------------------------------
 
-# vLLM's KV cache on a CPU (its VLLM_CPU_KVCACHE_SPACE, which trainer/vllm_engine.py sets from this).
+# vLLM's KV cache on a CPU (its VLLM_CPU_KVCACHE_SPACE, which trainer/rollout/vllm_engine.py sets from this).
 VLLM_CPU_KV_CACHE_GIB = 1
 
 
@@ -198,67 +252,6 @@ def vllm_cpu_resident_bytes(spec: TrainSpec, shape: ModelShape) -> int:
     if spec.rollout.engine != "vllm":
         return 0
     return shape.parameters * DTYPE_BYTES[spec.model.dtype] + VLLM_CPU_KV_CACHE_GIB * GIB
-
-
-def model_shape_from_config(config: Mapping[str, int | bool]) -> ModelShape:
-    """The ModelShape of a Llama-style decoder from its HF config's fields (what trainer.distributed.memory
-    .model_shape reads off the built model): embeddings, per layer q/k/v/o, gate/up/down and two norms,
-    the final norm, and an lm_head unless tied."""
-    hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
-    layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    kv_width = kv_heads * (hidden // heads)
-    per_layer = 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * inter + 2 * hidden
-    root = vocab * hidden + hidden + (0 if config.get("tie_word_embeddings", True) else vocab * hidden)
-    total = layers * per_layer + root
-    return ModelShape(
-        parameters=total,
-        trainable_parameters=total,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        vocab_size=vocab,
-        largest_layer_parameters=max(per_layer, root),
-    )
-
-
-CONFIG_SHAPE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
-
-
-def model_config_problem(config: Mapping[str, int | bool]) -> str | None:
-    """What is wrong with a config's shape fields for `model_shape_from_config` (None: nothing)."""
-    for field in (*CONFIG_SHAPE_FIELDS, "num_key_value_heads"):
-        value = config.get(field)
-        if field == "num_key_value_heads" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"{field} must be a positive integer"
-    heads = int(config["num_attention_heads"])
-    if int(config["hidden_size"]) % heads or heads % int(config.get("num_key_value_heads") or heads):
-        return "hidden_size must divide by num_attention_heads, and it by num_key_value_heads"
-    return None
-
-
-def model_shape(name: str, configs: Mapping[str, Mapping[str, int | bool]]) -> ModelShape | None:
-    """A built-in model's shape, or that of an extra model whose config the deployment declares; None else."""
-    builtin = builtin_model_shape(name)
-    if builtin is not None or name not in configs:
-        return builtin
-    return model_shape_from_config(configs[name])
-
-
-def builtin_model_shape(name: str) -> ModelShape | None:
-    config = BUILTIN_CONFIGS.get(name)
-    return model_shape_from_config(config) if config is not None else None
 
 
 def lora_parameters(shape: ModelShape, r: int, target_modules: Sequence[str] | None) -> int:
@@ -315,3 +308,148 @@ def memory_param(spec: TrainSpec, estimate: MemoryEstimate) -> str:
     if estimate.activations_bytes >= estimate.model_state_bytes + estimate.gathered_bytes:
         return "spec.optim.micro_batch_size"
     return "spec.distributed.strategy" if spec.distributed.strategy == "ddp" else "spec.model.name"
+
+
+def memory_per_device(spec: TrainSpec, estimate: MemoryEstimate, prompt_tokens: int) -> MemoryPerDevice:
+    """The estimate as the API shows it (contract.estimate.MemoryPerDevice)."""
+    return MemoryPerDevice(
+        strategy=spec.distributed.strategy,
+        processes=spec.distributed.world_size,
+        prompt_tokens=prompt_tokens,
+        micro_batch_tokens=micro_batch_tokens(spec, prompt_tokens),
+        parameters_bytes=estimate.parameters_bytes,
+        gradients_bytes=estimate.gradients_bytes,
+        optimizer_bytes=estimate.optimizer_bytes,
+        gathered_bytes=estimate.gathered_bytes,
+        activations_bytes=estimate.activations_bytes,
+        not_coexisting_bytes=estimate.not_coexisting_bytes,
+        rollout_gathered_bytes=estimate.rollout_gathered_bytes,
+        total_bytes=estimate.total_bytes,
+    )
+
+
+# --- the memory of one training step ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per process for one training step."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    gathered_bytes: int  # fsdp2: full copies of the layers being computed (all-gather buffers)
+    activations_bytes: int
+    # Gradients and activations counted above that are never live at once: gradients are freed after each
+    # step (zero_grad(set_to_none=True)) and built by backward while it frees the activations.
+    not_coexisting_bytes: int = 0
+    # fsdp2 above one process with HF generate: the rollout and the evaluations run inside the strategy's
+    # full_weights(), which gathers every unit's full parameters at once (param_dtype) beside the shards.
+    rollout_gathered_bytes: int = 0
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def training_bytes(self) -> int:
+        """The peak of one optimiser step."""
+        return (
+            self.model_state_bytes + self.gathered_bytes + self.activations_bytes - self.not_coexisting_bytes
+        )
+
+    @property
+    def rollout_bytes(self) -> int:
+        """The peak of a rollout with full weights gathered: the shards, AdamW's state (kept across it) and
+        the full copy; gradients are freed after each step, and sampling keeps no activations for backward."""
+        if not self.rollout_gathered_bytes:
+            return 0
+        return self.parameters_bytes + self.optimizer_bytes + self.rollout_gathered_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return max(self.training_bytes, self.rollout_bytes)
+
+
+# Values autograd keeps per token and decoder layer (fp32 Llama-style block, SDPA attention), counted from
+# what each op saves for backward (and checked with torch.autograd.graph.saved_tensors_hooks on the tiny
+# model: 6,885 values per token saved against 6,978 counted here): RMSNorm 2 hidden-wide tensors each (x and
+# x·rsqrt), the q/k/v projections' input, q before and after rotary, the attention output and o_proj's
+# input; k and v (kv-wide); the MLP's gate, up, silu(gate) and their product (intermediate-wide).
+_HIDDEN_WIDE_PER_LAYER = 9
+_KV_WIDE_PER_LAYER = 2
+_INTERMEDIATE_WIDE_PER_LAYER = 4
+# Logits, their log-softmax (kept by cross-entropy) and the gradient of the logits in backward.
+_VOCAB_WIDE = 3
+# Backward's own peak: the gradients of one MLP's intermediate tensors live beside everything still saved.
+_BACKWARD_INTERMEDIATE_WIDE = 2
+
+
+def estimate_memory(
+    shape: ModelShape,
+    *,
+    strategy: Literal["ddp", "fsdp2"],
+    processes: int,
+    micro_batch_tokens: int,
+    param_dtype: Literal["float32", "bfloat16"] = "float32",
+    activation_checkpointing: bool = False,
+    rollout_full_weights: bool = False,
+) -> MemoryEstimate:
+    """Per-process bytes of one step of AdamW training with `processes` data-parallel processes.
+
+    ddp: every process holds fp32 parameters, their gradients, AdamW's two fp32 moments per trainable
+    parameter, plus DDP's gradient buckets (a second copy of the trainable gradients). fsdp2: each holds
+    1/N of parameters, gradients and moments, plus the gathered full copy of the largest sharded unit (two,
+    with prefetching of the next) in param_dtype. Activations are those of one micro-batch of
+    `micro_batch_tokens` tokens; with checkpointing only each layer's input is kept, plus one layer's worth
+    recomputed in backward. Gradients and activations are not all live at once (`not_coexisting_bytes`,
+    subtracted from the total): the peak is the larger of all activations with the first unit's gradients
+    and all gradients with one layer's activations. `rollout_full_weights` (HF generate): under fsdp2 above
+    one process the rollout holds a full copy of the parameters beside the shards, and the total is the
+    larger of the training step and the rollout (`MemoryEstimate.rollout_bytes`).
+    """
+    if processes < 1:
+        raise ValueError(f"processes must be ≥ 1, got {processes}")
+    if micro_batch_tokens < 1:
+        raise ValueError(f"micro_batch_tokens must be ≥ 1, got {micro_batch_tokens}")
+    fp32 = DTYPE_BYTES["float32"]
+    act_bytes = DTYPE_BYTES[param_dtype]
+    shards = processes if strategy == "fsdp2" else 1
+    params = _ceil_div(shape.parameters * fp32, shards)
+    grads = _ceil_div(shape.trainable_parameters * fp32, shards)
+    optimizer = _ceil_div(2 * shape.trainable_parameters * fp32, shards)
+    gathered = 0
+    if strategy == "ddp" and processes > 1:
+        grads *= 2  # the all-reduce buckets
+    if strategy == "fsdp2" and processes > 1:
+        gathered = 2 * shape.largest_layer_parameters * act_bytes
+    head_dim = shape.hidden_size // shape.num_attention_heads
+    per_layer = (
+        _HIDDEN_WIDE_PER_LAYER * shape.hidden_size
+        + _KV_WIDE_PER_LAYER * shape.num_key_value_heads * head_dim
+        + _INTERMEDIATE_WIDE_PER_LAYER * shape.intermediate_size
+    )
+    if activation_checkpointing:
+        per_token = shape.num_layers * shape.hidden_size + per_layer
+    else:
+        per_token = shape.num_layers * per_layer
+    per_token += _VOCAB_WIDE * shape.vocab_size + 2 * shape.hidden_size  # logits; final norm
+    per_token += _BACKWARD_INTERMEDIATE_WIDE * shape.intermediate_size
+    activations = micro_batch_tokens * per_token * act_bytes
+    # Backward runs from the loss to the embeddings: it first builds the gradients of the largest unit (the
+    # root: LM head / tied embeddings), then layer by layer frees one layer's activations and builds that
+    # layer's gradients. What is live above parameters and optimizer state is linear along the way, so its
+    # peak is at an end: all activations with the first unit's gradients, or all gradients with one
+    # layer's activations. (DDP's buckets above one process are allocated once and stay.)
+    own_grads = _ceil_div(shape.trainable_parameters * fp32, shards)
+    first_grads = min(own_grads, _ceil_div(shape.largest_layer_parameters * fp32, shards))
+    layer_activations = micro_batch_tokens * per_layer * act_bytes
+    live = max(activations + first_grads, own_grads + min(layer_activations, activations))
+    rollout = shape.parameters * act_bytes if rollout_full_weights and shards > 1 else 0
+    return MemoryEstimate(
+        params, grads, optimizer, gathered, activations, activations + own_grads - live, rollout
+    )
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

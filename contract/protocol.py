@@ -39,7 +39,7 @@ class ExitCode(IntEnum):
     NON_FINITE = 3  # non-finite loss or entropy; the `error` event names the step
     STORAGE = 74  # EX_IOERR: a write to the run folder failed; the `error` event has code, errno and path
     INTERRUPTED = 75  # stopped by SIGTERM/SIGINT after writing a checkpoint (resume with --resume)
-    # The Ray driver (`python -m trainer.ray_launch`, docs/DISTRIBUTED.md) only:
+    # The Ray driver (`python -m trainer.launch.ray_driver`, docs/DISTRIBUTED.md) only:
     # EX_UNAVAILABLE: the Ray cluster could not be reached, had no room, or went away
     CLUSTER_UNAVAILABLE = 69
     WORKER_LOST = 76  # a training process or its Ray node died: the attempt is lost, the job resumes

@@ -338,7 +338,7 @@ class RolloutSpec(_Strict):
     # (docs/ALGORITHMS.md). None: off.
     tis_cap: Annotated[float, Field(ge=1.0, le=1000.0)] | None = None
     # vllm on a GPU: the share of each device's memory the engine may take while awake (its weights and KV
-    # cache). None: from the memory estimate, what the training state leaves (trainer.vllm_engine).
+    # cache). None: from the memory estimate, what the training state leaves (trainer.rollout.vllm_engine).
     gpu_memory_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
 
 

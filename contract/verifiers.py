@@ -1,6 +1,6 @@
 """The verifiers a job spec may name, and their parameters: names, types, defaults, descriptions.
 
-The scoring functions live in trainer/verifiers.py, bound to these declarations by name; this part is
+The scoring functions live in trainer/tasks/verifiers.py, bound to these declarations by name; this part is
 what the job spec validates against (in the service as in the engine) and what GET /v1/verifiers lists.
 Standard library only.
 """

@@ -32,7 +32,7 @@ HELD_MAX_DEVIATION = 0.12
 # A mean relative deviation below about this multiple of the noise floor's relative sd is out of reach for
 # any controller (docs/ALGORITHMS.md §11.8).
 NOISE_REACH = 0.8
-# Noise floors measured (`python -m trainer.noise_floor`, seed 0; docs/ALGORITHMS.md §11.8): relative sd of
+# Noise floors measured (`python -m experiments.noise_floor`, seed 0; docs/ALGORITHMS.md §11.8): relative sd of
 # H̄ for one fixed policy at the cell's batch. A file NOISE_FILE in the cell's run folder (that command's
 # output) takes precedence. SmolLM2 on a+b: 30 re-samples (results/control/noise-floor-control-tune.json; an
 # earlier 8 gave 0.060).

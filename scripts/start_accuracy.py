@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from contract.spec import TrainSpec
 from trainer.evaluation import CHUNK_PROMPTS, eval_responses, evaluate
 from trainer.models import load_model_and_tokenizer
-from trainer.tasks import make_train_eval
+from trainer.tasks.sources import make_train_eval
 
 
 def candidate_specs() -> dict[str, dict[str, Any]]:

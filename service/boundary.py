@@ -10,7 +10,7 @@ It refuses, in the error shape and before anything is read from or written to th
 
 So no route has to guard its own strings: PostgreSQL never sees a NUL, no float column or JSON document
 gets an infinity, and POST /v1/jobs/estimate and POST /v1/jobs answer the same body the same way. Dataset
-lines are checked with the same rules by trainer.tasks (the upload's line checker), spec files by
+lines are checked with the same rules by trainer.tasks.sources (the upload's line checker), spec files by
 contract.spec.load_spec.
 """
 

@@ -1,16 +1,15 @@
-"""Placement on the API side: which worker classes exist now, what a job needs, and where it goes.
+"""Placement on the API side: which worker classes exist now, and the one call that places a job.
 
 `Fleet.offers` is the declared classes (Settings.declared_offers) plus every live worker of the registry
 (store.repository.workers: rows that beat within worker_stale_after_s), read at most every
-worker_registry_cache_s. `place_job` measures the job (its memory per device from contract.fleet.job_memory
-and the longest prompt) and asks contract.fleet.place for the class; a CapacityError becomes a 422
-`exceeds_capacity` naming the field. A registry row whose capabilities no longer validate (a worker of
-another version) is skipped and logged, never a 500.
+worker_registry_cache_s. `place_job` asks contract.fleet.place_job (memory per device, the class, why not)
+once, with the offers and the longest prompt's bound (`prompt_tokens`, read off the task: its JSONL file or
+generated examples); a CapacityError becomes a 422 `exceeds_capacity` naming the field. A registry row
+whose capabilities no longer validate (a worker of another version) is skipped and logged, never a 500.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -20,20 +19,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract import fleet as placement
 from contract.catalog import PROMPT_OVERHEAD_TOKENS
-from contract.estimate import MemoryPerDevice
-from contract.fleet import (
-    CapacityError,
-    JobNeeds,
-    Offer,
-    WorkerClass,
-    job_memory,
-    memory_param,
-    micro_batch_tokens,
-    model_shape,
-    place,
-    vllm_cpu_resident_bytes,
-)
+from contract.fleet import CapacityError, JobPlacement, Offer, WorkerClass
 from contract.spec import TrainSpec
 from service.errors import Unprocessable
 from service.settings import Settings
@@ -41,23 +29,13 @@ from service.storage import stored_bytes
 from store import repository
 from store.artifacts import ArtifactStorage
 from store.database import Database
-from trainer import tasks
+from trainer.tasks import sources
 
 logger = logging.getLogger(__name__)
 
 # Generated tasks: the longest prompt of this many examples (one seeded distribution; docs/SERVICE.md).
 PROMPT_SAMPLE = 64
 PROMPT_CACHE = 1024  # tasks whose longest prompt is remembered (the same task and seed give the same)
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    offer: Offer
-    memory: MemoryPerDevice | None
-
-    @property
-    def queue(self) -> str:
-        return self.offer.worker_class.queue
 
 
 class Fleet:
@@ -108,48 +86,25 @@ def blocks(spec: TrainSpec, fleet: Fleet) -> bool:
     return spec.task.source == "jsonl" or not fleet.fresh() or _prompt_key(spec) not in _longest_prompts
 
 
-def place_job(spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage) -> Placement:
+def place_job(
+    spec: TrainSpec, raw: Mapping[str, Any], fleet: Fleet, storage: ArtifactStorage
+) -> JobPlacement:
     """The class and queue the job goes to, with its memory per device; else Unprocessable
     (exceeds_capacity, the field named). May block (see `blocks`)."""
-    configs = fleet.settings.extra_model_configs
-    memory, param = job_memory_per_device(spec, storage, configs)
-    shape = model_shape(spec.model.name, configs or {})
-    dist = spec.distributed
     raw_dist = raw.get("distributed")
     spelled_num_processes = isinstance(raw_dist, Mapping) and "num_processes" in raw_dist
-    needs = JobNeeds(
-        strategy=dist.strategy,
-        nodes=dist.nodes,
-        processes_per_node=dist.processes_per_node,
-        rollout_engine=spec.rollout.engine,
-        memory_per_device_bytes=memory.total_bytes if memory is not None else None,
-        processes_param="spec.distributed."
-        + ("num_processes" if spelled_num_processes else "processes_per_node"),
-        memory_param=param,
-        cpu_resident_bytes=vllm_cpu_resident_bytes(spec, shape) if shape is not None else 0,
-    )
     try:
-        offer = place(needs, fleet.offers(), prefer_queue=fleet.settings.training_queue)
+        return placement.place_job(
+            spec,
+            fleet.offers(),
+            prompt_tokens=lambda: prompt_tokens(spec, storage),
+            configs=fleet.settings.extra_model_configs,
+            processes_param="spec.distributed."
+            + ("num_processes" if spelled_num_processes else "processes_per_node"),
+            prefer_queue=fleet.settings.training_queue,
+        )
     except CapacityError as err:
         raise Unprocessable(err.message, param=err.param, code="exceeds_capacity") from None
-    return Placement(offer, memory)
-
-
-def job_memory_per_device(
-    spec: TrainSpec, storage: ArtifactStorage, configs: Mapping[str, Mapping[str, int | bool]] | None = None
-) -> tuple[MemoryPerDevice | None, str]:
-    """(contract.fleet.job_memory for a built-in model or an extra model whose config the deployment declares
-    (`configs`, settings.extra_model_configs), the spec field that drives it: contract.fleet.memory_param,
-    read off the estimate itself). None for a model whose config the service does not have (its memory is
-    not estimated and never refused on; the field is the model)."""
-    shape = model_shape(spec.model.name, configs or {})
-    if shape is None:
-        return None, "spec.model.name"
-    prompt = prompt_tokens(spec, storage)
-    estimate = job_memory(spec, shape, prompt)
-    return MemoryPerDevice.of(spec, estimate, prompt, micro_batch_tokens(spec, prompt)), memory_param(
-        spec, estimate
-    )
 
 
 def prompt_tokens(spec: TrainSpec, storage: ArtifactStorage) -> int:
@@ -184,7 +139,7 @@ def _longest_generated_prompt(spec: TrainSpec) -> int:
     task = spec.task
     size = min(PROMPT_SAMPLE, task.train_size + task.eval_size)
     try:
-        examples = tasks.make_examples(
+        examples = sources.make_examples(
             task.source, name=task.name, size=size, seed=spec.seed, params=dict(task.params)
         )
     except (ValueError, TypeError) as err:  # one example generated (job_specs); this many did not

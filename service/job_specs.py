@@ -3,7 +3,7 @@
 The spec is validated by the model the trainer runs it with (contract.spec.TrainSpec), then checked against
 what this server offers: the model must be in the catalogue (a user cannot point the worker at a path or a
 hub id), the verifier and its params must exist, the task must exist, its scorer must evaluate no answer
-(trainer/rg_safety.py) and it must generate with its params (`check_generation`, in a child process), and a
+(trainer/tasks/rg_safety.py) and it must generate with its params (`check_generation`, in a child process), and a
 JSONL task must come from an uploaded file (`training_file`): `task.path` is set by the service, never by
 the user, and is a key relative to the artifact root.
 """
@@ -24,7 +24,7 @@ from contract.spec import TrainSpec
 from service.errors import Unprocessable
 from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool
 from store.models import File
-from trainer import rg_safety, tasks
+from trainer.tasks import rg_safety, sources
 
 
 def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
@@ -137,14 +137,14 @@ def _check_task(spec: TrainSpec) -> None:
     """The task exists and its scorer evaluates no answer (generating it is `check_generation`)."""
     task = spec.task
     try:
-        tasks.validate_template(task.prompt_template)
+        sources.validate_template(task.prompt_template)
     except ValueError as err:
         raise Unprocessable(str(err), param="spec.task.prompt_template", code="invalid_spec") from None
     if task.source == "jsonl":
         return
     if task.source == "reasoning_gym":
         try:
-            tasks.check_reasoning_gym_task(task.name or "")
+            sources.check_reasoning_gym_task(task.name or "")
         except ImportError:
             raise Unprocessable(
                 "reasoning-gym tasks are not installed on this server",

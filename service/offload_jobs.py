@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainer import rg_safety, tasks, verifiers
+from trainer.tasks import rg_safety, sources, verifiers
 
 Report = Callable[[str], None]
 
@@ -24,7 +24,7 @@ def warm() -> None:
 
 def generate(report: Report, source: str, name: str | None, seed: int, params: dict[str, Any]) -> int:
     """One example of the task, as the trainer will make them: how many came out (a check, not the data)."""
-    return len(tasks.make_examples(source, name=name, size=1, seed=seed, params=params))
+    return len(sources.make_examples(source, name=name, size=1, seed=seed, params=params))
 
 
 def score(
@@ -35,8 +35,8 @@ def score(
     params: dict[str, Any],
 ) -> dict[str, Any]:
     """verifiers.score on one example: {score, error: None | {code, message}, latency_ms}."""
-    built = tasks.Example(prompt=example["prompt"], answer=example["answer"], meta=example["meta"])
-    rg_meta = built.meta.get(tasks.REASONING_GYM_META_KEY)
+    built = sources.Example(prompt=example["prompt"], answer=example["answer"], meta=example["meta"])
+    rg_meta = built.meta.get(sources.REASONING_GYM_META_KEY)
     if name == "reasoning_gym" and rg_meta is not None:
         report("example.meta.reasoning_gym.config")  # rebuilding the entry (cached for the scoring below)
         with contextlib.suppress(ValueError):  # the scorer reports it as the example's error, as in training

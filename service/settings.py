@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from contract.fleet import Offer, WorkerClass, model_config_problem
+from contract.catalog import model_config_problem
+from contract.fleet import Offer, WorkerClass
 from store.settings import SharedSettings, url_password
 
 MIB = 1024 * 1024

@@ -2,7 +2,7 @@
 
 The body is parsed as it arrives (python-multipart's push parser), so an oversize upload is cut off at the
 limit with 413 and never held in memory or written past the limit. The staged file is then checked with
-trainer.tasks.validate_jsonl_lines (the same check the trainer runs when it loads the file), reading one
+trainer.tasks.sources.validate_jsonl_lines (the same check the trainer runs when it loads the file), reading one
 line at a time with a cap on line length. A reasoning-gym meta names a task and config the trainer will
 generate from: each distinct (task, config) is generated once, in the API's child processes within their
 budget (`check_reasoning_gym_configs`), so a config that fails or never ends is a line error now, not a hung
@@ -28,8 +28,8 @@ from contract import safejson
 from service.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
 from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool
 from store.models import FILE_PURPOSES
-from trainer import tasks
-from trainer.tasks import LineError, validate_jsonl_lines
+from trainer.tasks import sources
+from trainer.tasks.sources import LineError, validate_jsonl_lines
 
 MAX_FIELD_BYTES = 1024
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # headers and boundaries around the file part
@@ -264,10 +264,10 @@ def reasoning_gym_configs(
     errors = []
     with path.open("rb") as fh:
         for number, raw in enumerate(_capped_lines(fh, max_line_bytes, []), start=1):
-            if tasks.REASONING_GYM_META_KEY.encode() not in raw:
+            if sources.REASONING_GYM_META_KEY.encode() not in raw:
                 continue
             record = safejson.loads(raw.decode("utf-8").removeprefix("\ufeff"))
-            meta = record.get("meta", {}).get(tasks.REASONING_GYM_META_KEY)
+            meta = record.get("meta", {}).get(sources.REASONING_GYM_META_KEY)
             if meta is None:
                 continue
             config = meta.get("config") or {}
@@ -275,7 +275,7 @@ def reasoning_gym_configs(
             if key in found:
                 continue
             try:
-                tasks.check_reasoning_gym_task(meta["task"])
+                sources.check_reasoning_gym_task(meta["task"])
             except ValueError as err:
                 errors.append(LineError(number, "invalid_meta", str(err), "meta.reasoning_gym.task"))
                 continue

@@ -1,7 +1,7 @@
 """The run's checkpoint folders: names, listing, pruning, RNG states, and the older layout, read only.
 
 OUT/checkpoints/step-000050/ is written by trainer.distributed.checkpoint under either strategy (DCP shards,
-RNG states, state.json) with the folders users download exported into it (trainer.placement): `model/`
+RNG states, state.json) with the folders users download exported into it (trainer.policy.placement): `model/`
 (from_pretrained loads it; a LoRA run's when lora.merge_on_save, adapters merged) and `adapter/` (LoRA).
 A folder named step-* exists only once complete (rename is atomic), so "latest" is the highest step. The
 name is contract.protocol's (checkpoint_name, checkpoint_step): the worker reads the same folders.

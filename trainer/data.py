@@ -3,19 +3,18 @@ each step's rollouts from them (`collect`, with dynamic sampling)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import informative_groups
-from trainer.generation import RolloutEngine
-from trainer.rollout import Rollout, concat_rollouts, rollout
-from trainer.sampling import SampleStreams
-from trainer.tasks import Example, make_train_eval
+from trainer.distributed.runtime import Reduce
+from trainer.rollout.batch import Rollout, concat_rollouts, rollout
+from trainer.rollout.generation import RolloutEngine
+from trainer.rollout.sampling import SampleStreams
+from trainer.tasks.sources import Example, make_train_eval
 
 
 class PromptOrder:
@@ -71,7 +70,7 @@ def collect(
     rank: int,
     world: int,
     sample_stats: bool,
-    reduce: Callable[[Any, str, torch.dtype], Tensor],
+    reduce: Reduce,
     step: int,
     engine: RolloutEngine,
 ) -> tuple[Rollout, int]:
@@ -79,7 +78,7 @@ def collect(
     this process's share of them; with dynamic sampling, batches are generated until enough informative
     groups (summed over the processes by `reduce`) or max_gen_batches, and the step trains on the first
     prompts_per_step informative groups over every process (`first_informative`). Returns (rollout, gen
-    batches). Each prompt samples from its own stream (trainer.sampling): (job seed, "train", step,
+    batches). Each prompt samples from its own stream (trainer.rollout.sampling): (job seed, "train", step,
     generation round, its index in the round's prompts_per_step). So a step's batch, summed over the
     processes, is the same at any number of processes."""
     n_prompts = spec.optim.prompts_per_step
@@ -122,9 +121,7 @@ def collect(
     return batch, batches
 
 
-def first_informative(
-    batch: Rollout, start: int, drawn: int, n_prompts: int, reduce: Callable[[Any, str, torch.dtype], Tensor]
-) -> Rollout:
+def first_informative(batch: Rollout, start: int, drawn: int, n_prompts: int, reduce: Reduce) -> Rollout:
     """This process's rows of the step's first `n_prompts` informative groups over every process, in the
     order the prompts were drawn (group id = start + round · prompts_per_step + index; `drawn` prompts in
     all): what one process would keep. One sum-reduce of a 0/1 mask over the drawn prompts. The processes'

@@ -5,14 +5,14 @@ One optimiser step k (`Engine.train_step`):
      with dynamic sampling, regenerate (≤ max_gen_batches) until the batch holds enough informative groups;
   2. advantages (registry), global token/sequence counts (all-reduced across processes), the rows of the
      zero-advantage skip (`zero_advantage_skip`);
-  3. π_old on the step batch (trainer.update.measure_old_policy: one documented path and optimisations
+  3. π_old on the step batch (trainer.policy.update.measure_old_policy: one documented path and optimisations
      with the same numbers): measured before the update where a controller or an off-policy ratio reads
      it, else the training pass's own numbers;
   4. the controllers' update from H̄ (token-mean entropy of π_old), once, before the update (a relative
      target resolves on the first step); their state is passed to the loss (trainer.controllers);
   5. ppo_epochs × (micro-batched forward/backward with the step-global normalisers, one optimiser step);
   6. one event with every metric; checkpoint / evaluation at their intervals.
-Each step reseeds the RNGs from (seed, step), each prompt samples from its own stream (trainer.sampling).
+Each step reseeds the RNGs from (seed, step), each prompt samples from its own stream (trainer.rollout.sampling).
 
 The engine owns the step and the run loop; the rest is one module per concept in trainer/: update, scoring,
 sft, evaluation, data, events, distributed/strategy (ddp/fsdp2), hybrid (rollout mode), controllers, rollout.
@@ -44,25 +44,19 @@ from contract.metrics import BandState
 from contract.protocol import CHECKPOINTS_DIR, EVENTS_FILE, ErrorCode, EventType, ExitCode
 from contract.spec import TrainSpec
 from contract.storage import UNAMBIGUOUS, StorageError
-from trainer import checkpoints, faults, heap, placement
+from trainer import checkpoints
 from trainer.algos import compute_advantages, make_loss_params, quadrant_analysis, zero_advantage_rows_inert
 from trainer.algos.control import StepStatistics
 from trainer.controllers import Controllers
 from trainer.data import PromptOrder, collect, load_examples
 from trainer.distributed import Strategy
 from trainer.distributed.runtime import Runtime
+from trainer.envs import sandbox
+from trainer.envs.tool_use import reduced_tool_metrics
 from trainer.evaluation import evaluate
-from trainer.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
-from trainer.generation import RolloutEngine
-from trainer.hybrid import Rollouts
-from trainer.mismatch import corrected_advantages, step_mismatch_metrics
-from trainer.report import write_report
-from trainer.rollout import Rollout, reflection_rate
-from trainer.sampling import SampleStreams
-from trainer.scoring import forward_is_deterministic
-from trainer.sft import run_sft
-from trainer.tasks import Example
-from trainer.update import (
+from trainer.policy import placement
+from trainer.policy.scoring import forward_is_deterministic
+from trainer.policy.update import (
     LossSetup,
     NonFiniteError,
     OldPolicy,
@@ -76,12 +70,19 @@ from trainer.update import (
     reads_sample_stats,
     zero_advantage_skip,
 )
-from trainer.vllm_engine import build_rollout_engine
+from trainer.report import load_events, write_report
+from trainer.rollout.batch import Rollout, reflection_rate
+from trainer.rollout.generation import RolloutEngine
+from trainer.rollout.hybrid import Rollouts
+from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics
+from trainer.rollout.sampling import SampleStreams
+from trainer.rollout.vllm_engine import build_rollout_engine
+from trainer.run import faults, heap
+from trainer.run.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
+from trainer.sft import run_sft
+from trainer.tasks.sources import Example
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
-
-
-REDUCTIONS = ("sum", "max")
 
 
 class Interrupted(Exception):
@@ -129,8 +130,8 @@ class Engine:
         self.device = self.runtime.device
         if self.device.type == "cpu":
             heap.keep_freed_heap()  # no page faults for the activations every step reallocates
-        self.rank, self.world = self.runtime.process_index, self.runtime.num_processes
-        self.is_main = self.runtime.is_main_process
+        self.rank, self.world = self.runtime.rank, self.runtime.world_size
+        self.is_main = self.runtime.is_main
         # When to stop early (SIGTERM/SIGINT, or a launcher's request): agreed over the processes above one.
         self.stop = stop if stop is not None else stop_policy(self.world)
         self.events = EventLog(self.out, callbacks or [], is_main=self.is_main)
@@ -181,8 +182,6 @@ class Engine:
         env = self.spec.environment
         if env is None or "python" not in env.tools:
             return
-        from trainer.envs import sandbox
-
         problem = sandbox.available()
         if problem is not None:
             raise ValueError(f"environment.tools: the python tool cannot run on this machine: {problem}")
@@ -196,8 +195,8 @@ class Engine:
         self.model, self.optimizer = placement.prepare_for_training(self.runtime, model, spec, fill=fill)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self._forward_is_deterministic = forward_is_deterministic(self.model)
-        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.vllm_engine), switched
-        # to and from by trainer.hybrid's rollout_mode
+        # rollout.engine: HF generate on the policy, or a colocated vLLM copy (trainer.rollout.vllm_engine), switched
+        # to and from by trainer.rollout.hybrid's rollout_mode
         self.rollouts = Rollouts(
             self.strategy, self.model, build_rollout_engine(spec, self.policy, self.tokenizer)
         )
@@ -230,20 +229,14 @@ class Engine:
         self.rollouts.policy_changed()
         self.sft_done = True
 
-    def _reduce(self, values: float | list[float], reduction: str, dtype: torch.dtype) -> Tensor:
-        """Sum or max of host numbers over the processes, as a CPU tensor. The tensor travels on the
-        accelerator's device (NCCL reduces CUDA tensors only)."""
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-        reduced = self.runtime.reduce(torch.tensor(values, dtype=dtype, device=self.device), reduction)
-        return reduced.cpu()
-
     def evaluate(self) -> dict[str, float]:
         share = range(self.rank, len(self.eval_examples), self.world)  # seeds by global index: any world size
         seeds = SampleStreams(self.spec.seed, "eval", self.step).prompt_seeds(share)
         examples = [self.eval_examples[i] for i in share]
         with self.rollouts.rollout_mode() as (model, eng):  # shares differ by a prompt: no collectives
-            return evaluate(model, self.tokenizer, self.spec, examples, self._reduce, engine=eng, seeds=seeds)
+            return evaluate(
+                model, self.tokenizer, self.spec, examples, self.runtime.reduce, engine=eng, seeds=seeds
+            )
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -256,11 +249,11 @@ class Engine:
 
     def collect(self, step: int | None = None) -> tuple[Rollout, int]:
         """Rollout for step `step` (default: the next one) on this process, with dynamic sampling; the
-        step names the prompts' sampling streams (trainer.sampling). Returns (rollout, gen batches)."""
+        step names the prompts' sampling streams (trainer.rollout.sampling). Returns (rollout, gen batches)."""
         with self.rollouts.rollout_mode() as (model, engine):
             return collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
-                sample_stats=self.record_sample_stats, reduce=self._reduce, engine=engine,
+                sample_stats=self.record_sample_stats, reduce=self.runtime.reduce, engine=engine,
                 step=self.step + 1 if step is None else step,
             )  # fmt: skip
 
@@ -284,10 +277,12 @@ class Engine:
         t_gen = time.perf_counter() - t0
 
         advantages, adv_metrics = compute_advantages(spec.algorithm.estimator, batch.rewards, batch.group_ids)
-        counts = self._reduce([batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64)
+        counts = self.runtime.reduce(
+            [batch.response_mask.sum().item(), float(batch.size)], "sum", torch.float64
+        )
         global_tokens, global_sequences = float(counts[0]), float(counts[1])  # 2
         n_micro, share = micro_batch_plan(
-            batch, spec.optim.micro_batch_size, self._reduce, sharing=self.strategy.prompt_sharing
+            batch, spec.optim.micro_batch_size, self.runtime.reduce, sharing=self.strategy.prompt_sharing
         )
         skip_rows = zero_advantage_skip(advantages) if self.skip_zero_advantage else None
 
@@ -321,7 +316,9 @@ class Engine:
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
         metrics.update(update_metrics)
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
-        metrics.update(step_mismatch_metrics(batch, old.logprob, self._reduce, spec.rollout.tis_cap, old.entropy))
+        metrics.update(
+            step_mismatch_metrics(batch, old.logprob, self.runtime.reduce, spec.rollout.tis_cap, old.entropy)
+        )
         metrics.update(
             self.step_metrics(
                 batch, advantages, old, h_bar, global_tokens, global_sequences,
@@ -334,7 +331,7 @@ class Engine:
     def _mean_entropy(self, step: int, entropy: Tensor | None, mask: Tensor, global_tokens: float) -> float:
         """H̄: the token-mean entropy over the step batch of every process; non-finite is an error."""
         h_sum = float((entropy * mask).sum()) if entropy is not None else 0.0
-        h_bar = float(self._reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
+        h_bar = float(self.runtime.reduce(h_sum, "sum", torch.float64)) / max(global_tokens, 1.0)
         return check_finite_entropy(step, h_bar)
 
     def update_controllers(self, step: int, h_bar: float) -> None:
@@ -385,7 +382,7 @@ class Engine:
                 grad_norm = float(self.runtime.clip_grad_norm_(self.model.parameters(), spec.optim.grad_clip))
             self.optimizer.step()
             self.rollouts.policy_changed()
-            metrics.update(placement.held_bytes(self.model, self.optimizer, self._reduce))
+            metrics.update(placement.held_bytes(self.model, self.optimizer, self.runtime.reduce))
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return metrics, grad_norm
@@ -419,7 +416,7 @@ class Engine:
         self.steps_out_of_band = 0 if state is BandState.IN_BAND else self.steps_out_of_band + 1
         lengths = batch.response_lengths
         elapsed = time.perf_counter() - t0
-        tokens = float(self._reduce(float(batch.attention_mask.sum()), "sum", torch.float32))
+        tokens = float(self.runtime.reduce(float(batch.attention_mask.sum()), "sum", torch.float32))
         metrics.update(
             {
                 "entropy/mean": h_bar,
@@ -445,9 +442,7 @@ class Engine:
             }
         )
         if batch.tool_counts is not None:
-            from trainer.envs.tool_use import reduced_tool_metrics
-
-            metrics.update(reduced_tool_metrics(batch.tool_counts, self._reduce))
+            metrics.update(reduced_tool_metrics(batch.tool_counts, self.runtime.reduce))
         metrics.update(self.controllers.metrics(StepStatistics(batch_entropy=h_bar)))
         return metrics
 
@@ -480,7 +475,7 @@ class Engine:
             self.emit({"type": EventType.CHECKPOINT, "step": self.step, "path": str(path)})
             for step in checkpoints.prune(self.out / CHECKPOINTS_DIR, self.spec.checkpoint.keep_last):
                 self.emit({"type": EventType.CHECKPOINT_DELETED, "step": step})
-        self.runtime.wait_for_everyone()
+        self.runtime.barrier()
         return path
 
     def _restore(self, path: Path) -> None:
@@ -573,7 +568,7 @@ class Engine:
             if self.step % spec.checkpoint.interval == 0:
                 self.save()
                 last_saved = self.step
-            signum = self.stop.agreed()  # every process, once a step, at this point
+            signum = self.stop.agreed(self.runtime.reduce)  # every process, once a step, at this point
             if signum is not None:
                 if last_saved != self.step:
                     self.save()
@@ -590,7 +585,5 @@ class Engine:
     def _write_report(self) -> None:
         if not self.is_main:
             return
-        from trainer.report import load_events
-
         with contextlib.suppress(Exception):
             write_report(load_events(self.out / EVENTS_FILE), self.out)

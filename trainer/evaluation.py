@@ -3,19 +3,18 @@ avg@k, pass@k and the response length, summed over the processes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from contract.spec import TrainSpec
-from trainer.generation import RolloutEngine
-from trainer.rollout import run_episodes
-from trainer.tasks import Example, render_prompt
-from trainer.verifiers import score
+from trainer.distributed.runtime import Reduce
+from trainer.rollout.batch import run_episodes
+from trainer.rollout.generation import RolloutEngine
+from trainer.tasks.sources import Example, render_prompt
+from trainer.tasks.verifiers import score
 
-Reduce = Callable[[list[float], str, torch.dtype], Tensor]
 CHUNK_PROMPTS = 128
 
 
@@ -31,7 +30,7 @@ def evaluate(
     seeds: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
-    processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.sampling:
+    processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.rollout.sampling:
     (job seed, "eval", step, its index in the evaluation set); None: drawn from torch's global RNG). The
     model is left in train mode."""
     ev = spec.evaluation

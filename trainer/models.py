@@ -12,6 +12,11 @@ Three ways in, one way out (`load_model_and_tokenizer`):
 
 Whatever comes back has a left-padding tokenizer with a pad token (eos when the tokenizer has none) and the
 pad id written into the model config and generation config, which is what batched generation needs.
+
+The views inside the wrappers a training process puts around the model (DDP's, peft's): `hf_model` (the
+transformers model), `adapter_model` and `peft_config_of` (the LoRA wrapper and its config),
+`decoder_layers` (the repeated blocks). The strategy, generation, scoring and the checkpoints all unwrap a
+model through these, and nothing else does.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -372,3 +379,46 @@ def model_skeleton(
         model.generation_config = GenerationConfig.from_pretrained(config_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     return _ready_for_batched_generation(model.eval(), tokenizer)
+
+
+# --- views inside the wrappers (DDP's, peft's) --------------------------------------------------------------
+
+
+def hf_model(model: Any) -> Any:
+    """The transformers model inside DDP's and peft's wrappers (a PreTrainedModel, typed Any because
+    nn.Module's attribute lookup hides its config)."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    get_base = getattr(inner, "get_base_model", None)  # peft
+    return get_base() if callable(get_base) else inner
+
+
+def adapter_model(model: Any) -> Any:
+    """The peft model (the LoRA wrapper, with save_pretrained) inside DDP's wrapper, or None for a model
+    without adapters."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return inner if getattr(inner, "peft_config", None) else None
+
+
+def peft_config_of(model: Any) -> Any:
+    """The LoRA adapter's peft config (one adapter), or None for a model without adapters."""
+    inner = adapter_model(model)
+    if inner is None:
+        return None
+    configs = inner.peft_config
+    if len(configs) != 1:
+        raise ValueError(f"one LoRA adapter per model; the model has {sorted(configs)}")
+    return next(iter(configs.values()))
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, in order: modules whose class HF lists in `_no_split_modules`, or a
+    subclass of one (fully_shard swaps a sharded layer's class for `FSDP<name>`, a subclass of its own)."""
+    inner = hf_model(model)
+    names = set(getattr(inner, "_no_split_modules", None) or ())
+    layers = [m for m in inner.modules() if any(c.__name__ in names for c in type(m).__mro__)]
+    if not layers:
+        raise ValueError(
+            f"cannot find the decoder layers of {type(inner).__name__}: its _no_split_modules "
+            f"({sorted(names) or 'none'}) names no submodule"
+        )
+    return layers

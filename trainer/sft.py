@@ -12,8 +12,9 @@ from torch import Tensor
 
 from contract.protocol import EventType
 from contract.spec import SftSpec, TrainSpec
-from trainer.distributed.runtime import Collective
-from trainer.tasks import Example, render_prompt
+from trainer.distributed.runtime import Runtime
+from trainer.envs.tool_use import transcript
+from trainer.tasks.sources import Example, render_prompt
 
 SFT_SCHEDULES = ("constant", "cosine")
 
@@ -46,7 +47,7 @@ def sft_loss(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
 def run_sft(
     model: torch.nn.Module,
     tokenizer: Any,
-    collective: Collective,
+    runtime: Runtime,
     spec: TrainSpec,
     examples: list[Example],
     emit: Callable[[dict[str, Any]], None],
@@ -63,7 +64,7 @@ def run_sft(
     )
     params = [p for group in opt.param_groups for p in group["params"]]
     gen = torch.Generator().manual_seed(spec.seed + 11)
-    rank, world = collective.process_index, collective.num_processes
+    rank, world = runtime.rank, runtime.world_size
     model.train()
     loss_value = float("nan")
     for i in range(sft.steps):
@@ -71,9 +72,9 @@ def run_sft(
         exs = [examples[j] for j in idx[rank::world]]
         ids, attn, labels = sft_batch(tokenizer, spec, exs)
         ids, attn, labels = (
-            ids.to(collective.device),
-            attn.to(collective.device),
-            labels.to(collective.device),
+            ids.to(runtime.device),
+            attn.to(runtime.device),
+            labels.to(runtime.device),
         )
         position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
         if sft.label_smoothing > 0:
@@ -82,9 +83,9 @@ def run_sft(
         else:
             loss = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
-        collective.backward(loss)
+        runtime.backward(loss)
         if sft.grad_clip is not None:
-            collective.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
+            runtime.clip_grad_norm_(params, sft.grad_clip)  # a global norm over shards too
         for group in opt.param_groups:
             group["lr"] = sft.lr * sft_lr_factor(sft, i)
         opt.step()
@@ -129,8 +130,6 @@ def sft_transcripts(
     """Tool-use SFT rows: the prompt, then a code-generated episode (trainer.envs.tool_use.transcript),
     each model turn closed by EOS; the targets are the model turns' tokens only (tool results, like in
     RL, are context and never a label)."""
-    from trainer.envs.tool_use import transcript
-
     env = spec.environment
     assert env is not None
     tok = tokenizer

@@ -2,7 +2,7 @@
 
 The child is `python -m trainer run SPEC --out DIR --events-stdout [--resume]` (or the same under
 `torchrun` when the spec asks for several processes on one node, or the Ray driver
-`python -m trainer.ray_launch run ...` for a job over several nodes). It gets SIGKILL if the worker process dies
+`python -m trainer.launch.ray_driver run ...` for a job over several nodes). It gets SIGKILL if the worker process dies
 (PR_SET_PDEATHSIG), so a killed worker never leaves a trainer running behind a lost lease. Cooperative
 stop: SIGTERM makes the trainer checkpoint and exit 75.
 
@@ -78,13 +78,13 @@ TRAINER_STARE_VARS = frozenset(
     {
         "STARE_MODEL_CACHE",  # trainer/models.py: where models are cached
         "STARE_KERNEL_BACKEND",  # trainer/algos/kernels.py: torch or triton
-        "STARE_HEAP_TUNING",  # trainer/heap.py: 0 turns the allocator tuning off
+        "STARE_HEAP_TUNING",  # trainer/run/heap.py: 0 turns the allocator tuning off
         "STARE_BWRAP",  # trainer/envs/sandbox.py: the python tool's bubblewrap
         "STARE_TOOL_PYTHON",  # trainer/envs/sandbox.py: the python tool's interpreter
         "STARE_TOOL_UID",  # trainer/envs/sandbox.py: the user a root trainer runs tool calls as
-        "STARE_INJECT_NAN_STEP",  # trainer/faults.py: fault injection (tests)
-        "STARE_INJECT_CRASH_STEP",  # trainer/faults.py: fault injection (tests)
-        "STARE_STEP_DELAY_S",  # trainer/faults.py: slow steps (fault tests)
+        "STARE_INJECT_NAN_STEP",  # trainer/run/faults.py: fault injection (tests)
+        "STARE_INJECT_CRASH_STEP",  # trainer/run/faults.py: fault injection (tests)
+        "STARE_STEP_DELAY_S",  # trainer/run/faults.py: slow steps (fault tests)
     }
 )
 TRAINER_ENV_NAMES = TRAINER_STARE_VARS | frozenset(
@@ -158,7 +158,7 @@ TORCHRUN = "torch.distributed.run"
 
 
 def run_arguments(spec_path: Path, out_dir: Path, *, resume: bool) -> list[str]:
-    """The `run` command's arguments, as trainer.job.add_run_arguments declares them: the same for
+    """The `run` command's arguments, as trainer.launch.command.add_run_arguments declares them: the same for
     `python -m trainer` (alone or under torchrun) and for the Ray driver."""
     args = ["run", str(spec_path), "--out", str(out_dir), "--no-progress", "--events-stdout"]
     return [*args, "--resume"] if resume else args
@@ -211,13 +211,13 @@ def launched_exit_code(code: int, report: ExitReport | None) -> int:
 def ray_command(
     python: str, spec_path: Path, out_dir: Path, *, resume: bool, settings: RaySettings
 ) -> list[str]:
-    """The Ray driver for a multi-node job (trainer/ray_launch.py): the same arguments and output as
+    """The Ray driver for a multi-node job (trainer/launch/ray_driver.py): the same arguments and output as
     `python -m trainer run`, plus the cluster's address, timeouts and per-process resources."""
     args = run_arguments(spec_path, out_dir, resume=resume)
     return [
         python,
         "-m",
-        "trainer.ray_launch",
+        "trainer.launch.ray_driver",
         *args,
         *("--address", settings.ray_address),
         *("--connect-timeout-s", str(settings.ray_connect_timeout_s)),

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from contract.estimate import estimate
+from contract.fleet import JobPlacement
 from contract.spec import TrainSpec
 from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
-from service.fleet import Placement, blocks, place_job
+from service.fleet import blocks, place_job
 from service.principals import TenantRef
 from service.responses import model_response
 from service.schemas import (
@@ -66,7 +67,9 @@ def _checked_spec(body: JobCreate, training_file: FileLike | None, services: Ser
     )
 
 
-async def _validated(body: JobCreate, tenant: TenantRef, services: Services) -> tuple[TrainSpec, Placement]:
+async def _validated(
+    body: JobCreate, tenant: TenantRef, services: Services
+) -> tuple[TrainSpec, JobPlacement]:
     """The request's TrainSpec and where it goes (a worker class that can run it), or Unprocessable."""
     training_file = None
     if body.training_file is not None:

@@ -17,8 +17,8 @@ from service.schemas import (
     VerifierTestError,
     VerifierTestResult,
 )
-from trainer import rg_safety, verifiers
-from trainer.tasks import REASONING_GYM_META_KEY
+from trainer.tasks import rg_safety, verifiers
+from trainer.tasks.sources import REASONING_GYM_META_KEY
 
 logger = logging.getLogger(__name__)
 

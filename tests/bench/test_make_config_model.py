@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bench.make_config_model import layers_for, shape_config
-from contract.fleet import model_shape_from_config
+from contract.catalog import model_shape_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--layers", "2", "--hidden", "64", "--intermediate", "256", "--heads", "4", "--kv-heads", "2"]

@@ -1,11 +1,14 @@
-"""contract.distributed: the distributed spec's validation and the memory estimate's arithmetic."""
+"""contract.distributed: the distributed spec's validation; and the memory estimate's arithmetic
+(contract.fleet.estimate_memory)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from contract.distributed import DistributedSpec, ModelShape, estimate_memory
+from contract.catalog import ModelShape
+from contract.distributed import DistributedSpec
+from contract.fleet import estimate_memory
 
 # SmolLM2-135M's shape (config.json of HuggingFaceTB/SmolLM2-135M-Instruct; tied embeddings).
 SMOLLM2 = ModelShape(

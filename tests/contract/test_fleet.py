@@ -1,20 +1,13 @@
-"""contract.fleet: the built-in models' shapes from their configs (equal to what the trainer builds), LoRA's
+"""contract.catalog: the built-in models' shapes from their configs (equal to what the trainer builds);
+contract.fleet: LoRA's
 adapter count, and placement's order (the field it names, the class it picks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from contract.catalog import BUILTIN_CONFIGS, SMOLLM2_135M_INSTRUCT, TINY_ARITH
-from contract.fleet import (
-    CapacityError,
-    JobNeeds,
-    Offer,
-    WorkerClass,
-    builtin_model_shape,
-    lora_parameters,
-    place,
-)
+from contract.catalog import BUILTIN_CONFIGS, SMOLLM2_135M_INSTRUCT, TINY_ARITH, builtin_model_shape
+from contract.fleet import CapacityError, JobNeeds, Offer, WorkerClass, lora_parameters, place
 from tests.contract.test_distributed import SMOLLM2
 
 

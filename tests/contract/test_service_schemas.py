@@ -31,7 +31,7 @@ def test_verifier_param_types_and_reward_styles_are_the_contracts() -> None:
 
 def test_the_spec_spells_reward_styles_and_task_sources_as_their_implementations() -> None:
     from contract.spec import RewardSpec, TaskSpec
-    from trainer.tasks import TASK_SOURCES
+    from trainer.tasks.sources import TASK_SOURCES
 
     assert _literal_values(RewardSpec, "style") == set(REWARD_STYLES)
     assert _literal_values(TaskSpec, "source") == set(TASK_SOURCES)

@@ -79,7 +79,7 @@ def test_the_plant_estimator_recovers_drift_and_gains(tmp_path: Path) -> None:
 
 def test_the_gym_cell_uses_chain_sums_own_params_and_its_measured_start_accuracy_is_in_range() -> None:
     from experiments.smollm2 import START_ACCURACY_RANGE
-    from trainer.tasks import make_train_eval
+    from trainer.tasks.sources import make_train_eval
 
     suite = OPTIONAL_SUITES["control-gym"]()
     for run in suite.runs:  # not a+b's operations/min_operand/max_operand merged in

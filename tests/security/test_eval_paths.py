@@ -1,4 +1,4 @@
-"""Tenant text and model output are code nowhere: the reasoning-gym audit (trainer/rg_safety.py) against the
+"""Tenant text and model output are code nowhere: the reasoning-gym audit (trainer/tasks/rg_safety.py) against the
 installed package, and the trainer's scoring path against entries and completions that would run code.
 
 N5 (issue 32): an uploaded line's meta carried a reasoning-gym entry, and bitwise_arithmetic eval()'d its
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from tests.security.eval_watch import watching
-from trainer import rg_safety, tasks, verifiers
-from trainer.tasks import Example, JsonlFormatError, load_jsonl, make_examples
-from trainer.verifiers import VerifierError
+from trainer.tasks import rg_safety, sources, verifiers
+from trainer.tasks.sources import Example, JsonlFormatError, load_jsonl, make_examples
+from trainer.tasks.verifiers import VerifierError
 
 reasoning_gym = pytest.importorskip("reasoning_gym")
 PACKAGE = Path(reasoning_gym.__file__).parent
@@ -139,4 +139,4 @@ def test_a_rebuilt_entry_scores_as_the_generated_one() -> None:
     for example in make_examples("reasoning_gym", name="number_sorting", size=3, seed=7):
         meta: dict[str, Any] = json.loads(json.dumps(example.meta))
         assert verifiers.score("reasoning_gym", example.answer, Example("q", "a", meta)) == 1.0
-    assert tasks.REASONING_GYM_META_KEY == rg_safety.META_KEY
+    assert sources.REASONING_GYM_META_KEY == rg_safety.META_KEY

@@ -1,4 +1,4 @@
-"""The hostile-completion suite through the trainer's scoring path (trainer.verifiers.score), as a rollout
+"""The hostile-completion suite through the trainer's scoring path (trainer.tasks.verifiers.score), as a rollout
 calls it: every string of tests/security/completions.py through every verifier. No code runs (the marker
 file never appears and no text holding it is compiled), each call ends within its budget, and the result
 is a score in [0, 1] or a VerifierError (the example cannot be scored), nothing else.
@@ -15,8 +15,8 @@ import pytest
 
 from tests.security.completions import hostile_completions
 from tests.security.eval_watch import watching
-from trainer import verifiers
-from trainer.tasks import Example, make_examples
+from trainer.tasks import verifiers
+from trainer.tasks.sources import Example, make_examples
 
 BUDGET_S = 5.0  # per call; the slowest seen is math_verify on the deepest fractions, well under 1 s
 

@@ -10,7 +10,7 @@ from contract.catalog import BUILTIN_MODELS
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC
 from tests.service.test_errors import assert_error
-from trainer.verifiers import VERIFIERS
+from trainer.tasks.verifiers import VERIFIERS
 
 
 def test_models_list_builtin_and_configured_models(

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC, upload
 from tests.service.test_errors import assert_error
-from trainer import rg_safety
-from trainer.tasks import make_examples
+from trainer.tasks import rg_safety
+from trainer.tasks.sources import make_examples
 
 BUDGET_S = 3.0
 

@@ -3,7 +3,7 @@
 as training would score it. No code runs (the marker file never appears), every call answers 200 with a
 score in [0, 1] (or the example's error) within its budget, and the API stays up.
 
-The trainer's path (trainer.verifiers.score) with the same strings: tests/security/test_hostile_completions.py.
+The trainer's path (trainer.tasks.verifiers.score) with the same strings: tests/security/test_hostile_completions.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 
 from tests.security.completions import hostile_completions
 from tests.service.conftest import TenantKey
-from trainer.tasks import make_examples
-from trainer.verifiers import VERIFIERS
+from trainer.tasks.sources import make_examples
+from trainer.tasks.verifiers import VERIFIERS
 
 BUDGET_S = 5.0
 

@@ -8,15 +8,16 @@ policy_update on it once per loss named (a comma-separated list: one launch serv
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 
 from trainer.algos import compute_advantages, make_loss_params, stare_weights
 from trainer.models import load_model_and_tokenizer
-from trainer.rollout import Rollout
-from trainer.scoring import micro_batches
-from trainer.update import LossSetup, StepBatch, policy_update
+from trainer.policy.scoring import micro_batches
+from trainer.policy.update import LossSetup, StepBatch, policy_update
+from trainer.rollout.batch import Rollout
 
 
 def global_batch(vocab: int) -> tuple[Rollout, torch.Tensor]:
@@ -33,6 +34,22 @@ def global_batch(vocab: int) -> tuple[Rollout, torch.Tensor]:
     r = Rollout(ids, attn, resp, p_len, rewards, rewards, groups, torch.zeros(b, dtype=torch.bool), [""] * b)
     adv, _ = compute_advantages("grpo", rewards, groups)
     return r, adv
+
+
+class AcceleratedRuntime:
+    """What policy_update asks of the run's Runtime, answered by accelerate (an implementation of gradient
+    synchronisation independent of ours): the group's size, the backward, and no_sync for all but the last
+    micro-batch."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.world_size = accelerator.num_processes
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def no_sync(self, model: torch.nn.Module) -> Any:
+        return self.accelerator.no_sync(model)
 
 
 def main(out_path: str, loss_names: str, micro_batch_size: int) -> None:
@@ -90,7 +107,7 @@ def _update(accelerator: Accelerator, model: torch.nn.Module, loss_name: str, mi
     params = make_loss_params(loss_name)
     metrics, *_ = policy_update(
         model,
-        accelerator,
+        AcceleratedRuntime(accelerator),  # type: ignore[arg-type]
         step_batch,
         LossSetup(loss_name, params),
         temperature=0.9,

@@ -26,19 +26,18 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from contract.distributed import DistributedSpec, estimate_memory
+from contract.distributed import DistributedSpec
+from contract.fleet import estimate_memory
 from trainer.distributed import (
-    all_reduce_sum,
+    Runtime,
     export_hf_folder,
-    init_process_group,
     load_sharded,
     make_strategy,
     model_state_bytes,
     save_sharded,
 )
 from trainer.distributed.memory import model_shape, peak_rss_bytes, reset_peak_rss, rss_bytes
-from trainer.distributed.strategy import hf_model
-from trainer.models import apply_lora, build_tiny_arith, build_tiny_arith_tokenizer
+from trainer.models import apply_lora, build_tiny_arith, build_tiny_arith_tokenizer, hf_model
 
 STEPS = 6
 SAVE_AFTER = 3  # the checkpoint holds the state after this many updates
@@ -47,6 +46,7 @@ LR = 3e-3
 DEVICE = torch.device("cpu")
 PROMPTS = ["12+34=", "7*8=", "5-9="]
 VOCAB = len(build_tiny_arith_tokenizer())
+GROUP: Runtime  # this process's handle on the group the launch made (set by the mode that runs)
 
 
 def global_batch(step: int, vocab: int, rows: int = ROWS, length: int = LENGTH) -> dict[str, torch.Tensor]:
@@ -69,7 +69,7 @@ def step_loss(
     targets = batch["labels"][rows][:, 1:]
     local_sum = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="sum")
     local_mean = local_sum / global_tokens
-    reported = all_reduce_sum({"loss": float(local_mean.detach())})["loss"]
+    reported = float(GROUP.reduce([float(local_mean.detach())], "sum", torch.float64)[0])
     return local_mean * world, reported
 
 
@@ -100,7 +100,7 @@ def fresh(spec: DistributedSpec, *, lora: bool = False) -> tuple[Any, torch.opti
         # start alike only if the strategy hands every process rank 0's weights (as the plain run has them).
         torch.manual_seed(200 + torch.distributed.get_rank())
         model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=None)
-    model = make_strategy(spec, DEVICE).prepare(model)
+    model = make_strategy(spec, DEVICE, spec.world_size).prepare(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=LR)
     return (
@@ -126,8 +126,8 @@ def base_run(spec: DistributedSpec, out: Path, tag: str) -> tuple[Any, torch.opt
         model,
         optimizer,
         {"step": SAVE_AFTER, "note": tag},
+        runtime=Runtime(spec, DEVICE),
         scheduler=scheduler,
-        strategy=spec.strategy,
     )
     write(out, f"rng-{tag}-rank{torch.distributed.get_rank()}.json", rng_draws())
     save_logits(model, out / f"logits-{tag}-at-checkpoint.pt")
@@ -137,7 +137,7 @@ def base_run(spec: DistributedSpec, out: Path, tag: str) -> tuple[Any, torch.opt
 
 def resumed(spec: DistributedSpec, folder: Path) -> dict[str, Any]:
     model, optimizer, scheduler = fresh(spec)
-    extra = load_sharded(folder, model, optimizer, scheduler=scheduler)
+    extra = load_sharded(folder, model, optimizer, runtime=Runtime(spec, DEVICE), scheduler=scheduler)
     report = {"extra": extra, "rng": rng_draws(), "lr": scheduler.get_last_lr()}
     report["losses"] = train(model, optimizer, scheduler, range(int(extra["step"]), STEPS))
     return report
@@ -187,8 +187,9 @@ def full_state_check(out: Path) -> None:
             states["peft_merge"] = {
                 n: t.detach().clone() for n, t in copy.deepcopy(model).merge_and_unload().state_dict().items()
             }
-        prepared = make_strategy(spec, DEVICE).prepare(model)
-        states[name] = {n: t.clone() for n, t in make_strategy(spec, DEVICE).full_state(prepared)}
+        strategy = make_strategy(spec, DEVICE, spec.world_size)
+        prepared = strategy.prepare(model)
+        states[name] = {n: t.clone() for n, t in strategy.full_state(prepared)}
     if rank0():
         torch.save(states, out / "full-state.pt")
 
@@ -209,7 +210,7 @@ def rank0_fill_check(out: Path) -> None:
     model = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
     meta = [p.is_meta for p in model.parameters()]
     loaded = {n: t.detach().clone() for n, t in model.state_dict().items()} if rank0() else {}
-    strategy = make_strategy(FSDP2_SPEC(), DEVICE)
+    strategy = Runtime(FSDP2_SPEC(), DEVICE).strategy
     prepared = strategy.prepare(model, from_rank0=True)
     report = {
         "all_meta_before": all(meta),
@@ -225,7 +226,7 @@ def full_state_of_loaded(loaded: dict[str, torch.Tensor]) -> Any:
     model, _ = build_tiny_arith(seed=1)
     lora = apply_lora(model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
     lora.load_state_dict(loaded)
-    return make_strategy(DistributedSpec(processes_per_node=1), DEVICE).full_state(lora)
+    return make_strategy(DistributedSpec(processes_per_node=1), DEVICE, 1).full_state(lora)
 
 
 def rank0() -> bool:
@@ -236,8 +237,9 @@ def rank0() -> bool:
 
 
 def plain(out: Path, resume_from: str | None) -> None:
+    global GROUP
     spec = DistributedSpec()
-    init_process_group(spec, DEVICE)
+    GROUP = Runtime(spec, DEVICE)
     if resume_from:
         write(out, "plain-resumed.json", resumed(spec, Path(resume_from)))
         return
@@ -270,7 +272,9 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
     world = int(os.environ["WORLD_SIZE"])
     nodes = int(os.environ.get("STARE_TEST_NODES", "1"))
     spec = DistributedSpec(strategy="fsdp2", nodes=nodes, processes_per_node=world // nodes)
-    rank, _ = init_process_group(spec, DEVICE)
+    global GROUP
+    GROUP = Runtime(spec, DEVICE)
+    rank = GROUP.rank
     if base_only:
         measure_memory(spec, out)
         model, optimizer, scheduler = fresh(spec)
@@ -285,7 +289,7 @@ def sharded(out: Path, resume_from: str, *, base_only: bool) -> None:
     report["generation"] = generation_check(model)
     report["failed_save"] = failed_save(model, optimizer, out)
     save_logits(model, out / "logits-fsdp2-final.pt")
-    export_hf_folder(model, out / "export-fsdp2")
+    export_hf_folder(model, out / "export-fsdp2", runtime=GROUP)
     report["resumed_from_plain"] = resumed(spec, Path(resume_from))
     # DDP at the same world size, and its checkpoint resumed by fsdp2 (a change of strategy).
     _, _, ddp_losses = base_run(DistributedSpec(processes_per_node=world), out, "ddp")
@@ -337,7 +341,7 @@ def variants(spec: DistributedSpec, out: Path) -> dict[str, Any]:
         )
         if name == "lora":
             save_logits(model, out / "logits-lora.pt")
-            export_hf_folder(model, out / "export-lora")
+            export_hf_folder(model, out / "export-lora", runtime=GROUP)
     return report
 
 
@@ -354,7 +358,7 @@ def failed_save(model: Any, optimizer: torch.optim.Optimizer, out: Path) -> dict
     if rank == world - 1:
         checkpoint_module.rng_state = full_disk
     try:
-        save_sharded(out / "ckpt-fsdp2" / "step-000004", model, optimizer, {"step": 4}, strategy="fsdp2")
+        save_sharded(out / "ckpt-fsdp2" / "step-000004", model, optimizer, {"step": 4}, runtime=GROUP)
         raised = None
     except Exception as err:
         raised = {"type": type(err).__name__, "code": getattr(err, "code", None), "message": str(err)}
@@ -400,7 +404,7 @@ def generation_check(model: Any) -> dict[str, Any]:
     with torch.no_grad():
         expected = reference.generate(**prompt, **kwargs)
     model.eval()
-    with torch.no_grad(), make_strategy(FSDP2_SPEC(), DEVICE).full_weights(model) as generator:
+    with torch.no_grad(), GROUP.strategy.full_weights(model) as generator:
         inside_full = all(not isinstance(p, DTensor) for p in generator.parameters())
         got = generator.generate(**prompt, **kwargs)
     model.train()
@@ -414,7 +418,7 @@ def generation_check(model: Any) -> dict[str, Any]:
 
 
 def measure_memory(spec: DistributedSpec, out: Path) -> None:
-    """Peak RSS of two training steps at a large micro-batch, against contract.distributed.estimate_memory.
+    """Peak RSS of two training steps at a large micro-batch, against contract.fleet.estimate_memory.
     Run first in a process: memory freed earlier and kept by the allocator would hide the step's peak."""
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     warm, _ = build_tiny_arith(
@@ -428,7 +432,7 @@ def measure_memory(spec: DistributedSpec, out: Path) -> None:
     model, _ = build_tiny_arith(seed=0)
     shape = model_shape(model)
     model.train()
-    model = make_strategy(spec, DEVICE).prepare(model)
+    model = make_strategy(spec, DEVICE, spec.world_size).prepare(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     for step in range(2):
         batch = global_batch(step, VOCAB, rows * world, length)

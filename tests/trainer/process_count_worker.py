@@ -13,7 +13,7 @@ from pathlib import Path
 
 from contract.spec import load_spec
 from trainer.engine import Engine
-from trainer.rollout import Rollout
+from trainer.rollout.batch import Rollout
 
 
 def responses_by_group(batch: Rollout) -> dict[str, list[list[int]]]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from contract.distributed import DistributedSpec
-from trainer.distributed import init_process_group, make_strategy, shard_load
+from trainer.distributed import Runtime, shard_load
 from trainer.models import load_model_and_tokenizer, skeleton_of, weights_files
 
 DEVICE = torch.device("cpu")
@@ -25,7 +25,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def main(folder: str, out: Path) -> None:
     spec = DistributedSpec(strategy="fsdp2", processes_per_node=2)
-    rank, _ = init_process_group(spec, DEVICE)
+    runtime = Runtime(spec, DEVICE)
+    rank = runtime.rank
     counts: list[int] = []
     original = shard_load.load_shards_from_files
 
@@ -33,14 +34,14 @@ def main(folder: str, out: Path) -> None:
         counts.append(original(model, files))
         return counts[-1]
 
-    shard_load.load_shards_from_files = counted  # prepare imports it from the module when it runs
+    shard_load.load_shards_from_files = counted  # prepare calls it through the module
     files = weights_files(folder)
     assert files is not None
     ids = torch.randint(4, 1000, (2, 12), generator=torch.Generator().manual_seed(5))
     report: dict[str, Any] = {}
     for dtype_name, dtype in DTYPES.items():
         for way in ("rank0", "files"):
-            strategy = make_strategy(spec, DEVICE)
+            strategy = runtime.strategy
             if way == "rank0" and rank == 0:
                 model, _ = load_model_and_tokenizer(folder, dtype=dtype)
             else:

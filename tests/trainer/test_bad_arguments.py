@@ -296,7 +296,7 @@ def test_an_unknown_rsi_bound_mode_is_refused_naming_the_valid_ones() -> None:
 
 
 def test_unknown_engine_choices_are_refused_naming_the_valid_ones() -> None:
-    from trainer.update import lr_factor
+    from trainer.policy.update import lr_factor
 
     with pytest.raises(ValueError, match=r"schedule must be one of constant, linear, cosine"):
         lr_factor("Cosine", 3, warmup_steps=0, steps=10)

@@ -106,7 +106,9 @@ def test_the_trainer_names_no_algorithm_outside_the_registry() -> None:
     """The engine and its modules read properties of the registration, never an algorithm's name."""
     names = "|".join(re.escape(n) for n in algorithms.names())
     pattern = re.compile(rf"""["']({names})["']""")
-    for module in ("engine", "update", "scoring", "controllers", "data", "events", "placement", "sft"):
+    for module in (
+        "engine", "policy/update", "policy/scoring", "controllers", "data", "run/events", "policy/placement", "sft",
+    ):  # fmt: skip
         text = (ROOT / "trainer" / f"{module}.py").read_text()
         assert not pattern.findall(text), module
 

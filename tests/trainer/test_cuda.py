@@ -121,11 +121,11 @@ def test_engine_trains_checkpoints_and_resumes_on_cuda(tmp_path: Path, algorithm
 def test_sampling_statistics_on_cuda_match_the_training_pass() -> None:
     """The per-token numbers recorded during generation on the GPU (Triton kernel where available) are the
     training forward's, up to float rounding, in fp32."""
-    from trainer.generation import HFGenerate
     from trainer.models import load_model_and_tokenizer
-    from trainer.rollout import rollout
-    from trainer.scoring import response_stats
-    from trainer.tasks import Example
+    from trainer.policy.scoring import response_stats
+    from trainer.rollout.batch import rollout
+    from trainer.rollout.generation import HFGenerate
+    from trainer.tasks.sources import Example
 
     model, tokenizer = load_model_and_tokenizer("tiny-arith", seed=3)
     model = model.to(CUDA).eval()

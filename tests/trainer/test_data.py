@@ -17,10 +17,10 @@ import torch
 
 from contract.spec import TrainSpec
 from tests.trainer.test_engine import small_spec
-from trainer import placement
 from trainer.data import collect, load_examples
 from trainer.engine import seed_everything, step_seed
-from trainer.generation import HFGenerate
+from trainer.policy import placement
+from trainer.rollout.generation import HFGenerate
 
 
 @pytest.fixture(scope="module")

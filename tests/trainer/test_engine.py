@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from contract.spec import TrainSpec
 from trainer.engine import Engine, ExitCode
-from trainer.placement import REFERENCE_FILE
+from trainer.policy.placement import REFERENCE_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +100,7 @@ def test_run_writes_events_checkpoints_and_report(tmp_path):
     out = tmp_path / "run"
     events_seen: list[dict] = []
     # Seed 0: every step's batch holds a group with mixed rewards (zero_std_fraction < 1, asserted below);
-    # with seed 3 step 2's groups all have equal rewards (trainer.sampling draws each prompt's samples).
+    # with seed 3 step 2's groups all have equal rewards (trainer.rollout.sampling draws each prompt's samples).
     spec = TrainSpec.model_validate(small_spec(seed=0))
     code = Engine(spec, out, callbacks=[events_seen.append]).run()
     assert code == ExitCode.OK
@@ -370,7 +370,7 @@ def run_counting_forwards(monkeypatch, data: dict, out: Path, *, sample_stats: b
     """Runs the spec; returns (step metrics, final weights, [(rows, grad enabled)] per scoring forward).
     sample_stats=False: rollouts never record sampling statistics, so the update cannot read them."""
     import trainer.data as data_module
-    import trainer.scoring as scoring_module
+    import trainer.policy.scoring as scoring_module
 
     calls: list[tuple[int, bool]] = []
     real, real_rollout = scoring_module.response_logits, data_module.rollout

@@ -16,8 +16,8 @@ from trainer.algos import compute_policy_loss, make_loss_params, quadrant_analys
 from trainer.algos.surrogate import PolicyLossInputs
 from trainer.engine import Engine
 from trainer.envs.tool_use import COUNT_FIELDS, transcript
-from trainer.rollout import Rollout
-from trainer.scoring import response_logits
+from trainer.policy.scoring import response_logits
+from trainer.rollout.batch import Rollout
 from trainer.sft import sft_transcripts
 
 SPEC = Path(__file__).resolve().parents[2] / "trainer" / "specs" / "tool_use_tiny.yaml"

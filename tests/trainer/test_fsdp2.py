@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from contract.distributed import estimate_memory
+from contract.fleet import estimate_memory
 from trainer.checkpoints import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -369,8 +369,7 @@ def test_memory_estimate_within_25_percent_of_peak_rss(runs, two_nodes, strategy
 
 
 def test_decoder_layers_are_found_through_wrappers():
-    from trainer.distributed import decoder_layers
-    from trainer.models import apply_lora, build_tiny_arith
+    from trainer.models import apply_lora, build_tiny_arith, decoder_layers
 
     model, _ = build_tiny_arith(seed=0)
     layers = decoder_layers(model)
@@ -391,13 +390,23 @@ def test_the_strategy_refuses_a_world_size_the_launch_did_not_give():
         torch.distributed.destroy_process_group()
     assert not torch.distributed.is_initialized()
     with pytest.raises(ValueError, match="process group has 1 processes, the spec 2"):
-        make_strategy(DistributedSpec(processes_per_node=2), torch.device("cpu")).prepare(
+        make_strategy(DistributedSpec(processes_per_node=2), torch.device("cpu"), 1).prepare(
             build_tiny_arith(seed=0)[0]
         )
+    # The runtime, which makes the strategy for the group it joined, refuses such a launch first.
+    from trainer.distributed import Runtime
+
+    with pytest.raises(ValueError, match="the launcher started 1 processes but the spec asks for"):
+        Runtime(DistributedSpec(processes_per_node=2), torch.device("cpu"))
 
 
-def test_reductions_without_a_group_return_their_input():
-    from trainer.distributed import all_reduce_mean, all_reduce_sum
+def test_reductions_in_a_group_of_one_return_their_input():
+    from contract.distributed import DistributedSpec
+    from trainer.distributed import Runtime
 
-    assert all_reduce_sum({"tokens": 3.0, "loss": 1.5}) == {"loss": 1.5, "tokens": 3.0}
-    assert all_reduce_mean({"x": 2}) == {"x": 2.0}
+    runtime = Runtime(DistributedSpec(), torch.device("cpu"))
+    assert runtime.reduce([3.0, 1.5], "sum", torch.float64).tolist() == [3.0, 1.5]
+    assert runtime.reduce(2, "max", torch.int64).item() == 2
+    assert runtime.broadcast_object({"x": 2}) == {"x": 2}
+    with pytest.raises(ValueError, match="reduction must be one of sum, max"):
+        runtime.reduce([1.0], "mean", torch.float64)  # type: ignore[arg-type]

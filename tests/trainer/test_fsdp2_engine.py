@@ -6,7 +6,7 @@ the fsdp2 run's step-1 checkpoint is resumed under ddp. The job is micro-batched
 prompts × 4 samples over 2 processes are 8 and 4 rows, in micro-batches of 3 rows, so one process runs 3
 micro-batches and the other 2 and a padding one (one row), with micro-batches of one group's rows, of two
 groups' and the padding row: the forward paths that once left fsdp2's processes out of step (a hang, see
-trainer.update.micro_batch_plan). The same job as fsdp2 with micro-batches of 12 rows (one per process)
+trainer.policy.update.micro_batch_plan). The same job as fsdp2 with micro-batches of 12 rows (one per process)
 is the result that gradient accumulation must give. STARE ranks its tokens over the step batch (scope
 step_batch): over each micro-batch (the default scope) its selection would depend on the micro-batching, by
 definition. Step 1 of this job has equal rewards within every group (a zero gradient: AdamW's decay alone
@@ -40,7 +40,7 @@ from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import small_spec
 
 # Step 1 has equal rewards within every group, step 2 has a group with mixed rewards (each prompt samples
-# from its own stream, trainer.sampling: seed 3, small_spec's, now has a mixed group at step 1).
+# from its own stream, trainer.rollout.sampling: seed 3, small_spec's, now has a mixed group at step 1).
 SEED = 1
 TOL = 1e-4
 COMPARED = ("loss/policy", "entropy/mean", "reward/mean", "actor/grad_norm", "actor/lr")

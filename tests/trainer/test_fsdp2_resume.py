@@ -33,7 +33,7 @@ import torch
 from contract.spec import TrainSpec
 from tests.trainer.launch import run_trainer
 from tests.trainer.test_engine import small_spec
-from trainer.update import lr_factor
+from trainer.policy.update import lr_factor
 
 WARMUP_STEPS = 3  # the lr still changes between the steps, so its position is observable
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
@@ -99,7 +99,7 @@ def _step2_shares(checkpoint: Path, processes: int) -> list:
     from trainer.data import collect, load_examples
     from trainer.engine import seed_everything, step_seed
     from trainer.models import load_model_and_tokenizer
-    from trainer.vllm_engine import build_rollout_engine
+    from trainer.rollout.vllm_engine import build_rollout_engine
 
     spec = TrainSpec.model_validate(_spec(processes))
     model, tokenizer = load_model_and_tokenizer(str(checkpoint / "model"))  # model/'s weights
@@ -120,7 +120,7 @@ def _step2_shares(checkpoint: Path, processes: int) -> list:
 
 def _token_mean_entropy(checkpoint: Path, shares: list, temperature: float) -> float:
     from trainer.models import load_model_and_tokenizer
-    from trainer.scoring import response_stats
+    from trainer.policy.scoring import response_stats
 
     model, _ = load_model_and_tokenizer(str(checkpoint / "model"))
     total, tokens = 0.0, 0.0

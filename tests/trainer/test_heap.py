@@ -1,4 +1,4 @@
-"""The engine's heap setting (trainer/heap.py): freed blocks stay in the process, so re-allocating them
+"""The engine's heap setting (trainer/run/heap.py): freed blocks stay in the process, so re-allocating them
 every step faults no pages in. Each case runs in a fresh interpreter: the setting is per process."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, resource
 import torch
-from trainer import heap
+from trainer.run import heap
 from trainer.models import build_tiny_arith
 torch.set_num_threads(1)
 applied = heap.keep_freed_heap()

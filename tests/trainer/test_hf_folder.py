@@ -17,9 +17,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.distributed import DistributedSpec
 from contract.storage import StorageError
 from tests.trainer.test_strategy import _lora_model
-from trainer.distributed import checkpoint
+from trainer.distributed import Runtime, checkpoint
 from trainer.distributed.hf_folder import INDEX_FILE, SINGLE_FILE, write_folder, write_weights
 from trainer.distributed.strategy import full_state
 from trainer.models import build_tiny_arith
@@ -96,7 +97,8 @@ def test_a_live_lora_export_is_the_merged_model_and_a_failed_write_leaves_nothin
 ) -> None:
     lora = _lora_model()
     merged = copy.deepcopy(lora).merge_and_unload()
-    out = checkpoint.export_hf_folder(lora, tmp_path / "model")
+    runtime = Runtime(DistributedSpec(), torch.device("cpu"))
+    out = checkpoint.export_hf_folder(lora, tmp_path / "model", runtime=runtime)
     assert out == tmp_path / "model" and not any(out.glob("adapter_*"))
     assert torch.equal(_logits(AutoModelForCausalLM.from_pretrained(out)), _logits(merged))
 
@@ -105,6 +107,6 @@ def test_a_live_lora_export_is_the_merged_model_and_a_failed_write_leaves_nothin
 
     monkeypatch.setattr("safetensors.torch.save_file", full_disk)
     with pytest.raises(StorageError) as raised:
-        checkpoint.export_hf_folder(lora, tmp_path / "again")
+        checkpoint.export_hf_folder(lora, tmp_path / "again", runtime=runtime)
     assert raised.value.errno_name == "ENOSPC"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp folder, no half folder

@@ -1,7 +1,7 @@
-"""The switch between training and sampling (trainer.hybrid.rollout_mode), on a recording engine: an engine
+"""The switch between training and sampling (trainer.rollout.hybrid.rollout_mode), on a recording engine: an engine
 with its own weights is woken, fed the policy's full state only when the policy changed, and put back to
 sleep even when the block fails; an engine on the policy samples inside the strategy's full weights. And
-vLLM's device share (trainer.vllm_engine.memory_fraction, rollout.gpu_memory_fraction). No vLLM needed.
+vLLM's device share (trainer.rollout.vllm_engine.memory_fraction, rollout.gpu_memory_fraction). No vLLM needed.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pydantic import ValidationError
 from contract.distributed import DistributedSpec
 from contract.spec import TrainSpec
 from trainer.distributed.strategy import make_strategy
-from trainer.generation import HFGenerate
-from trainer.hybrid import Rollouts
 from trainer.models import build_tiny_arith
-from trainer.vllm_engine import MEMORY_FRACTION_BOUNDS, MEMORY_MARGIN, memory_fraction
+from trainer.rollout.generation import HFGenerate
+from trainer.rollout.hybrid import Rollouts
+from trainer.rollout.vllm_engine import MEMORY_FRACTION_BOUNDS, MEMORY_MARGIN, memory_fraction
 
 
 class Recording:
@@ -46,7 +46,7 @@ def _rollouts(engine):  # type: ignore[no-untyped-def]
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() != 1:
         pytest.skip("needs a lone process")
     model, tokenizer = build_tiny_arith(seed=0)
-    strategy = make_strategy(DistributedSpec(), torch.device("cpu"))
+    strategy = make_strategy(DistributedSpec(), torch.device("cpu"), 1)
     prepared = strategy.prepare(model)
     return Rollouts(strategy, prepared, engine(prepared, tokenizer)), prepared
 

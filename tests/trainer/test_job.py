@@ -1,6 +1,6 @@
-"""Launch and stop: the `run` arguments declared once (trainer.job.add_run_arguments) and built once
-(worker.supervisor.run_arguments), the one job entry (trainer.job.run_job) and the stop policies
-(trainer.events.StopPolicy, AgreedStop) the engine is given."""
+"""Launch and stop: the `run` arguments declared once (trainer.launch.command.add_run_arguments) and built once
+(worker.supervisor.run_arguments), the one job entry (trainer.launch.job.run_job) and the stop policies
+(trainer.run.events.StopPolicy, AgreedStop) the engine is given."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
-from trainer.events import AgreedStop, StopPolicy, stop_policy
-from trainer.job import Refused, add_run_arguments, load_job_spec, run_job
-from trainer.ray_launch import _parser as ray_parser
+from trainer.launch.command import Refused, add_run_arguments, load_job_spec
+from trainer.launch.job import run_job
+from trainer.launch.ray_driver import _parser as ray_parser
+from trainer.run.events import AgreedStop, StopPolicy, stop_policy
 from worker.supervisor import ray_command, run_arguments, trainer_command
 
 
@@ -58,15 +60,30 @@ def test_a_bad_spec_is_refused_by_the_one_entry(tmp_path: Path) -> None:
         run_job(tmp_path / "missing.yaml", tmp_path / "out", resume=False)
 
 
+def _one_process(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
+    """The reduction over a group of one: this process's own values."""
+    return torch.tensor(values, dtype=dtype)
+
+
 def test_stop_policies() -> None:
     alone = stop_policy(1)
-    assert type(alone) is StopPolicy and alone.agreed() is None
+    assert type(alone) is StopPolicy and alone.agreed(_one_process) is None
     alone.request(signal.SIGINT)
     alone.request(signal.SIGTERM)  # the first request is the one reported
-    assert alone.agreed() == signal.SIGINT
+    assert alone.agreed(_one_process) == signal.SIGINT
     assert isinstance(stop_policy(2), AgreedStop)
-    # Without a process group the agreement is this process's own answer.
+    # In a group of one the agreement is this process's own answer.
     agreed = AgreedStop()
-    assert agreed.agreed() is None
+    assert agreed.agreed(_one_process) is None
     agreed.request(signal.SIGTERM)
-    assert agreed.agreed() == signal.SIGTERM
+    assert agreed.agreed(_one_process) == signal.SIGTERM
+
+    # Above one process: where another process was asked, this one (not asked) stops too, with SIGTERM's.
+    def other_asked(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
+        assert reduction == "sum"
+        return torch.tensor(values, dtype=dtype) + 1.0
+
+    assert AgreedStop().agreed(other_asked) == signal.SIGTERM
+    interrupted = AgreedStop()
+    interrupted.request(signal.SIGINT)
+    assert interrupted.agreed(other_asked) == signal.SIGINT

@@ -20,7 +20,7 @@ from trainer.models import (
     ensure_converted,
     load_model_and_tokenizer,
 )
-from trainer.tasks import Example, render_prompt
+from trainer.tasks.sources import Example, render_prompt
 
 
 @pytest.fixture(scope="module")

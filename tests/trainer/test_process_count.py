@@ -1,5 +1,5 @@
 """The same job at 1 process and at 2 (torchrun, gloo, CPU) is the same run: each prompt samples from its own
-stream (trainer.sampling), so the processes' shares of a step draw exactly what one process draws.
+stream (trainer.rollout.sampling), so the processes' shares of a step draw exactly what one process draws.
 
 Four launches of the engine's own run loop (tests/trainer/process_count_worker.py: Engine.run as
 `python -m trainer run` runs it, recording each process's samples and step metrics), module-scoped:

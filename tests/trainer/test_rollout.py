@@ -8,12 +8,12 @@ import torch
 
 from contract.spec import TrainSpec
 from trainer.data import load_examples
-from trainer.generation import HFGenerate
 from trainer.models import apply_lora, load_model_and_tokenizer
-from trainer.rollout import SampledTokenStats, concat_rollouts, generate, rollout
-from trainer.scoring import response_stats
-from trainer.tasks import Example
-from trainer.verifiers import score
+from trainer.policy.scoring import response_stats
+from trainer.rollout.batch import SampledTokenStats, concat_rollouts, generate, rollout
+from trainer.rollout.generation import HFGenerate
+from trainer.tasks.sources import Example
+from trainer.tasks.verifiers import score
 
 
 def tiny_spec(**optim: object) -> TrainSpec:

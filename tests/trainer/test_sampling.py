@@ -1,4 +1,4 @@
-"""Each prompt's samples come from its own stream (trainer.sampling), named by (job seed, purpose, step,
+"""Each prompt's samples come from its own stream (trainer.rollout.sampling), named by (job seed, purpose, step,
 dynamic-sampling round, the prompt's index in the step's batch):
 - the seed derivation is a stable hash (a fixed value, the same in any process) and differs by every part;
 - HF generate's sampler has transformers' maths (temperature, top-p nucleus, a categorical draw): the same
@@ -22,12 +22,12 @@ from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
 from contract.spec import TrainSpec
 from tests.trainer.test_engine import small_spec
-from trainer import placement
 from trainer.data import collect, load_examples
 from trainer.engine import Engine, seed_everything
-from trainer.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
-from trainer.sampling import SampleStreams, SeededSampler, nucleus, stream_seed, turn_seeds
+from trainer.policy import placement
+from trainer.rollout.generation import HFGenerate
+from trainer.rollout.sampling import SampleStreams, SeededSampler, nucleus, stream_seed, turn_seeds
 
 DS_STEP = 1  # a step whose dynamic sampling needs more than one round (asserted)
 

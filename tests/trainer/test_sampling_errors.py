@@ -13,9 +13,9 @@ import transformers
 import yaml
 
 from contract.protocol import ExitCode
-from trainer.__main__ import main
-from trainer.generation import HFGenerate, SamplingError
+from trainer.launch.cli import main
 from trainer.models import build_tiny_arith
+from trainer.rollout.generation import HFGenerate, SamplingError
 
 SPEC: dict[str, Any] = {
     "model": {"name": "tiny-arith"},

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import rg_safety, verifiers
-from trainer.tasks import (
+from trainer.tasks import rg_safety, verifiers
+from trainer.tasks.sources import (
     Example,
     JsonlFormatError,
     LineError,
@@ -301,13 +301,13 @@ def test_tasks_verifiers_and_catalog_import_no_torch():
         """
         import sys
         from contract import catalog
-        from trainer import tasks, verifiers
-        examples = tasks.make_examples("arithmetic", size=3, seed=0)
+        from trainer.tasks import sources, verifiers
+        examples = sources.make_examples("arithmetic", size=3, seed=0)
         assert verifiers.score("exact", examples[0].answer, examples[0]) == 1.0
-        assert verifiers.score("math_verify", "\\\\boxed{1/2}", tasks.Example("q", "0.5")) == 1.0
-        rg = tasks.make_examples("reasoning_gym", name="chain_sum", size=1, seed=0)[0]
+        assert verifiers.score("math_verify", "\\\\boxed{1/2}", sources.Example("q", "0.5")) == 1.0
+        rg = sources.make_examples("reasoning_gym", name="chain_sum", size=1, seed=0)[0]
         assert verifiers.score("reasoning_gym", rg.answer, rg) == 1.0
-        assert tasks.validate_jsonl_lines([b'{"prompt": "p", "answer": "a"}']) == []
+        assert sources.validate_jsonl_lines([b'{"prompt": "p", "answer": "a"}']) == []
         assert catalog.BUILTIN_MODELS
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "transformers", "accelerate"})
         assert not heavy, heavy[:5]

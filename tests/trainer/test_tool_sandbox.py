@@ -18,7 +18,7 @@ from tests.conftest import requires_binary
 from trainer.envs import sandbox
 from trainer.envs.tool_use import ToolUseEnv, parse_call
 from trainer.envs.tools import CalculatorError, calculate, calculator_tool
-from trainer.tasks import Example
+from trainer.tasks.sources import Example
 
 LIMITS = ToolLimitsSpec(cpu_seconds=1, wall_seconds=1.5, memory_mb=128, processes=4, output_bytes=2048)
 

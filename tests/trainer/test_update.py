@@ -10,11 +10,11 @@ import torch
 
 from contract.spec import TrainSpec
 from trainer.data import load_examples
-from trainer.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
-from trainer.rollout import rollout
-from trainer.scoring import prompts_shareable, response_logits, response_stats
-from trainer.update import measure_old_policy, micro_batch_plan, no_grad_pass, one_pass
+from trainer.policy.scoring import prompts_shareable, response_logits, response_stats
+from trainer.policy.update import measure_old_policy, micro_batch_plan, no_grad_pass, one_pass
+from trainer.rollout.batch import rollout
+from trainer.rollout.generation import HFGenerate
 
 
 def _spec(**optim: object) -> TrainSpec:

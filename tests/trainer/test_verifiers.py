@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.tasks import Example, make_examples
-from trainer.verifiers import (
+from trainer.tasks.sources import Example, make_examples
+from trainer.tasks.verifiers import (
     VERIFIERS,
     VerifierError,
     extract_answer,

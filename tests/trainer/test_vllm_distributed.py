@@ -13,7 +13,7 @@ gradient norms are > 0). Asserted:
   TOL.
 
 Tolerance. The two runs see the same prompts per process, and the same samples: each prompt's request
-carries its seed (trainer.sampling) and vLLM samples a seeded request from its own generator, from weights
+carries its seed (trainer.rollout.sampling) and vLLM samples a seeded request from its own generator, from weights
 that agree to float32 rounding. What differs is the update's arithmetic: DDP all-reduces whole gradients,
 FSDP2 reduce-scatters and all-gathers shards, the same sums in other orders. docs/DISTRIBUTED.md derives a
 few 1e-6 on the loss for one update from float32 reassociation; TOL = 1e-4 absolute is the bound

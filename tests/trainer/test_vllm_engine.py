@@ -1,4 +1,4 @@
-"""vLLM as the rollout engine (trainer.vllm_engine), on the tiny model after the tool-use spec's SFT
+"""vLLM as the rollout engine (trainer.rollout.vllm_engine), on the tiny model after the tool-use spec's SFT
 warm-start: greedy rollouts equal HF generate's token for token; groups, temperature and top-p, the
 token budget and EOS; after an optimiser step and its weight push the engine's log-probs equal the
 trainer's (and differ without the push); tool-use episodes are token-in, token-out and carry the
@@ -25,10 +25,10 @@ from trainer.algos.surrogate import PolicyLossInputs
 from trainer.data import collect
 from trainer.engine import Engine
 from trainer.evaluation import evaluate
-from trainer.generation import HFGenerate
-from trainer.mismatch import corrected_advantages, step_mismatch_metrics, truncated_is_weights
-from trainer.rollout import Episodes, Rollout, episodes_rollout, run_episodes
-from trainer.scoring import response_stats
+from trainer.policy.scoring import response_stats
+from trainer.rollout.batch import Episodes, Rollout, episodes_rollout, run_episodes
+from trainer.rollout.generation import HFGenerate
+from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics, truncated_is_weights
 
 pytestmark = [
     pytest.mark.vllm,
@@ -68,7 +68,7 @@ def _encode(engine: Engine, prompts: list[str]) -> tuple[torch.Tensor, torch.Ten
 
 def _trainer_logprob(engine: Engine, out: object) -> torch.Tensor:
     """The trainer's log-probs (temperature 1) of a Generation's response tokens, 0 past each response."""
-    g = out  # trainer.generation.Generation
+    g = out  # trainer.rollout.generation.Generation
     batch = Rollout(
         input_ids=g.input_ids, attention_mask=g.attention_mask, response_mask=g.response_mask,  # type: ignore[attr-defined]
         prompt_length=g.prompt_length, rewards=torch.zeros(len(g.input_ids)),  # type: ignore[attr-defined]
@@ -144,14 +144,14 @@ def test_groups_budget_eos_and_top_p(engine: Engine) -> None:
 
 
 def _responses(out: object, rows: range) -> list[list[int]]:
-    g = out  # trainer.generation.Generation
+    g = out  # trainer.rollout.generation.Generation
     lengths = g.response_mask.sum(-1).long()  # type: ignore[attr-defined]
     start = g.prompt_length  # type: ignore[attr-defined]
     return [g.input_ids[r, start : start + int(lengths[r])].tolist() for r in rows]  # type: ignore[attr-defined]
 
 
 def test_a_prompts_samples_come_from_its_seed_not_its_batch(engine: Engine) -> None:
-    # Per-request seeds (trainer.sampling): one prompt's samples alone, first in a batch and last in
+    # Per-request seeds (trainer.rollout.sampling): one prompt's samples alone, first in a batch and last in
     # another (other padding, other neighbours) are the same token ids; another seed gives other ones.
     g = 4
     kwargs = dict(num_samples=g, temperature=1.5, top_p=0.95, max_new_tokens=12)
@@ -308,7 +308,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
     engine.policy.eval()
     batch, batches = collect(
         engine.policy, engine.tokenizer, engine.prompts, dynamic, rank=0, world=1,
-        sample_stats=False, reduce=engine._reduce, engine=engine.rollout_engine, step=1,
+        sample_stats=False, reduce=engine.runtime.reduce, engine=engine.rollout_engine, step=1,
     )  # fmt: skip
     engine.policy.train()
     assert 1 <= batches <= 2
@@ -319,7 +319,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
         engine.tokenizer,
         spec,
         examples,
-        engine._reduce,
+        engine.runtime.reduce,
         engine=engine.rollout_engine,
     )
     on_hf = evaluate(
@@ -327,7 +327,7 @@ def test_dynamic_sampling_and_evaluation_run_on_the_engine(engine: Engine) -> No
         engine.tokenizer,
         spec,
         examples,
-        engine._reduce,
+        engine.runtime.reduce,
         engine=HFGenerate(engine.policy, engine.tokenizer),
     )
     assert on_vllm["eval/num_prompts"] == 8.0

@@ -1,7 +1,7 @@
-"""The rollout mismatch metrics and the truncated importance-sampling correction (trainer.mismatch), on
+"""The rollout mismatch metrics and the truncated importance-sampling correction (trainer.rollout.mismatch), on
 hand-computed values; no vLLM needed. The weight push's iterator (trainer.distributed.strategy.full_state):
 LoRA layers come out merged, under the base model's names. The folder vLLM is first built from
-(trainer.vllm_engine._save_policy), written from an fsdp2 policy's shards tensor by tensor."""
+(trainer.rollout.vllm_engine._save_policy), written from an fsdp2 policy's shards tensor by tensor."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from trainer.algos import compute_policy_loss, make_loss_params
 from trainer.algos.aggregation import aggregate
 from trainer.algos.surrogate import PolicyLossInputs, clipped_surrogate
 from trainer.distributed.strategy import full_state
-from trainer.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
 from trainer.models import apply_lora, build_tiny_arith
+from trainer.rollout.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
 
 
 def _identity_reduce(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
@@ -127,9 +127,9 @@ def test_the_initial_vllm_folder_is_written_tensor_by_tensor_from_fsdp2_shards(t
     from transformers import AutoModelForCausalLM
 
     from tests.trainer.test_engine import small_spec
-    from trainer import vllm_engine
     from trainer.distributed.memory import model_shape
     from trainer.engine import Engine
+    from trainer.rollout import vllm_engine
 
     spec = TrainSpec.model_validate(small_spec(distributed={"strategy": "fsdp2"}))
     engine = Engine(spec, tmp_path / "run", progress=False)

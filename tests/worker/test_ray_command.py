@@ -20,7 +20,7 @@ from contract.protocol import ExitCode
 from contract.spec import TrainSpec
 from store.repository import Claim
 from tests.worker.harness import REPO_ROOT, tiny_spec
-from trainer.ray_launch import CONNECT_BACKSTOP_S, job_runtime_env
+from trainer.launch.ray_driver import CONNECT_BACKSTOP_S, job_runtime_env
 from worker.settings import WorkerSettings
 from worker.training import NoCluster, _marked_line, job_command
 
@@ -41,7 +41,7 @@ def test_a_one_node_job_runs_the_trainer_and_a_multi_node_job_the_ray_driver(tmp
     one = job_command(_claim(1, 1), settings, spec, out, resume=False)
     assert one[:3] == ["/py", "-m", "trainer"] and "--address" not in one
     multi = job_command(_claim(2, 1), settings, spec, out, resume=True)
-    assert multi[:4] == ["/py", "-m", "trainer.ray_launch", "run"]
+    assert multi[:4] == ["/py", "-m", "trainer.launch.ray_driver", "run"]
     assert multi[multi.index("--address") + 1] == "10.0.0.1:6379"
     assert multi[multi.index("--start-timeout-s") + 1] == "99.0"
     assert multi[multi.index("--gpus-per-worker") + 1] == "1.0"
@@ -56,7 +56,7 @@ def test_a_vllm_job_runs_its_driver_and_its_ray_processes_in_the_vllm_interprete
     assert job_command(vllm, settings, spec, out, resume=False)[:3] == [
         "/vllm/python",
         "-m",
-        "trainer.ray_launch",
+        "trainer.launch.ray_driver",
     ]
     assert job_command(_claim(2, 1), settings, spec, out, resume=False)[0] == "/py"
     # The driver hands its own interpreter to the job's Ray processes for a vllm job only.
@@ -86,7 +86,15 @@ def test_a_driver_stuck_in_ray_init_holding_the_gil_still_ends(tmp_path: Path) -
     (fake / "__init__.py").write_text("import ctypes\n\ndef init(**_):\n    ctypes.PyDLL(None).sleep(60)\n")
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec(4, distributed={"nodes": 2, "processes_per_node": 1})))
-    command = [sys.executable, "-m", "trainer.ray_launch", "run", str(spec), "--out", str(tmp_path / "run")]
+    command = [
+        sys.executable,
+        "-m",
+        "trainer.launch.ray_driver",
+        "run",
+        str(spec),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     command += ["--address", "127.0.0.1:1", "--connect-timeout-s", "1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), str(REPO_ROOT)])}
     started = time.monotonic()

@@ -290,7 +290,7 @@ LOST_NODE_JOBS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # the whole cluster: 2 nodes × 2 processes, each with the whole model, sampling with HF generate
     "ddp-hf": ({"processes_per_node": 2}, {}),
     # fsdp2 over the 2 nodes, each process sampling with its own vLLM engine fed from the shards; its
-    # Ray processes run vLLM's interpreter (Ray's py_executable, trainer/ray_launch.py)
+    # Ray processes run vLLM's interpreter (Ray's py_executable, trainer/launch/ray_driver.py)
     "fsdp2-vllm": ({"processes_per_node": 1, "strategy": "fsdp2"}, {"rollout": {"engine": "vllm"}}),
 }
 LOGPROB_TOLERANCE = 1e-3  # tests/trainer/test_vllm_engine.py: vLLM's float32 CPU kernels against torch's

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.distributed import DistributedSpec
 from contract.storage import (
     STORAGE_FULL,
     STORAGE_IO_ERROR,
@@ -23,7 +24,7 @@ from contract.storage import (
     storage_writes,
 )
 from trainer import checkpoints
-from trainer.distributed import save_sharded
+from trainer.distributed import Runtime, save_sharded
 from worker import supervisor
 from worker.supervisor import TAIL_BYTES, TAIL_LINES, OutputTail, TrainerProcess
 from worker.training import _crash_message, _error_lines, _storage_error
@@ -140,8 +141,8 @@ def _save(root: Path, step: int, export: Callable[[Path], None] | None = None, v
         optimizer,
         {"cursor": step, "step": step},
         scheduler=scheduler,
+        runtime=Runtime(DistributedSpec(), torch.device("cpu")),
         before_commit=export or _export(),
-        strategy="ddp",
     )
 
 

@@ -11,7 +11,7 @@ its list_checkpoints, latest_checkpoint and prune work on these folders too):
   model_config/       the HF config (and peft's adapter_config.json for LoRA), for export without the job
   distributed.json    world size and strategy it was written at (information: loading reshards freely)
   state.json          the caller's extra state (step, data cursor, controller state); written last
-The caller's `before_commit` adds the folders users download (trainer.placement: `model/`, `adapter/`).
+The caller's `before_commit` adds the folders users download (trainer.policy.placement: `model/`, `adapter/`).
 Every process writes (and fsyncs) its part into one temp folder `.tmp-step-000050-PID` (rank 0's pid); after
 all report success rank 0 writes state.json and renames the folder into place, so a step-* folder exists
 only once complete. A failure on any process removes the temp folder on rank 0 and raises on every
@@ -55,14 +55,9 @@ from torch.distributed.checkpoint.state_dict import (
 from contract.storage import fsync_dir, fsync_tree, storage_writes
 from trainer.checkpoints import replace_folder, rng_state, set_rng_state
 from trainer.distributed.hf_folder import write_folder, write_weights
-from trainer.distributed.process_group import all_reduce_sum, barrier, broadcast_object, rank, world_size
-from trainer.distributed.strategy import (
-    adapter_model,
-    full_adapter_state,
-    full_state,
-    hf_model,
-    peft_config_of,
-)
+from trainer.distributed.runtime import Runtime
+from trainer.distributed.strategy import full_adapter_state, full_state
+from trainer.models import adapter_model, hf_model, peft_config_of
 
 SHARDS_DIR = "sharded"
 RNG_DIR = "rng"
@@ -82,20 +77,20 @@ def save_sharded(
     optimizer: torch.optim.Optimizer,
     extra_state: dict[str, Any],
     *,
+    runtime: Runtime,
     scheduler: Any = None,
     before_commit: Callable[[Path], None] | None = None,
-    strategy: str,
 ) -> Path:
     """Writes the checkpoint `folder` (e.g. trainer.checkpoints.checkpoint_dir(root, step)) from every
     process; returns it once committed. Collective: every process calls it with its own model.
     `before_commit(tmp)` (collective, optional) adds to the temp folder after the shards are written and
     before the commit (the engine exports the consolidated HF folder `model/` there); a failure in it on
-    any process aborts the checkpoint like a failed shard write. `strategy`: the one it was written under
-    (recorded in distributed.json, for information)."""
+    any process aborts the checkpoint like a failed shard write. The runtime's strategy and world size are
+    recorded in distributed.json, for information."""
     folder = Path(folder)
-    tmp = Path(str(broadcast_object(str(folder.parent / f".tmp-{folder.name}-{os.getpid()}"))))
+    tmp = Path(runtime.broadcast_object(str(folder.parent / f".tmp-{folder.name}-{os.getpid()}")))
     error: BaseException | None = None
-    if rank() == 0:
+    if runtime.is_main:
         try:
             with storage_writes(tmp):
                 folder.parent.mkdir(parents=True, exist_ok=True)
@@ -104,30 +99,32 @@ def save_sharded(
                 (tmp / RNG_DIR).mkdir(parents=True)
         except Exception as err:
             error = err
-    _raise_if_any_failed(error, tmp)  # also the barrier: the folder exists before anyone writes into it
+    _raise_if_any_failed(
+        runtime, error, tmp
+    )  # also the barrier: the folder exists before anyone writes into it
     try:
         with storage_writes(tmp):
-            _write_shards(tmp, model, optimizer, scheduler)
+            _write_shards(runtime, tmp, model, optimizer, scheduler)
     except Exception as err:  # reported to the other processes, then raised
         error = err
-    _raise_if_any_failed(error, tmp)
+    _raise_if_any_failed(runtime, error, tmp)
     if before_commit is not None:
         try:
             with storage_writes(tmp):
                 before_commit(tmp)
         except Exception as err:
             error = err
-        _raise_if_any_failed(error, tmp)
-    if rank() == 0:
+        _raise_if_any_failed(runtime, error, tmp)
+    if runtime.is_main:
         try:
             with storage_writes(tmp):
-                _write_rank0_files(tmp, model, extra_state, strategy)
+                _write_rank0_files(runtime, tmp, model, extra_state)
                 fsync_tree(tmp)
                 replace_folder(tmp, folder)
                 fsync_dir(folder.parent)  # the rename itself survives a power cut
         except Exception as err:
             error = err
-    _raise_if_any_failed(error, tmp)
+    _raise_if_any_failed(runtime, error, tmp)
     return folder
 
 
@@ -150,10 +147,10 @@ def _model_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[di
     return model_state, optimizer_state
 
 
-def _write_error(err: CheckpointException) -> BaseException:
+def _write_error(err: CheckpointException, rank: int) -> BaseException:
     """The error behind DCP's CheckpointException: this process's own, else the lowest rank's."""
     failures = err.failures
-    own = failures.get(rank())
+    own = failures.get(rank)
     if own is None and failures:
         own = failures[min(failures)]
     return own[0] if own is not None else RuntimeError(str(err))
@@ -218,7 +215,9 @@ def _writer(path: Path) -> dcp.FileSystemWriter:
     return writer
 
 
-def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+def _write_shards(
+    runtime: Runtime, tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> None:
     fresh = not optimizer.state
     model_state, optimizer_state = _model_state(model, optimizer)
     if fresh:
@@ -233,8 +232,8 @@ def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     try:
         dcp.save(state, storage_writer=_writer(tmp / SHARDS_DIR))
     except CheckpointException as err:
-        raise _write_error(err) from None
-    path = tmp / RNG_DIR / rng_file(rank())
+        raise _write_error(err, runtime.rank) from None
+    path = tmp / RNG_DIR / rng_file(runtime.rank)
     with open(path, "wb") as fh:
         with _keeping_errno(fh) as keeping:
             torch.save(rng_state(), keeping)
@@ -242,9 +241,9 @@ def _write_shards(tmp: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
         os.fsync(fh.fileno())
 
 
-def _write_rank0_files(tmp: Path, model: nn.Module, extra_state: dict[str, Any], strategy: str) -> None:
+def _write_rank0_files(runtime: Runtime, tmp: Path, model: nn.Module, extra_state: dict[str, Any]) -> None:
     _save_model_config(model, tmp / CONFIG_DIR)
-    layout = {"world_size": world_size(), "strategy": strategy}
+    layout = {"world_size": runtime.world_size, "strategy": runtime.strategy.name}
     (tmp / LAYOUT_FILE).write_text(json.dumps(layout, indent=2, sort_keys=True))
     (tmp / STATE_FILE).write_text(
         json.dumps(extra_state, indent=2, sort_keys=True)
@@ -262,21 +261,26 @@ def _save_model_config(model: nn.Module, out_dir: Path) -> None:
         peft_config.save_pretrained(out_dir)
 
 
-def _raise_if_any_failed(error: BaseException | None, tmp: Path) -> None:
+def _raise_if_any_failed(runtime: Runtime, error: BaseException | None, tmp: Path) -> None:
     """Collective: every process learns whether any failed; then all raise (after rank 0 removed `tmp`)."""
-    failed = all_reduce_sum({"failed": 1.0 if error is not None else 0.0})["failed"]
+    failed = float(runtime.reduce([1.0 if error is not None else 0.0], "sum", torch.float64)[0])
     if failed == 0:
         return
-    if rank() == 0:
+    if runtime.is_main:
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder never lingers (nor fills the disk)
-    barrier()
+    runtime.barrier()
     if error is not None:
         raise error
     raise RuntimeError(f"{tmp.name}: {int(failed)} other process(es) failed to write their part")
 
 
 def load_sharded(
-    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, scheduler: Any = None
+    folder: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    runtime: Runtime,
+    scheduler: Any = None,
 ) -> dict[str, Any]:
     """Restores model, optimizer, scheduler and this process's RNG from `folder`, written at any world
     size under either strategy; returns the extra state saved with it. Collective. `model` is prepared
@@ -304,7 +308,7 @@ def load_sharded(
     )
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
-    own = folder / RNG_DIR / rng_file(rank())
+    own = folder / RNG_DIR / rng_file(runtime.rank)
     set_rng_state(torch.load(own if own.is_file() else folder / RNG_DIR / rng_file(0), weights_only=False))
     return dict(json.loads((folder / STATE_FILE).read_text()))
 
@@ -312,29 +316,39 @@ def load_sharded(
 # --- export -----------------------------------------------------------------------------------------------
 
 
-def export_hf_folder(source: Path | nn.Module, out_dir: Path, *, tokenizer: Any = None) -> Path | None:
+def export_hf_folder(
+    source: Path | nn.Module, out_dir: Path, *, runtime: Runtime | None = None, tokenizer: Any = None
+) -> Path | None:
     """A Hugging Face folder at `out_dir` from a live (sharded) model (collective: every process gathers,
     rank 0 writes each tensor as it comes, trainer.distributed.hf_folder, so it never holds the full state)
-    or from a sharded checkpoint folder (one process, no process group needed). Returns out_dir on the
-    process that wrote it, None on the others."""
+    or from a sharded checkpoint folder (one process, no process group needed: no `runtime`). Returns out_dir
+    on the process that wrote it, None on the others."""
     out_dir = Path(out_dir)
     if not isinstance(source, nn.Module):
+        if runtime is not None:
+            raise ValueError(
+                "export_hf_folder: a checkpoint folder is exported by one process, without a runtime"
+            )
         return _export_checkpoint(Path(source), out_dir, tokenizer)
+    if runtime is None:
+        raise ValueError("export_hf_folder: a live model is exported by every process: give the runtime")
     inner = hf_model(source)
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     error: BaseException | None = None
-    if rank() == 0:
+    if runtime.is_main:
         try:
             _write_hf_folder(out_dir, full_state(source), inner.config, inner.generation_config, tokenizer)
         except Exception as err:
             error = err
     else:
         write_weights(full_state(source), tmp, write=False)  # the gathers rank 0's writer asks for
-    _raise_if_any_failed(error, tmp)
-    return out_dir if rank() == 0 else None
+    _raise_if_any_failed(runtime, error, tmp)
+    return out_dir if runtime.is_main else None
 
 
-def export_adapter(model: nn.Module, out_dir: Path, *, tokenizer: Any = None) -> Path | None:
+def export_adapter(
+    model: nn.Module, out_dir: Path, *, runtime: Runtime, tokenizer: Any = None
+) -> Path | None:
     """A LoRA model's adapters at `out_dir` as peft saves them (adapter_config.json, adapter_model.safetensors,
     and the tokenizer when given): collective, every process gathers its adapter shards, rank 0 writes (the
     adapters are small). Returns out_dir on the process that wrote it, None on the others."""
@@ -342,7 +356,7 @@ def export_adapter(model: nn.Module, out_dir: Path, *, tokenizer: Any = None) ->
     if peft_model is None:
         raise ValueError("export_adapter: the model has no LoRA adapters")
     adapters = full_adapter_state(model)  # rank 0 holds them, the others an empty dict
-    if rank() != 0:
+    if not runtime.is_main:
         return None
 
     def write(tmp: Path) -> None:

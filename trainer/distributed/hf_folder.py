@@ -2,7 +2,7 @@
 
 Both places that turn a (possibly sharded) policy into a folder other code loads use this: the checkpoint's
 consolidated `model/` folder (trainer.distributed.checkpoint, rank 0 writes) and the folder vLLM is built
-from (trainer.vllm_engine, every process its own). The tensors come from `strategy.full_state` one at a
+from (trainer.rollout.vllm_engine, every process its own). The tensors come from `strategy.full_state` one at a
 time; each is moved to host memory and added to the current safetensors file, which is written and dropped
 once the next tensor would take it past `file_bytes` (a larger tensor goes alone in its file). So a process
 holds at most one file's tensors and the one just gathered beside its model: the export of a 642M-parameter

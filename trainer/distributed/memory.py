@@ -1,6 +1,6 @@
 """What a process holds in memory: the estimator's inputs from a live model, and the measured peak RSS.
 
-`model_shape` reads what contract.distributed.estimate_memory needs from an HF causal LM (before wrapping).
+`model_shape` reads what contract.fleet.estimate_memory needs from an HF causal LM (before wrapping).
 `reset_peak_rss` / `peak_rss_bytes` bracket a measurement with Linux's per-process high-water mark
 (VmHWM in /proc/self/status, reset by writing 5 to /proc/self/clear_refs), so a peak reached while importing
 torch does not hide the training step's; elsewhere they fall back to getrusage's lifetime maximum.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from torch import nn
 
-from contract.distributed import ModelShape
-from trainer.distributed.strategy import decoder_layers, hf_model
+from contract.catalog import ModelShape
+from trainer.models import decoder_layers, hf_model
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")

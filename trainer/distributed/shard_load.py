@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from trainer.distributed.strategy import hf_model
+from trainer.models import hf_model
 
 
 def load_shards_from_files(model: Any, files: Sequence[Path]) -> int:

@@ -20,8 +20,8 @@ A `Strategy` answers every question the engine has about how the policy is laid 
 - `policy(model)`: the module under DDP's wrapper (peft's wrapper kept), whose parameters are the policy's.
 - `sharded`, `prompt_sharing`: what the update needs to know to keep the processes' collectives in step.
 
-`hf_model` and `peft_config_of` are the two views inside the wrappers (the transformers model, peft's
-config); nothing else in the trainer unwraps a model.
+The views inside the wrappers (the transformers model, peft's model and config, the decoder layers) are
+trainer/models.py's; nothing else in the trainer unwraps a model.
 """
 
 from __future__ import annotations
@@ -46,60 +46,19 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from contract.distributed import DistributedSpec
-from trainer.distributed.process_group import world_size
+from trainer.distributed import shard_load
+from trainer.models import decoder_layers, hf_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PromptSharing = Literal["rows", "never", "agreed"]
 Files = Sequence[Path]  # safetensors files of a model's weights (prepare's from_files)
 
 
-def make_strategy(spec: DistributedSpec, device: torch.device) -> Strategy:
-    """The strategy `spec` names, for a process computing on `device`."""
+def make_strategy(spec: DistributedSpec, device: torch.device, world_size: int) -> Strategy:
+    """The strategy `spec` names, for a process computing on `device` in a group of `world_size` processes
+    (the Runtime makes it, for the group it joined)."""
     strategies: dict[str, type[Strategy]] = {"ddp": DDP, "fsdp2": FSDP2}
-    return strategies[spec.strategy](spec, device)
-
-
-# --- views inside the wrappers -----------------------------------------------------------------------------
-
-
-def hf_model(model: Any) -> Any:
-    """The transformers model inside DDP's and peft's wrappers (a PreTrainedModel, typed Any because
-    nn.Module's attribute lookup hides its config)."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    get_base = getattr(inner, "get_base_model", None)  # peft
-    return get_base() if callable(get_base) else inner
-
-
-def adapter_model(model: Any) -> Any:
-    """The peft model (the LoRA wrapper, with save_pretrained) inside DDP's wrapper, or None for a model
-    without adapters."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    return inner if getattr(inner, "peft_config", None) else None
-
-
-def peft_config_of(model: Any) -> Any:
-    """The LoRA adapter's peft config (one adapter), or None for a model without adapters."""
-    inner = adapter_model(model)
-    if inner is None:
-        return None
-    configs = inner.peft_config
-    if len(configs) != 1:
-        raise ValueError(f"one LoRA adapter per model; the model has {sorted(configs)}")
-    return next(iter(configs.values()))
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, in order: modules whose class HF lists in `_no_split_modules`, or a
-    subclass of one (fully_shard swaps a sharded layer's class for `FSDP<name>`, a subclass of its own)."""
-    inner = hf_model(model)
-    names = set(getattr(inner, "_no_split_modules", None) or ())
-    layers = [m for m in inner.modules() if any(c.__name__ in names for c in type(m).__mro__)]
-    if not layers:
-        raise ValueError(
-            f"cannot find the decoder layers of {type(inner).__name__}: its _no_split_modules "
-            f"({sorted(names) or 'none'}) names no submodule"
-        )
-    return layers
+    return strategies[spec.strategy](spec, device, world_size)
 
 
 # --- full tensors ------------------------------------------------------------------------------------------
@@ -212,8 +171,8 @@ class Strategy:
 
     name: ClassVar[str]
 
-    def __init__(self, spec: DistributedSpec, device: torch.device) -> None:
-        self.spec, self.device = spec, device
+    def __init__(self, spec: DistributedSpec, device: torch.device, world_size: int) -> None:
+        self.spec, self.device, self.world_size = spec, device, world_size
 
     @property
     def sharded(self) -> bool:
@@ -222,10 +181,10 @@ class Strategy:
 
     @property
     def prompt_sharing(self) -> PromptSharing:
-        """How a training forward may run a group's shared prompt once (trainer.scoring.response_logits):
+        """How a training forward may run a group's shared prompt once (trainer.policy.scoring.response_logits):
         "rows" (where the rows share one: a lone process), "never" (every call the full forward: DDP syncs
         buffers in each call), "agreed" (one choice for every process and micro-batch: sharded layers
-        all-gather in each call; trainer.update.micro_batch_plan)."""
+        all-gather in each call; trainer.policy.update.micro_batch_plan)."""
         return "rows"
 
     @property
@@ -263,9 +222,9 @@ class Strategy:
         return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
 
     def _check_world(self) -> None:
-        if world_size() != self.spec.world_size:
+        if self.world_size != self.spec.world_size:
             raise ValueError(
-                f"distributed.strategy {self.name}: the process group has {world_size()} processes, "
+                f"distributed.strategy {self.name}: the process group has {self.world_size} processes, "
                 f"the spec {self.spec.world_size}"
             )
 
@@ -355,8 +314,8 @@ class FSDP2(Strategy):
 
     name = "fsdp2"
 
-    def __init__(self, spec: DistributedSpec, device: torch.device) -> None:
-        super().__init__(spec, device)
+    def __init__(self, spec: DistributedSpec, device: torch.device, world_size: int) -> None:
+        super().__init__(spec, device, world_size)
         self._mesh: Any = None
 
     @property
@@ -397,7 +356,7 @@ class FSDP2(Strategy):
             )
         spec = self.spec
         loaded: dict[str, Any] = {}
-        if from_rank0 and world_size() > 1 and not any(p.is_meta for p in model.parameters()):  # rank 0
+        if from_rank0 and self.world_size > 1 and not any(p.is_meta for p in model.parameters()):  # rank 0
             loaded = model.state_dict()  # the loaded tensors, kept while the skeleton is sharded
             model.to("meta")
             hf_model(model).tie_weights()  # to("meta") makes a new parameter per tied module
@@ -415,7 +374,7 @@ class FSDP2(Strategy):
         if not on_meta:
             if not offload:
                 model.to(self.device)  # (with offloading, fully_shard moves each shard to host memory itself)
-            _copy_rank0_weights(model, self.device)
+            _copy_rank0_weights(model, self.device, self.world_size)
         for unit in [*decoder_layers(model), hf_model(model)]:
             fully_shard(unit, **options)
             _RESHARD_AFTER_FORWARD[unit] = spec.reshard_after_forward
@@ -425,10 +384,8 @@ class FSDP2(Strategy):
             model.to_empty(device="cpu" if offload else self.device)
             fill_non_persistent_buffers(model)
         if from_files:
-            from trainer.distributed.shard_load import load_shards_from_files
-
-            load_shards_from_files(model, from_files)
-        if from_rank0 and world_size() > 1:
+            shard_load.load_shards_from_files(model, from_files)
+        if from_rank0 and self.world_size > 1:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             fill = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -468,11 +425,11 @@ def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def _copy_rank0_weights(model: nn.Module, device: torch.device) -> None:
+def _copy_rank0_weights(model: nn.Module, device: torch.device, world_size: int) -> None:
     """Every process takes rank 0's parameters and buffers, as DDP does when it wraps a model. fully_shard
     keeps each process's own slice of whatever that process holds, so weights initialised differently per
     process would otherwise be stitched together from several initialisations."""
-    if world_size() == 1:
+    if world_size == 1:
         return
     seen: set[int] = set()
     with torch.no_grad():

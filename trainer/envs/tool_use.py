@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.spec import EnvironmentSpec
 from trainer.envs.tools import TOOLS, ToolResult, calculate, format_number, tool_error
-from trainer.tasks import Example
+from trainer.tasks.sources import Example
+
+if TYPE_CHECKING:  # typing only: the tool-use env itself loads no torch
+    from trainer.distributed.runtime import Reduce
 
 CALL_PATTERN = re.compile(r"\A\s*\(([A-Za-z_]\w*|\d+)\)(.*)\Z", re.S)
 RESULT_SUFFIX = "\n"  # after every tool result in the context
@@ -144,7 +147,7 @@ def tool_metrics(sums: dict[str, float], episodes: float) -> dict[str, float]:
     }
 
 
-def reduced_tool_metrics(counts: Any, reduce: Any) -> dict[str, float]:
+def reduced_tool_metrics(counts: Any, reduce: Reduce) -> dict[str, float]:
     """The tool/* metrics of a tool-use step, from the episodes' counters (B, len(COUNT_FIELDS)) summed
     over the processes by `reduce(values, "sum", dtype)`."""
     import torch

@@ -12,8 +12,9 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from trainer.algos import token_stats_from_logits
-from trainer.generation import cache_argument, hf_model
-from trainer.rollout import Rollout
+from trainer.models import hf_model
+from trainer.rollout.batch import Rollout
+from trainer.rollout.generation import cache_argument
 
 
 def response_stats(
@@ -102,7 +103,7 @@ def response_logits(
 
     The shared-prompt path makes two forward calls, the full forward one. Where the processes meet in every
     forward call, each process must make the same calls whatever its rows, so the caller passes
-    `share_prompts` as the run's strategy says (trainer.update.micro_batch_plan): under DDP (each call
+    `share_prompts` as the run's strategy says (trainer.policy.update.micro_batch_plan): under DDP (each call
     syncs buffers) False, every call the full forward; in an FSDP2 training forward (each call all-gathers
     every layer, its backward reduce-scatters) the choice agreed over the processes for the step: True
     takes the shared-prompt path even where the rows share no prompt. None: by the rows (one process, or

@@ -33,10 +33,10 @@ from trainer import checkpoints
 from trainer.distributed import export_adapter, export_hf_folder, load_sharded, save_sharded
 from trainer.distributed.checkpoint import CONFIG_DIR, SHARDS_DIR
 from trainer.distributed.fsdp import model_state_bytes
-from trainer.distributed.runtime import Runtime
+from trainer.distributed.runtime import Reduce, Runtime
 from trainer.models import apply_lora, load_model_and_tokenizer, model_skeleton, skeleton_of, weights_files
-from trainer.rollout import Rollout
-from trainer.scoring import align_tensors, micro_batches, response_stats
+from trainer.policy.scoring import align_tensors, micro_batches, response_stats
+from trainer.rollout.batch import Rollout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REFERENCE_FILE = Path("reference") / "model.safetensors"
@@ -134,7 +134,7 @@ def prepare_for_training(
     return prepared, optimizer
 
 
-def held_bytes(model: Any, optimizer: Any, reduce: Any) -> dict[str, float]:
+def held_bytes(model: Any, optimizer: Any, reduce: Reduce) -> dict[str, float]:
     """The step's memory/ metrics: the parameter, gradient and optimizer bytes this process holds (its
     local shards under fsdp2), and their sum over the processes (`reduce`: collective)."""
     mine = float(sum(model_state_bytes(model, optimizer).values()))
@@ -163,16 +163,16 @@ def save_training_state(
 
     def export(tmp: Path) -> None:
         if lora is not None:
-            export_adapter(model, tmp / "adapter", tokenizer=tokenizer)
+            export_adapter(model, tmp / "adapter", runtime=runtime, tokenizer=tokenizer)
         if lora is None or lora.merge_on_save:
-            export_hf_folder(model, tmp / "model", tokenizer=tokenizer)
+            export_hf_folder(model, tmp / "model", runtime=runtime, tokenizer=tokenizer)
 
     folder = checkpoints.checkpoint_dir(out / CHECKPOINTS_DIR, step)
     save_sharded(
-        folder, model, optimizer, {**state, "step": step}, scheduler=scheduler, before_commit=export,
-        strategy=runtime.strategy.name,
+        folder, model, optimizer, {**state, "step": step}, runtime=runtime, scheduler=scheduler,
+        before_commit=export,
     )  # fmt: skip
-    return folder if runtime.is_main_process else None
+    return folder if runtime.is_main else None
 
 
 def restore_training_state(
@@ -185,7 +185,7 @@ def restore_training_state(
     had its weights loaded by `load_policy`; its optimiser state is positional, so it loads only into an
     unsharded model."""
     if (path / SHARDS_DIR).is_dir():
-        state = load_sharded(path, model, optimizer, scheduler=scheduler)
+        state = load_sharded(path, model, optimizer, runtime=runtime, scheduler=scheduler)
         if int(state["step"]) == 0:  # saved before any update: its moments are save_sharded's placeholders
             optimizer.state.clear()
         return state
@@ -225,13 +225,13 @@ class ReferencePolicy:
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: the KL reference policy of this run is missing")
             load_model(reference, str(path), device=str(next(reference.parameters()).device))
-        elif runtime.is_main_process:
+        elif runtime.is_main:
             tmp = path.with_suffix(".tmp")
             with storage_writes(tmp):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 save_model(reference, str(tmp))
                 os.replace(tmp, path)
-        runtime.wait_for_everyone()
+        runtime.barrier()
         align_tensors(reference)
         reference.eval()
         reference.requires_grad_(False)

@@ -7,7 +7,7 @@ it sets up the job's model (a checkpoint's weights with --checkpoint; the spec's
 it has one), then draws N step batches exactly as training would, without any update, and reports
 `contract.stability.noise_floor` of their H̄ (docs/ALGORITHMS.md §11.8).
 
-Usage: python -m trainer.noise_floor SPEC.yaml [--samples 16] [--checkpoint DIR] [--out DIR]
+Usage: python -m experiments.noise_floor SPEC.yaml [--samples 16] [--checkpoint DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from contract.spec import load_spec
 from contract.stability import noise_floor
 from trainer.engine import Engine, seed_everything, step_seed
-from trainer.update import no_grad_pass
+from trainer.policy.update import no_grad_pass
 
 # Seeds of the re-samples: far from any training step's (seed, step) so they repeat none of them.
 RESAMPLE_STEP_BASE = 10_000_000
@@ -57,7 +57,9 @@ def measure(spec_path: Path, samples: int, checkpoint: Path | None, out: Path) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.noise_floor", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.noise_floor", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("spec", type=Path)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder (its model/)")

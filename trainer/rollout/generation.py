@@ -3,9 +3,9 @@
 `RolloutEngine.generate`: a batch of left-padded prompt token ids → the sampled token ids (prompt and
 response), the response mask up to each first EOS, the truncation flags and, on request, the sampling
 record (each response token's log-prob, entropy and C(p) under the sampling policy, which the update may
-read as π_old). Scoring the responses is `trainer.rollout.score_responses`. `HFGenerate` is the first
+read as π_old). Scoring the responses is `trainer.rollout.batch.score_responses`. `HFGenerate` is the first
 implementation: transformers' `generate` with a KV cache, each prompt prefilled once for its G samples,
-each prompt's samples drawn from its own stream (`seeds`; trainer.sampling).
+each prompt's samples drawn from its own stream (`seeds`; trainer.rollout.sampling).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from torch import Tensor
 from transformers import DynamicCache, LogitsProcessorList
 
 from trainer.algos.kernels import token_stats_from_logits
-from trainer.distributed.strategy import hf_model
-from trainer.sampling import SeededSampler, seeds_or_drawn
+from trainer.models import hf_model
+from trainer.rollout.sampling import SeededSampler, seeds_or_drawn
 
 SampleRecord = tuple[Tensor, Tensor, Tensor]  # (log-prob, entropy, C), each (B, R), 0 past the response
 
@@ -44,7 +44,7 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
-    """A sampler of responses. Between rollouts the trainer updates the policy; `trainer.hybrid.rollout_mode`
+    """A sampler of responses. Between rollouts the trainer updates the policy; `trainer.rollout.hybrid.rollout_mode`
     switches it to sampling and back through `owns_weights`, `wake`, `load_weights` and `sleep`."""
 
     # Whether `sample_record` (when recorded) is the trainer's own π_old, so the update may read it in place
@@ -80,7 +80,7 @@ class RolloutEngine(Protocol):
         seeds: Sequence[int] | None = None,
     ) -> Generation:
         """num_samples responses for each left-padded prompt row (n, P); `record`: the sampling record too;
-        `seeds`: each row's sampling stream (trainer.sampling; None: drawn from torch's global RNG)."""
+        `seeds`: each row's sampling stream (trainer.rollout.sampling; None: drawn from torch's global RNG)."""
         ...
 
 
@@ -225,7 +225,7 @@ def generation_kwargs(
 ) -> tuple[Any, dict[str, object]]:
     """The EOS id(s) and the `model.generate` arguments every rollout uses: sampling at the spec's
     temperature and top-p with top-k off, each row from its prompt's stream (`seeds`, one per prompt, each
-    prompt's `samples_per_seed` rows in a row; trainer.sampling.SeededSampler), or greedy decoding. The
+    prompt's `samples_per_seed` rows in a row; trainer.rollout.sampling.SeededSampler), or greedy decoding. The
     sampler draws the tokens itself, so generate runs in its greedy mode either way."""
     gen_config = model.generation_config
     eos = gen_config.eos_token_id if gen_config.eos_token_id is not None else tokenizer.eos_token_id
@@ -241,7 +241,7 @@ def generation_kwargs(
     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     if not greedy:
         if seeds is None:
-            raise ValueError("sampling needs a seed per prompt (trainer.sampling.seeds_or_drawn)")
+            raise ValueError("sampling needs a seed per prompt (trainer.rollout.sampling.seeds_or_drawn)")
         sampler = SeededSampler(seeds, samples_per_seed, temperature, top_p)
         kwargs["logits_processor"] = LogitsProcessorList([sampler])
     return eos, kwargs
@@ -323,7 +323,7 @@ class HFGenerate:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         """(input_ids (B, P+R), attention_mask, response_mask (B, R), truncated (B,), P) on the CPU.
         `recorder` (optional) watches generate's forward passes; read it with `recorder.finish`. `seeds`:
-        each prompt row's sampling stream (trainer.sampling); None: drawn from torch's global RNG."""
+        each prompt row's sampling stream (trainer.rollout.sampling); None: drawn from torch's global RNG."""
         model = self.model
         device = model_device(model)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)

@@ -4,7 +4,7 @@ Three sources, one `Example` type:
 
 - "arithmetic": our own generator of "12+34=" → "46" prompts (operations, operand range, seed).
 - "reasoning_gym": any reasoning-gym procedural task by name; `Example.meta["reasoning_gym"]` carries what
-  rebuilds its entry ({task, config, seed, size, index}, trainer/rg_safety.py), never the entry itself, so
+  rebuilds its entry ({task, config, seed, size, index}, trainer/tasks/rg_safety.py), never the entry itself, so
   the "reasoning_gym" verifier can score with the task's own score_answer on an entry no tenant wrote.
 - "jsonl": a file of {"prompt", "answer"[, "meta"]} objects, one per line, checked line by line first.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import safejson
-from trainer import rg_safety
+from trainer.tasks import rg_safety
 
 __all__ = [
     "ARITHMETIC_OPERATIONS",

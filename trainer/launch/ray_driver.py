@@ -1,9 +1,9 @@
-"""`python -m trainer.ray_launch run SPEC --out DIR --address ADDR [--resume] [--events-stdout]`: a job on a Ray
+"""`python -m trainer.launch.ray_driver run SPEC --out DIR --address ADDR [--resume] [--events-stdout]`: a job on a Ray
 cluster, nodes × processes_per_node training processes placed by Ray Train (docs/DISTRIBUTED.md).
 
 This process is the Ray *driver*: the worker supervises it exactly as it supervises `python -m trainer run`
 (the same arguments, the same event lines on stdout, the same exit codes, SIGTERM for a cooperative stop).
-It connects to the cluster, starts a relay actor on its own node (trainer.distributed.ray_worker), and runs
+It connects to the cluster, starts a relay actor on its own node (trainer.launch.ray_worker), and runs
 a `TorchTrainer` whose workers each run the engine for their rank, gang-scheduled in one placement group.
 Ray Train retries nothing (FailureConfig max_failures 0): an attempt that loses a process fails, and the
 worker's lease and attempt logic resumes the job from its last checkpoint.
@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from contract.protocol import ExitCode, format_event_line
 from contract.spec import TrainSpec
-from trainer.job import Refused, add_run_arguments, load_job_spec
+from trainer.launch.command import Refused, add_run_arguments, load_job_spec
 
 POLL_S = 0.2
 LOSS_POLL_S = 0.5  # how often a failed attempt asks the cluster whether one of its nodes died
@@ -41,7 +41,9 @@ WORKER_ENV_PREFIXES = ("STARE_", "OMP_", "MKL_", "TOKENIZERS_", "HF_", "TRANSFOR
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer.ray_launch", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.launch.ray_driver", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job spec on a Ray cluster (--out: on storage every node sees)")
     add_run_arguments(run)  # python -m trainer run's own
@@ -172,12 +174,13 @@ class Driver:
         self.storage = tempfile.mkdtemp(prefix="stare-ray-")
 
     def start(self) -> None:
+        # Ray (the `distributed` extra) and the worker body, which imports it, load only once a job starts.
         import ray
         from ray.train.v2.api.config import FailureConfig, RunConfig
         from ray.train.v2.torch.torch_trainer import TorchTrainer
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from trainer.distributed.ray_worker import Relay, train_worker
+        from trainer.launch.ray_worker import Relay, train_worker
 
         here = ray.get_runtime_context().get_node_id()
         print(f"ray driver: connected to {self.args.address}, on node {here}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""Rollouts: sample G responses per prompt through a rollout engine (trainer.generation: HF generate by
+"""Rollouts: sample G responses per prompt through a rollout engine (trainer.rollout.generation: HF generate by
 default), score them, and lay them out for training.
 
 Layout of a batch of B responses: `input_ids` (B, P + R) = left-padded prompt (P) followed by the
@@ -21,15 +21,16 @@ from torch import Tensor
 from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos.shaping import overlong_penalty
-from trainer.generation import (
+from trainer.envs.tool_use import ToolUseEnv, episode_counts
+from trainer.rollout.generation import (
     HFGenerate,
     RolloutEngine,
     SampledTokenStats,
     position_ids_from_mask,
 )
-from trainer.sampling import seeds_or_drawn, turn_seeds
-from trainer.tasks import Example, render_prompt
-from trainer.verifiers import score, shape_reward
+from trainer.rollout.sampling import seeds_or_drawn, turn_seeds
+from trainer.tasks.sources import Example, render_prompt
+from trainer.tasks.verifiers import score, shape_reward
 
 REFLECTION_PATTERN = re.compile(
     r"\b(wait|however|let me check|let me verify|alternatively|double-check)\b", re.I
@@ -55,7 +56,7 @@ class Rollout:
     # single-turn rollouts. Tool-result tokens sit inside the response with response_mask 0.
     tool_counts: Tensor | None = None
     # Per response token (B, R): its log-prob under a rollout engine that is not the trainer (vLLM's
-    # sampler), for the mismatch metrics and the truncated IS correction (trainer.mismatch); else None.
+    # sampler), for the mismatch metrics and the truncated IS correction (trainer.rollout.mismatch); else None.
     sampler_logprob: Tensor | None = None
 
     @property
@@ -179,8 +180,8 @@ def rollout(
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
     an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
-    prompt index), or the first of consecutive ones. `engine`: the rollout engine (trainer.generation).
-    `seeds`: each example's sampling stream (trainer.sampling.SampleStreams; None: drawn from torch's global
+    prompt index), or the first of consecutive ones. `engine`: the rollout engine (trainer.rollout.generation).
+    `seeds`: each example's sampling stream (trainer.rollout.sampling.SampleStreams; None: drawn from torch's global
     RNG)."""
     if spec.environment is not None:
         return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine, seeds=seeds)
@@ -300,8 +301,6 @@ def run_episodes(
     ids, so the context is always the ids the model produced plus the tools' ids. `seeds`: each example's
     stream (None: drawn from torch's global RNG); a row's turn t samples from (its example's stream, its
     sample index, t), so an episode is the same whatever else is in the batch."""
-    from trainer.envs.tool_use import ToolUseEnv
-
     env_spec = spec.environment
     assert env_spec is not None
     rows = [ex for ex in examples for _ in range(num_samples)]
@@ -366,8 +365,6 @@ def episodes_to_rollout(episodes: Episodes, pad_token_id: int) -> tuple[Tensor, 
     """(input_ids (B, P+R), attention_mask, response_mask (B, R), P, tool_counts (B, C)): prompts
     left-padded, the pieces after them right-padded; response_mask 1 on model tokens only. The counters'
     token_mismatches compares each turn's context and sampled ids with the laid-out row."""
-    from trainer.envs.tool_use import episode_counts
-
     n = len(episodes.prompt_ids)
     p_len = max(len(p) for p in episodes.prompt_ids)
     responses = [[t for ids, _ in row for t in ids] for row in episodes.pieces]

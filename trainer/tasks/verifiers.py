@@ -8,7 +8,7 @@ the training loop call.
 - numeric: the \\boxed{} content, else the last number, equals the reference within rel_tol / abs_tol.
 - math_verify: HF Math-Verify equivalence (sympy) of the \\boxed{} content, else the last number.
 - reasoning_gym: the task's own score_answer on the entry our generator rebuilds from
-  Example.meta["reasoning_gym"] = {task, config, seed, size, index} (trainer/rg_safety.py); a meta holding an
+  Example.meta["reasoning_gym"] = {task, config, seed, size, index} (trainer/tasks/rg_safety.py); a meta holding an
   entry, and the tasks whose scorers evaluate the answer as code (rg_safety.REFUSED_SCORERS), are refused.
 
 A completion is first cut at the first end-of-text marker (`STOP_MARKERS`) in case it was decoded with
@@ -49,8 +49,8 @@ from contract.verifiers import (
     get_params,
     validate_params,
 )
-from trainer import rg_safety
-from trainer.tasks import REASONING_GYM_META_KEY, Example
+from trainer.tasks import rg_safety
+from trainer.tasks.sources import REASONING_GYM_META_KEY, Example
 
 __all__ = [
     "REWARD_STYLES",

@@ -16,8 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from contract.protocol import EVENTS_FILE, EventType
 from contract.storage import StorageError, storage_writes
+from trainer.distributed.runtime import Reduce
 
 EventCallback = Callable[[dict[str, Any]], None]
 
@@ -120,8 +123,9 @@ def stop_signals(request_stop: Callable[[int], None]) -> Iterator[None]:
 class StopPolicy:
     """When the run stops after the step in progress, with a checkpoint. `request(signum)` comes from a
     signal handler (`stop_signals`) or a watcher thread (the Ray worker's relay poll); the engine calls
-    `agreed()` once at every step's end, in every process at the same point, and stops where it returns a
-    signal number. This one answers from its own process: the right answer for one process."""
+    `agreed(reduce)` once at every step's end, in every process at the same point (`reduce`: the runtime's
+    reduction over the processes), and stops where it returns a signal number. This one answers from its
+    own process: the right answer for one process."""
 
     def __init__(self) -> None:
         self.requested: int | None = None
@@ -130,7 +134,7 @@ class StopPolicy:
         if self.requested is None:
             self.requested = int(signum)
 
-    def agreed(self) -> int | None:
+    def agreed(self, reduce: Reduce) -> int | None:
         return self.requested
 
 
@@ -141,10 +145,8 @@ class AgreedStop(StopPolicy):
     while the other started the next step's). A process that was not asked itself stops with SIGTERM's
     number."""
 
-    def agreed(self) -> int | None:
-        from trainer.distributed.process_group import all_reduce_sum
-
-        asked = all_reduce_sum({"stop": 1.0 if self.requested is not None else 0.0})["stop"]
+    def agreed(self, reduce: Reduce) -> int | None:
+        asked = float(reduce([1.0 if self.requested is not None else 0.0], "sum", torch.float64)[0])
         if asked == 0:
             return None
         return self.requested if self.requested is not None else int(signal.SIGTERM)

@@ -9,11 +9,11 @@ carries what the driver and the training processes tell each other:
 
 `train_worker` is Ray Train's per-worker function. Ray Train has already joined the process group
 (torch.distributed, gloo on CPU, NCCL on GPU) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT; the engine joins that group (accelerate and
-trainer.distributed.init_process_group both use an initialised group as it is). The engine runs here as
-`python -m trainer run` runs it (trainer.job.run_job), in the same process, with the stop request delivered
+MASTER_ADDR and MASTER_PORT; the engine joins that group (trainer.distributed.runtime.Runtime uses an
+initialised group as it is). The engine runs here as
+`python -m trainer run` runs it (trainer.launch.job.run_job), in the same process, with the stop request delivered
 by a watcher thread instead of a signal, and agreed over the group at each step's end
-(trainer.events.AgreedStop, injected into the engine).
+(trainer.run.events.AgreedStop, injected into the engine).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from contract.protocol import ExitCode
+from trainer.launch.command import Refused
 
 STOP_POLL_S = 0.5  # how often a training process asks the relay whether to stop
 RELAY_CALL_S = 30.0  # a relay call that takes longer means the driver's node is gone
@@ -97,8 +98,10 @@ def train_worker(config: dict[str, Any]) -> None:
 
 
 def _run_engine(config: dict[str, Any], relay: Any, rank: int) -> int:
-    from trainer.events import AgreedStop
-    from trainer.job import Refused, run_job
+    # Here, not at the top: the driver imports this module for `Relay` and `train_worker` and must not load
+    # the engine (torch, transformers); only the training processes run this.
+    from trainer.launch.job import run_job
+    from trainer.run.events import AgreedStop
 
     def relay_event(event: dict[str, Any]) -> None:
         # Waited for: a checkpoint's event is in the relay before the next step starts.

@@ -29,10 +29,10 @@ from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
-from trainer.distributed.runtime import Collective
+from trainer.distributed.runtime import Reduce, Runtime
 from trainer.distributed.strategy import PromptSharing
-from trainer.rollout import Rollout
-from trainer.scoring import micro_batches, prompts_shareable, response_stats
+from trainer.policy.scoring import micro_batches, prompts_shareable, response_stats
+from trainer.rollout.batch import Rollout
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 Stats = tuple[Tensor, Tensor | None, Tensor | None]
@@ -88,7 +88,7 @@ class LossSetup:
 
 def policy_update(
     model: torch.nn.Module,
-    collective: Collective,
+    runtime: Runtime,
     batch: StepBatch,
     loss: LossSetup,
     *,
@@ -118,11 +118,11 @@ def policy_update(
     for i in range(total):
         padding = i >= len(rows)
         idx = rows[0][:1] if padding else rows[i]
-        ctx = contextlib.nullcontext() if i == total - 1 else collective.no_sync(model)
+        ctx = contextlib.nullcontext() if i == total - 1 else runtime.no_sync(model)
         with ctx:
             stats = first_pass if i == 0 and first_pass is not None else None
             (logprob, entropy, correction), metrics = _micro_batch(
-                model, collective, batch, loss, idx, stats, padding=padding, temperature=temperature,
+                model, runtime, batch, loss, idx, stats, padding=padding, temperature=temperature,
                 max_response_length=max_response_length, nan_injection=nan_injection, step=step,
             )  # fmt: skip
         if padding:
@@ -146,7 +146,7 @@ def policy_update(
 
 def _micro_batch(
     model: torch.nn.Module,
-    collective: Collective,
+    runtime: Runtime,
     batch: StepBatch,
     loss_setup: LossSetup,
     idx: Tensor,
@@ -197,12 +197,12 @@ def _micro_batch(
     # DDP averages gradients over processes; the local loss is a share of the global sum. A loss without a
     # graph comes from a micro-batch of skipped rows only (StepBatch.skip_rows).
     if loss.requires_grad:
-        collective.backward(loss * collective.num_processes)
+        runtime.backward(loss * runtime.world_size)
     return stats, metrics
 
 
 def micro_batch_plan(
-    batch: Rollout, micro_batch_size: int, reduce: Callable[..., Tensor], *, sharing: PromptSharing
+    batch: Rollout, micro_batch_size: int, reduce: Reduce, *, sharing: PromptSharing
 ) -> tuple[int, bool | None]:
     """(micro-batches, share_prompts): how the update runs on this process, the same on every process (one
     all-reduce of host numbers: `reduce(values, "max", dtype)`).

@@ -2,7 +2,7 @@
 
 An engine other than the policy itself (vLLM) samples with its own kernels from its own copy of the
 weights, so the probability it gave a sampled token, π_sampler(y_t), differs from the trainer's π_old(y_t)
-(scored before the update, `trainer.update.measure_old_policy`). Per step, over the sampled tokens:
+(scored before the update, `trainer.policy.update.measure_old_policy`). Per step, over the sampled tokens:
 - `rollout/mismatch_abs_mean`, `rollout/mismatch_abs_max`: |log π_sampler − log π_trainer|;
 - `rollout/mismatch_kl`: KL(π_sampler ‖ π_trainer) by the k3 estimator, mean of r − 1 − log r with
   r = π_trainer/π_sampler. The tokens are drawn from π_sampler, so E[r] = 1 and the estimate is unbiased
@@ -18,13 +18,12 @@ weights, so the probability it gave a sampled token, π_sampler(y_t), differs fr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-Reduce = Callable[[list[float], str, torch.dtype], Tensor]
+from trainer.distributed.runtime import Reduce
 
 
 def truncated_is_weights(trainer_logprob: Tensor, sampler_logprob: Tensor, cap: float) -> Tensor:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainer.distributed.strategy import Strategy
-from trainer.generation import RolloutEngine
+from trainer.rollout.generation import RolloutEngine
 
 
 class Rollouts:

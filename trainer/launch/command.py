@@ -1,6 +1,7 @@
-"""One job run in this process: the entry that `python -m trainer run` and the Ray worker both call
-(`run_job`), and the `run` command's arguments, declared once for both command lines (`add_run_arguments`:
-trainer/__main__.py and trainer/ray_launch.py, whose driver takes the same arguments plus the cluster's).
+"""The `run` command as both command lines take it (`python -m trainer run`: trainer/launch/cli.py, and the
+Ray driver: trainer/launch/ray_driver.py, which adds the cluster's arguments): its arguments, declared once
+(`add_run_arguments`), and the job spec it names (`load_job_spec`). Light on purpose: the Ray driver reads
+it and never loads the engine (torch and transformers load only in the training processes).
 
 A job that cannot run as given (an unreadable or invalid spec, bad task data or parameters found while
 loading, a launch whose process count is not the spec's) raises `Refused`, which the callers turn into
@@ -10,17 +11,12 @@ exit code 2 with the message on stderr.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from contract.protocol import EVENT_PREFIX
 from contract.spec import TrainSpec, load_spec
-
-if TYPE_CHECKING:
-    from trainer.events import EventCallback, StopPolicy
 
 
 class Refused(Exception):
@@ -56,24 +52,3 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"also print each event to stdout as one line '{EVENT_PREFIX}<json>' (for a supervising worker)",
     )
-
-
-def run_job(
-    spec_path: str | Path,
-    out: str | Path,
-    *,
-    resume: bool,
-    callbacks: Sequence[EventCallback] = (),
-    progress: bool | None = None,
-    stop: StopPolicy | None = None,
-) -> int:
-    """Runs the job at `spec_path` into `out` in this process (one process of the launch); returns the
-    engine's exit code. `stop`: the stop policy (default: the engine's, agreed above one process)."""
-    spec = load_job_spec(spec_path)
-    from trainer.engine import Engine  # heavy imports only when training
-
-    try:
-        engine = Engine(spec, out, resume=resume, callbacks=callbacks, progress=progress, stop=stop)
-        return int(engine.run())
-    except ValueError as err:  # bad task data or parameters discovered at load time
-        raise Refused(f"error: {err}") from None

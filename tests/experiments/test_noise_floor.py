@@ -1,4 +1,4 @@
-"""The noise floor of the batch entropy (trainer/noise_floor.py) on the tiny model: N fresh step batches of
+"""The noise floor of the batch entropy (experiments/noise_floor.py) on the tiny model: N fresh step batches of
 one fixed policy, their H̄ spread reported by contract.stability.noise_floor."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer import noise_floor
-
-from .test_engine import small_spec
+from experiments import noise_floor
+from tests.trainer.test_engine import small_spec
 
 
 def test_the_noise_floor_resamples_one_fixed_policy(

@@ -1,6 +1,6 @@
 """vLLM as the rollout engine (spec `rollout.engine: vllm`), colocated with the trainer: one in-process
 `vllm.LLM` per trainer process, holding its own copy of the policy's weights, refreshed before the first
-rollout after an optimiser step (`load_weights`, fed the strategy's `full_state` by trainer.hybrid's
+rollout after an optimiser step (`load_weights`, fed the strategy's `full_state` by trainer.rollout.hybrid's
 `rollout_mode`). docs/ROLLOUTS.md describes it.
 
 - Above one process (torchrun, a Ray worker; ddp or fsdp2): each process builds its own engine (tensor
@@ -14,8 +14,8 @@ rollout after an optimiser step (`load_weights`, fed the strategy's `full_state`
   back as ids; nothing is re-tokenised, so multi-turn episodes keep the exact tokens of every turn.
 - The sampling record: vLLM's log-probs are of its own processed distribution (temperature, top-p) and its
   own kernels, so they are not π_old. `gives_pi_old` is False: the update scores π_old with the trainer
-  (`trainer.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
-  for the mismatch metrics and the truncated importance-sampling correction (`trainer.mismatch`).
+  (`trainer.policy.update.measure_old_policy`), and the sampler's log-probs travel as `Generation.sampler_logprob`
+  for the mismatch metrics and the truncated importance-sampling correction (`trainer.rollout.mismatch`).
 - Sleep and wake: on a GPU the engine is built with `enable_sleep_mode` and sleeps (weights offloaded, KV
   cache freed) while the trainer updates, so both fit one device; its share of the device while awake is
   rollout.gpu_memory_fraction, or what the estimated training state leaves (`memory_fraction`). On the CPU
@@ -33,13 +33,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from contract.fleet import VLLM_CPU_KV_CACHE_GIB
+from contract.fleet import VLLM_CPU_KV_CACHE_GIB, job_memory
 from contract.spec import TrainSpec
 from trainer.distributed.hf_folder import FILE_BYTES, write_folder
-from trainer.distributed.process_group import world_size
-from trainer.distributed.strategy import full_state, hf_model
-from trainer.generation import Generation, HFGenerate, RolloutEngine
-from trainer.sampling import seeds_or_drawn
+from trainer.distributed.memory import model_shape
+from trainer.distributed.strategy import full_state
+from trainer.models import hf_model
+from trainer.rollout.generation import Generation, HFGenerate, RolloutEngine
+from trainer.rollout.sampling import seeds_or_drawn
 
 # vLLM reads these when it is imported. In-process engine: the weight push hands tensors to the model
 # runner directly (no copy through a file or a socket). CPU: a 1 GiB KV cache, and no thread pinning, as
@@ -68,10 +69,10 @@ def _import_vllm() -> Any:
 
 
 class VLLMGenerate:
-    """The rollout engine on an in-process vLLM copy of the policy (trainer.generation.RolloutEngine)."""
+    """The rollout engine on an in-process vLLM copy of the policy (trainer.rollout.generation.RolloutEngine)."""
 
     gives_pi_old = False  # its log-probs are the sampler's, not the trainer's π_old (module docstring)
-    owns_weights = True  # its own copy, fed by load_weights (trainer.hybrid.rollout_mode)
+    owns_weights = True  # its own copy, fed by load_weights (trainer.rollout.hybrid.rollout_mode)
 
     def __init__(
         self,
@@ -81,10 +82,12 @@ class VLLMGenerate:
         max_model_len: int | None = None,
         gpu_memory_fraction: float | None = None,
         training_bytes: int = 0,
+        world_size: int = 1,
     ) -> None:
         """`gpu_memory_fraction`: the device share the engine may take (None: what `training_bytes`, the
-        training state that stays on the device while the engine is awake, leaves: `memory_fraction`)."""
-        self.model, self.tokenizer = model, tokenizer
+        training state that stays on the device while the engine is awake, leaves: `memory_fraction`).
+        `world_size`: the run's processes (above one, each builds its own engine in the group)."""
+        self.model, self.tokenizer, self.world_size = model, tokenizer, world_size
         self.gpu_memory_fraction, self.training_bytes = gpu_memory_fraction, training_bytes
         inner = hf_model(model)
         self.on_gpu = next(iter(inner.parameters())).device.type == "cuda"
@@ -120,7 +123,7 @@ class VLLMGenerate:
                     seed=0,
                     # Above one process: one engine per process, in the process group already there (module
                     # docstring); vLLM reads RANK and LOCAL_RANK, which torchrun and the Ray worker set.
-                    distributed_executor_backend="external_launcher" if world_size() > 1 else None,
+                    distributed_executor_backend="external_launcher" if self.world_size > 1 else None,
                 )
             self._vllm = vllm
         return self._llm
@@ -148,7 +151,7 @@ class VLLMGenerate:
     ) -> Generation:
         """num_samples responses per left-padded prompt row, laid out as HFGenerate lays them out; `record`
         is ignored (no sampling record usable as π_old; the sampler's log-probs always come back). Each
-        prompt's request carries its seed (`seeds`, trainer.sampling; None: drawn from torch's global RNG):
+        prompt's request carries its seed (`seeds`, trainer.rollout.sampling; None: drawn from torch's global RNG):
         vLLM samples a seeded request from its own generator, so a prompt's samples do not depend on the
         batch around it."""
         del record
@@ -259,9 +262,6 @@ def memory_fraction(training_bytes: int, device_bytes: int) -> float:
 def build_rollout_engine(spec: TrainSpec, model: Any, tokenizer: Any) -> RolloutEngine:
     """The spec's rollout engine (rollout.engine) on the policy `model` (unwrapped)."""
     if spec.rollout.engine == "vllm":
-        from contract.fleet import job_memory
-        from trainer.distributed.memory import model_shape
-
         # The training state per device, from the estimate (prompts bounded by the engine's context).
         limit = min(
             int(getattr(hf_model(model).config, "max_position_embeddings", MAX_MODEL_LEN_CAP)),
@@ -273,5 +273,6 @@ def build_rollout_engine(spec: TrainSpec, model: Any, tokenizer: Any) -> Rollout
             tokenizer,
             gpu_memory_fraction=spec.rollout.gpu_memory_fraction,
             training_bytes=estimate.parameters_bytes + estimate.optimizer_bytes,
+            world_size=spec.distributed.world_size,  # the group's: the runtime refused any other launch
         )
     return HFGenerate(model, tokenizer)

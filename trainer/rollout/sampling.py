@@ -90,7 +90,7 @@ class SeededSampler(LogitsProcessor):
     uniform from the row's prompt's generator (one uniform per row and step, so a stream advances the same
     whatever shares the batch). It returns scores that are 0 at the drawn token and -inf elsewhere, so
     generate's argmax takes it. Probabilities torch could not sample from (inf, NaN) raise the RuntimeError
-    torch.multinomial raises (trainer.generation.unsampleable turns it into a SamplingError).
+    torch.multinomial raises (trainer.rollout.generation.unsampleable turns it into a SamplingError).
     """
 
     def __init__(self, seeds: Sequence[int], samples_per_seed: int, temperature: float, top_p: float) -> None:
