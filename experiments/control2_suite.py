@@ -181,6 +181,6 @@ OPTIONAL: dict[str, Callable[[], Suite]] = {
     **{
         name: _held_out(name)
         for name in ("ctl2-gym2", "ctl2-t1.0", "ctl2-g4", "ctl2-long", "ctl2-lora", "ctl2-tiny05", "ctl2-x4")
-    },  # fmt: skip
+    },
     "ctl2-regress": regression_suite,
 }
