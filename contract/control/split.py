@@ -19,6 +19,11 @@ actuators' values are continuous in u and the one integral carries across):
   sure of, never the forking tokens (p < p_conf), so it cannot drive the collapse the way a negative bonus
   does (trainer/algos/split_control.py, the actuator).
 
+Armed: the lowering actuator acts only once the entropy has come down to the target (the filtered error has
+reached 0) the first time. Before that the entropy is on its way down from H₀ and RL's own drift lowers it,
+often fast (on the tuning cell 0.9 → 0.4 nats in three steps): lowering then only deepens the undershoot, and
+a sharpened policy takes far more bonus to raise than it took to lower (§12.2). A target above H₀ arms at once.
+
 Mode `floor`: the target is a floor. The law acts only below it: while the filtered entropy is above the
 floor the output is 0 and the integral only unwinds (it never goes below 0), and the lowering actuator is
 never used. Mode `hold` (the default): two-sided around the target.
@@ -43,9 +48,10 @@ from contract.metrics_types import Surface, metric
 
 NAME = "entropy_split"
 # The floor mode's default, relative to H₀: the collapse rule is H̄ below 0.25 × H₀ for 5 steps
-# (contract/stability.py); 0.35 leaves ln(0.35/0.25) ≈ 0.34 of room, two steps of the fastest drift measured
-# on the tuning cell (grpo_ds: 0.9 → 0.14 nats in 10 steps), for the law to answer before a collapse counts.
-FLOOR = 0.35
+# (contract/stability.py). 0.5 leaves a factor 2 of room: on the tuning cell one step took entropy from
+# 0.35 to 0.14 nats (−60 %), and at a floor of 0.35 × H₀ the law, acting only below it, let entropy sit at
+# 0.1–0.2 × H₀ for seven steps before it came back (ctl2-tune, docs/ALGORITHMS.md §12.4).
+FLOOR = 0.5
 Step = Annotated[int, Field(ge=1, le=10_000_000)]
 Schedule = Annotated[
     list[tuple[Step, Annotated[float, Field(ge=-1.0, le=1.0)]]], Field(min_length=1, max_length=100)
@@ -60,7 +66,7 @@ class SplitSettings(ControlSettings):
     kp: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.5
     ki: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.05
     filter: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.3  # λ of the proportional term's error filter
-    rate: Annotated[float, Field(gt=0.0, le=100.0)] = 0.25  # the most |u| may grow in one step
+    rate: Annotated[float, Field(gt=0.0, le=100.0)] = 0.35  # the most |u| may grow in one step
     u_max: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0  # the raising side's clip
     u_min: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0  # the lowering side's clip (u ≥ −u_min)
     span_up: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.5  # α per unit u
@@ -135,6 +141,7 @@ class SplitState(ControlState):
     filtered: float | None = None  # e_f (None before the first measurement)
     saturated_steps: int = 0  # consecutive steps, up to the last one, with u at a clip
     rate_limited: bool = False  # the last step's u was held by the rate limit
+    armed: bool = False  # the entropy has reached the target once: the lowering side may act
     updates: int = 0
     bonus: float = 0.0  # α the loss reads (raising side)
     sharpen: float = 0.0  # κ the loss reads (lowering side)
@@ -159,6 +166,7 @@ def split_step(state: SplitState, batch_entropy: float, p: SplitSettings) -> Spl
     target = p.nats
     error = (target - batch_entropy) / target
     filtered = error if state.filtered is None else p.filter * state.filtered + (1.0 - p.filter) * error
+    state = replace(state, armed=state.armed or filtered >= 0)
     fixed = p.output_at(state.updates + 1)
     if fixed is not None:
         output, integral, held = fixed, state.integral, False
@@ -185,7 +193,7 @@ def split_step(state: SplitState, batch_entropy: float, p: SplitSettings) -> Spl
 
 def _pi(state: SplitState, error: float, filtered: float, p: SplitSettings) -> tuple[float, float, bool]:
     """(u, I, rate-limited) of the closed law, with conditional integration at every limit."""
-    clip_low = -p.u_min if p.mode == "hold" else 0.0
+    clip_low = -p.u_min if p.mode == "hold" and state.armed else 0.0
     # The rate limit holds how fast actuation builds up, away from 0 on either side; backing off toward 0 is
     # never held (a release that waited on the rate limit would overshoot through the plant's lag).
     low = max(clip_low, min(state.output, 0.0) - p.rate)

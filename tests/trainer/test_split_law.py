@@ -106,7 +106,8 @@ def test_crossing_zero_is_bumpless() -> None:
         assert alpha * kappa == 0.0  # one side at a time
     step, state = _law()
     plant = QUIET.scaled(h0=1.4 * TARGET, drift=0.03, b_up=0.6, b_down=0.6)
-    trace = run(plant, step, state, steps=120, seed=3)
+    # settled with the bonus on, a push up makes the law hand over to the lowering side and back
+    trace = run(plant, step, state, steps=120, seed=3, disturbance=lambda k: 0.5 if k == 50 else 0.0)
     states = [state, *trace.states]
     crossings = [k for k in range(1, len(states)) if states[k - 1].output * states[k].output < 0]
     assert crossings, "the run must hand over between the actuators"
@@ -233,3 +234,16 @@ def test_the_sensor_does_not_depend_on_the_micro_batch_split(tmp_path: Path) -> 
         assert Engine(_spec(1, micro), out).run() == ExitCode.OK
         first[micro] = step_metrics(read_events(out))[1]["entropy/mean"]
     assert first[5] == pytest.approx(first[64], rel=1e-6)
+
+
+def test_the_lowering_side_waits_until_the_entropy_has_come_down_to_the_target() -> None:
+    """From H₀ above the target the law does not lower (RL's drift does; lowering on top deepens the
+    undershoot, §12.1): the output stays ≥ 0 until the entropy first reaches the target; a later push above
+    the target is trimmed with the lowering actuator."""
+    step, state = _law()
+    plant = QUIET.scaled(h0=1.6 * TARGET, drift=0.03, b_up=0.6, b_down=0.6)
+    trace = run(plant, step, state, steps=100, disturbance=lambda k: 0.5 if k == 60 else 0.0)
+    first = next(k for k, s in enumerate(trace.states) if s.armed)
+    assert first > 5 and all(s.output >= 0 and s.sharpen == 0 for s in trace.states[:first])
+    assert trace.measured[first] <= TARGET * 1.05
+    assert any(s.sharpen > 0 for s in trace.states[60:])  # armed: the push is trimmed from above
