@@ -12,6 +12,7 @@ state (a frozen dataclass on `ControlState`), its pure step, the metrics it logs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -71,8 +72,18 @@ class ControlSettings(BaseModel):
         return self
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+@functools.cache
+def _field_kinds(cls: type) -> tuple[tuple[str, type, bool], ...]:
+    """(name, base type, optional) of a state class's fields, resolved once per class (a state is checked on
+    every construction: every step of the law)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        optional = type(None) in typing.get_args(kind)
+        base = next((a for a in typing.get_args(kind) if a is not type(None)), kind) if optional else kind
+        out.append((f.name, base, optional))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,8 @@ class ControlState:
         self.check()
 
     def check(self) -> None:
-        for f in dataclasses.fields(self):
-            _check_value(f.name, getattr(self, f.name), _field_types(type(self))[f.name])
+        for name, base, optional in _field_kinds(type(self)):
+            _check_value(name, getattr(self, name), base, optional)
         self.bounds()
 
     def bounds(self) -> None:
@@ -100,9 +111,7 @@ class ControlState:
         return cls(**data)
 
 
-def _check_value(name: str, value: Any, kind: Any) -> None:
-    optional = type(None) in typing.get_args(kind)
-    base = next((a for a in typing.get_args(kind) if a is not type(None)), kind) if optional else kind
+def _check_value(name: str, value: Any, base: type, optional: bool) -> None:
     if value is None and optional:
         return
     if base is bool and not isinstance(value, bool):
