@@ -11,8 +11,10 @@ more uncertain does not make its responses longer or shorter than grpo_ds's.
 The rows: grpo_ds; grpo_ds without the zero-advantage skip (what the entropy bonus's loss costs by
 reaching every row, apart from the controller); entropy_pi (the default law: its actuator needs the
 entropy's gradient and every row); stare_pi; clip_pi, which needs an off-policy update (its actuator is
-the ratio clip: optim.ppo_epochs 2) and is set against grpo_ds at 2 epochs. Also the law alone: the time
-of one `contract.control.pi_step`, as a share of grpo_ds's median step.
+the ratio clip: optim.ppo_epochs 2) and is set against grpo_ds at 2 epochs; entropy_split (the second-generation
+law, docs/ALGORITHMS.md §12) closed loop, and held open loop on each actuator (u = +0.5: the bonus on every
+step, the costly side; u = −0.5: confident-token sharpening). Also the laws alone: the time of one
+`pi_step` and one `split_step`, as a share of grpo_ds's median step.
 
 Usage: python bench/bench_control_overhead.py [--rounds 12] [--warmup 2] [--json OUT.json]
 """
@@ -31,7 +33,8 @@ from typing import Any
 import _common
 import torch
 
-from contract.control import EntropyPiControl, PiState, pi_step
+from contract.control.pi import EntropyPiSettings, PiState, pi_step
+from contract.control.split import SplitSettings, SplitState, split_step
 from contract.spec import TrainSpec
 
 OVERHEAD_TARGET = 0.03
@@ -40,6 +43,15 @@ ROWS: dict[str, dict[str, Any]] = {
     "grpo_ds, no zero-advantage skip": {"algorithm": {"name": "grpo_ds"}, "skip": False},
     "entropy_pi (default law)": {"algorithm": {"control": {"target_entropy": {"relative": 0.7}}}},
     "stare_pi": {"algorithm": {"name": "stare_pi", "control": {"target_entropy": {"relative": 0.7}}}},
+    "entropy_split hold": {
+        "algorithm": {"name": "entropy_split", "control": {"target_entropy": {"relative": 0.7}}}
+    },
+    "entropy_split, bonus on (u = +0.5)": {
+        "algorithm": {"name": "entropy_split", "control": {"target_entropy": 1.0, "open_loop": [[1, 0.5]]}}
+    },
+    "entropy_split, sharpening on (u = −0.5)": {
+        "algorithm": {"name": "entropy_split", "control": {"target_entropy": 1.0, "open_loop": [[1, -0.5]]}}
+    },
     "grpo_ds, 2 epochs": {"algorithm": {"name": "grpo_ds"}, "epochs": 2},
     "clip_pi (2 epochs)": {
         "algorithm": {"name": "clip_pi", "control": {"target_entropy": {"relative": 0.7}}},
@@ -88,10 +100,18 @@ class Side:
 
 
 def law_seconds(calls: int = 20_000) -> float:
-    p = EntropyPiControl(target_entropy=1.0)
+    p = EntropyPiSettings(target_entropy=1.0)
     state, t0 = PiState(), time.perf_counter()
     for i in range(calls):
         state = pi_step(state, 0.8 + 0.001 * (i % 100), p)
+    return (time.perf_counter() - t0) / calls
+
+
+def split_law_seconds(calls: int = 20_000) -> float:
+    p = SplitSettings(target_entropy=1.0)
+    state, t0 = SplitState(), time.perf_counter()
+    for i in range(calls):
+        state = split_step(state, 0.8 + 0.001 * (i % 100), p)
     return (time.perf_counter() - t0) / calls
 
 
@@ -131,12 +151,14 @@ def run(rounds: int, warmup: int, new_tokens: int) -> dict[str, Any]:
         }
         for name, ts in times.items()
     }
-    law = law_seconds()
+    law, split_law = law_seconds(), split_law_seconds()
     name, avx512 = cpu_model()
     return {
         "rows": rows,
         "law_seconds": law,
         "law_share_of_grpo_ds_step": law / base,
+        "split_law_seconds": split_law,
+        "split_law_share_of_grpo_ds_step": split_law / base,
         "rounds": rounds,
         "warmup": warmup,
         "new_tokens": new_tokens,
@@ -154,8 +176,10 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append(
-        f"The law alone: {result['law_seconds'] * 1e6:.2f} µs a step "
-        f"({result['law_share_of_grpo_ds_step']:.2e} of grpo_ds's step). CPU: {result['cpu_model']} "
+        f"The laws alone: pi_step {result['law_seconds'] * 1e6:.2f} µs a step "
+        f"({result['law_share_of_grpo_ds_step']:.2e} of grpo_ds's step), split_step "
+        f"{result['split_law_seconds'] * 1e6:.2f} µs ({result['split_law_share_of_grpo_ds_step']:.2e}). "
+        f"CPU: {result['cpu_model']} "
         f"(AVX-512: {'yes' if result['avx512'] else 'no'}), {result['machine']['torch_threads']} torch threads; "
         f"{result['rounds']} rounds after {result['warmup']} warm-up; target ratio ≤ {1 + OVERHEAD_TARGET:.2f}."
     )

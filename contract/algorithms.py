@@ -12,10 +12,11 @@ Properties:
   with a KL penalty (β > 0): see `zero_advantage_rows_inert`;
 - differentiable_entropy: the loss has an entropy term (the adaptive entropy bonus);
 - overlong_shaping: DAPO's soft overlong penalty applies by default;
-- controller: the per-step controller the loss reads (`CONTROLLERS`: STARE's gate, the adaptive entropy
-  coefficient), or None. A controller reads H̄ of π_old on the training batch before the update
-  (`measures_entropy_first`), owns its spec section (algorithm.<section>) and its metrics; its tensor-free
-  logic lives next to its algorithm in trainer/algos (trainer/algos/control.py maps the names here to it).
+- controller: the per-step controller the loss reads (a declaration of contract/control: STARE's gate, the
+  adaptive entropy coefficient, the entropy laws), or None. A controller reads H̄ of π_old on the training
+  batch before the update (`measures_entropy_first`); its settings are the spec's `algorithm.control`. A law
+  that is an algorithm of its own (entropy_pi, stare_pi, clip_pi, entropy_split) is registered from its
+  declaration (`law_algorithm`); its actuator is the loss registered under its name in trainer/algos.
 Formulas: docs/ALGORITHMS.md §3–6; its §8 table is `render_defaults()` (`python -m contract.algorithms
 --write`), and a test fails when the two differ.
 """
@@ -24,23 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
-from contract.control import LAW_SETTINGS, StarePiParams
+from contract import control
+from contract.control.base import Controller
 from contract.docs import DOCS, generated_doc_main
 from contract.hyperparams import (
     AdaptiveEntropyParams,
     ClipCovParams,
     ClipLossParams,
     DrGrpoParams,
-    EntropyControlParams,
     ForkingParams,
     GrpoParams,
     KlCovParams,
     RsiParams,
-    StareGateParams,
     StareParams,
 )
 
@@ -48,35 +48,8 @@ from contract.hyperparams import (
 ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo")
 
 
-@dataclass(frozen=True)
-class ControllerInfo:
-    """A per-step controller, torch-free: its spec section, its settings class and what it sets each step
-    (its state's fields that a spec might mistake for loss parameters: refused in algorithm.params)."""
-
-    name: str
-    section: str  # algorithm.<section> of the job spec
-    settings_cls: type
-    controls: frozenset[str]
-    # The actuator acts only on an off-policy update (optim.ppo_epochs ≥ 2): clip_pi's ratio clip, which
-    # binds on no token while π_θ = π_old (one update per batch: every ratio is 1).
-    needs_off_policy: bool = False
-
-
-CONTROLLERS = MappingProxyType(
-    {
-        "stare_gate": ControllerInfo("stare_gate", "gate", StareGateParams, frozenset({"gate_on"})),
-        "entropy_coef": ControllerInfo(
-            "entropy_coef", "entropy_control", EntropyControlParams, frozenset({"coef"})
-        ),
-        # The PI laws (contract/control.py), one section `algorithm.control` for the three.
-        **{
-            law: ControllerInfo(law, "control", cls, frozenset(), needs_off_policy=law == "clip_pi")
-            for law, cls in LAW_SETTINGS.items()
-        },
-    }
-)
 # What a controller sets at every step; a spec may not set it in algorithm.params.
-CONTROLLED_PARAMS = frozenset().union(*(c.controls for c in CONTROLLERS.values()))
+CONTROLLED_PARAMS = frozenset().union(*(c.controls for c in control.CONTROLLERS.values()))
 # Names refused in algorithm.params: the controlled ones and the KL weight (optim.kl_beta).
 SPEC_FREE_PARAMS = CONTROLLED_PARAMS | {"kl_beta"}
 
@@ -95,7 +68,7 @@ class Algorithm:
     params_cls: type[ClipLossParams]
     advantage_estimator: str
     zero_advantage_inert: bool
-    controller: str | None = None  # a key of CONTROLLERS
+    controller: str | None = None  # a controller's name (contract/control)
     # The loss has an entropy term, so the training pass's entropy must carry its gradient.
     differentiable_entropy: bool = False
     # DAPO's soft overlong penalty shapes the rewards by default (reward.overlong unset).
@@ -103,7 +76,7 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         check_estimator(self.advantage_estimator)
-        if self.controller is not None and self.controller not in CONTROLLERS:
+        if self.controller is not None and self.controller not in control.CONTROLLERS:
             raise ValueError(f"algorithm {self.name!r}: unknown controller {self.controller!r}")
 
     @property
@@ -112,8 +85,8 @@ class Algorithm:
         return self.controller is not None
 
     @property
-    def controller_info(self) -> ControllerInfo | None:
-        return None if self.controller is None else CONTROLLERS[self.controller]
+    def controller_info(self) -> Controller | None:
+        return None if self.controller is None else control.get(self.controller)
 
 
 _REGISTERED: dict[str, Algorithm] = {}
@@ -144,22 +117,48 @@ for _algorithm in (
         controller="entropy_coef",
         differentiable_entropy=True,
     ),
-    # The PI laws (docs/ALGORITHMS.md §11): a bidirectional entropy bonus, STARE's W/M, clip-higher's ε.
-    Algorithm(
-        "entropy_pi",
-        ClipLossParams,
-        "grpo",
-        zero_advantage_inert=False,
-        controller="entropy_pi",
-        differentiable_entropy=True,
-    ),
-    Algorithm("stare_pi", StarePiParams, "grpo", zero_advantage_inert=True, controller="stare_pi"),
-    Algorithm("clip_pi", ClipLossParams, "grpo", zero_advantage_inert=True, controller="clip_pi"),
 ):
     register(_algorithm)
 
+
+def law_algorithm(law: Controller) -> Algorithm:
+    """The algorithm a law that is its own algorithm stands for: grpo_ds's surrogate with its actuator."""
+    own = law.own_algorithm
+    assert own is not None
+    return Algorithm(
+        law.name,
+        own.params_cls,
+        "grpo",
+        zero_advantage_inert=own.zero_advantage_inert,
+        controller=law.name,
+        differentiable_entropy=own.differentiable_entropy,
+    )
+
+
+class _Algorithms(Mapping[str, Algorithm]):
+    """The registered algorithms and the laws that are algorithms of their own (contract/control), read-only:
+    a law registered later (a test's toy) is an algorithm from then on."""
+
+    def _all(self) -> dict[str, Algorithm]:
+        laws = {
+            c.name: law_algorithm(c)
+            for c in control.CONTROLLERS.values()
+            if c.own_algorithm is not None and c.name not in _REGISTERED
+        }
+        return {**_REGISTERED, **laws}
+
+    def __getitem__(self, name: str) -> Algorithm:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 # name → registration, read-only.
-ALGORITHMS = MappingProxyType(_REGISTERED)
+ALGORITHMS: Mapping[str, Algorithm] = _Algorithms()
 
 
 def names() -> list[str]:
@@ -221,12 +220,13 @@ def render_defaults() -> str:
             f"| {_value(entry.controller)} | {defaults} |"
         )
     lines.append("")
-    for info in CONTROLLERS.values():
-        settings = ", ".join(f"{f.name} {_value(f.default)}" for f in dataclasses.fields(info.settings_cls))
+    for info in control.CONTROLLERS.values():
+        declared = info.settings.model_fields
+        settings = ", ".join(f"{k} {_value(f.default)}" for k, f in declared.items() if k != "controller")
         users = ", ".join(f"`{n}`" for n in names() if ALGORITHMS[n].controller == info.name)
         lines.append(
-            f"- controller `{info.name}` of {users} (`algorithm.{info.section}`, "
-            f"`{info.settings_cls.__name__}`): {settings}."
+            f"- controller `{info.name}` of {users} (`algorithm.control`, "
+            f"`{info.settings.__name__}`): {settings}."
         )
     return "\n".join([DEFAULTS_BEGIN, *lines, DEFAULTS_END])
 

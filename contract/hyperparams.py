@@ -181,7 +181,7 @@ class KlCovParams(ClipLossParams):
 class AdaptiveEntropyParams(ClipLossParams):
     """An entropy bonus whose coefficient adapts toward a target entropy (Skywork-OR1's adaptive entropy
     control, arXiv 2505.22312 §3.2; TRL's GRPOTrainer `use_adaptive_entropy`). The target is the
-    controller's own setting (algorithm.entropy_control.target_entropy, `EntropyControlParams`), with the
+    controller's own setting (algorithm.control.target_entropy, contract/control/entropy_coef.py), with the
     same default as STARE's gate, so the two are compared at one target.
 
     Per step k, from H̄_k (token-mean entropy of π_old over the training batch, as STARE's gate measures):
@@ -250,40 +250,3 @@ RELATIVE_TARGET_MAX = 10.0
 DEFAULT_TARGET_ENTROPY = 0.3
 # The entropy band's default around a relative target: [low, high] × the resolved target.
 BAND_AROUND_TARGET = (0.5, 2.0)
-
-
-@dataclass(frozen=True)
-class EntropyControlParams:
-    """The adaptive entropy coefficient's controller settings (algorithm.entropy_control)."""
-
-    target_entropy: float = DEFAULT_TARGET_ENTROPY  # H_tgt (nats), resolved
-
-    def __post_init__(self) -> None:
-        check_target_entropy(self.target_entropy)
-
-
-@dataclass(frozen=True)
-class StareGateParams:
-    """The gate's settings (algorithm.gate), target resolved, with the starting W and M (the loss's own
-    defaults)."""
-
-    target_entropy: float = DEFAULT_TARGET_ENTROPY  # H_tgt (nats), resolved
-    reweight_w: float = StareParams.reweight_w
-    reweight_m: float = StareParams.reweight_m
-    adaptive: bool = False
-    alpha: float = 0.01
-    w_max: float = 1.5
-    m_min: float = 0.5
-
-    def __post_init__(self) -> None:
-        check_target_entropy(self.target_entropy)
-        if not (self.reweight_w >= 1.0) or not math.isfinite(self.reweight_w):
-            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
-        if not (0.0 < self.reweight_m <= 1.0):
-            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
-        if not (self.alpha >= 0.0) or not math.isfinite(self.alpha):
-            raise ValueError(f"alpha must be ≥ 0, got {self.alpha!r}")
-        if not (self.w_max >= 1.0) or not math.isfinite(self.w_max):
-            raise ValueError(f"w_max must be ≥ 1, got {self.w_max!r}")
-        if not (0.0 < self.m_min <= 1.0):
-            raise ValueError(f"m_min must be in (0, 1], got {self.m_min!r}")

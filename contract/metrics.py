@@ -16,7 +16,7 @@ the methods and the runtime log), metrics_catalogue.py (the two in order), metri
 from __future__ import annotations
 
 from contract.docs import DOCS
-from contract.metrics_catalogue import CATALOGUE
+from contract.metrics_catalogue import CATALOGUE, catalogue
 from contract.metrics_docs import render_markdown
 from contract.metrics_series import API_SERIES, FLEET_SERIES, series_names
 from contract.metrics_types import JOB_LABELS, BandState, FleetSeries, Metric, PrometheusType, Surface
@@ -44,6 +44,7 @@ __all__ = [
     "Metric",
     "PrometheusType",
     "Surface",
+    "catalogue",
     "fleet_series",
     "get",
     "prometheus_metrics",

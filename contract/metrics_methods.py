@@ -1,5 +1,6 @@
-"""The metric catalogue, part two: what the methods and the runtime log: STARE, the baselines, multi-turn
-tool use, the rollout engine and evaluation. contract/metrics.py joins the parts into CATALOGUE."""
+"""The metric catalogue, part two: what the methods' losses and the runtime log: STARE's selection, the
+baselines, multi-turn tool use, the rollout engine and evaluation (a controller's own metrics are declared
+with it, contract/control). contract/metrics.py joins the parts into CATALOGUE."""
 
 from __future__ import annotations
 
@@ -15,48 +16,6 @@ _G = Surface.GRAFANA
 
 METHODS: tuple[Metric, ...] = (
     # -------------------------------------------------------------------------------------------- STARE
-    _m(
-        "stare/gate_on",
-        "flag",
-        "The target-entropy gate: 1 when H̄ < H_tgt (reweighting on), else 0.",
-        prometheus="stare_job_gate_on",
-        prometheus_help="STARE target-entropy gate (1 on, 0 off).",
-        shown=[_R],
-        applies_to="stare",
-    ),
-    _m(
-        "stare/reweight_w",
-        "weight",
-        "W, the weight of the selected high-surprisal tokens with Â > 0 (L⁺).",
-        prometheus="stare_job_reweight_w",
-        prometheus_help="STARE weight W on high-surprisal positive tokens.",
-        shown=[_R],
-        applies_to="stare",
-    ),
-    _m(
-        "stare/reweight_m",
-        "weight",
-        "M, the weight of the selected high-surprisal tokens with Â < 0 (L⁻, variant C2).",
-        prometheus="stare_job_reweight_m",
-        prometheus_help="STARE weight M on high-surprisal negative tokens (C2).",
-        shown=[_R],
-        applies_to="stare",
-    ),
-    _m(
-        "stare/target_entropy",
-        "nats",
-        "H_tgt, the gate's target entropy (algorithm.gate.target_entropy, resolved).",
-        prometheus="stare_job_target_entropy_nats",
-        prometheus_help="STARE target entropy.",
-        shown=[_R],
-        applies_to="stare",
-    ),
-    _m(
-        "stare/batch_entropy",
-        "nats",
-        "H̄ as the gate measured it (equal to entropy/mean).",
-        applies_to="stare",
-    ),
     _m(
         "stare/mean_weight",
         "weight",
@@ -130,22 +89,10 @@ METHODS: tuple[Metric, ...] = (
         applies_to="kl_cov",
     ),
     _m(
-        "entropy_bonus/coef",
-        "coefficient",
-        "α, the entropy bonus's coefficient applied at this step (0 when H̄ ≥ H_tgt).",
-        applies_to="adaptive_entropy",
-    ),
-    _m(
-        "entropy_bonus/active",
-        "flag",
-        "1 when the entropy bonus acted at this step (α > 0), else 0.",
-        applies_to="adaptive_entropy",
-    ),
-    _m(
-        "entropy_bonus/target_entropy",
-        "nats",
-        "H_tgt the coefficient adapts toward (algorithm.entropy_control.target_entropy, resolved).",
-        applies_to="adaptive_entropy",
+        "control/confident_fraction",
+        "fraction",
+        "Share of active tokens π_old gives p ≥ p_conf: the tokens entropy_split's lowering actuator weights.",
+        applies_to="entropy_split",
     ),
     # ------------------------------------------------------------------------------- multi-turn tool use
     # Emitted by jobs with a tool-use environment (spec `environment`); absent from other jobs.

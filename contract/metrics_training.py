@@ -76,11 +76,18 @@ TRAINING: tuple[Metric, ...] = (
         shown=[_J, _R],
     ),
     _m(
+        "entropy/sampler_gap",
+        "nats",
+        "The rollout engine's entropy minus the trainer's H̄ on the same tokens (its exact entropy where it "
+        "recorded one, else its mean surprisal on its own samples); absent where the sampler's numbers are "
+        "π_old's own. The laws control the trainer's H̄.",
+        shown=[_R],
+    ),
+    _m(
         "entropy/target",
         "nats",
-        "The controller's target entropy, resolved: algorithm.gate.target_entropy (stare) or "
-        "algorithm.entropy_control.target_entropy (adaptive_entropy), nats or {relative: r} × H₀ (H₀: "
-        "entropy/mean of the first RL step).",
+        "The controller's target entropy, resolved: algorithm.control.target_entropy, nats or "
+        "{relative: r} × H₀ (H₀: entropy/mean of the first RL step).",
         prometheus="stare_job_target_entropy_resolved_nats",
         prometheus_help="The job's resolved target entropy.",
         shown=[_J, _R],
@@ -286,5 +293,55 @@ TRAINING: tuple[Metric, ...] = (
         prometheus="stare_job_predicted_entropy_drift",
         prometheus_help="Total first-order entropy drift.",
         shown=[_R],
+    ),
+)
+
+# Holding a target as users see it (contract/stability.py), logged by every job with a target.
+_TARGETED = "algorithms with a target entropy"
+HOLDING: tuple[Metric, ...] = (
+    _m(
+        "entropy/ma_hold_fraction",
+        "fraction",
+        "Share of the steps from the settling step on whose 5-step moving average of entropy/mean is within "
+        "±25 % of entropy/target (contract/stability.py).",
+        prometheus="stare_job_entropy_ma_hold_fraction",
+        prometheus_help="Share of post-settling steps with the 5-step mean within 25 % of the target.",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/settling_step",
+        "step",
+        "The first RL step whose 5-step moving average of entropy/mean is within ±25 % of the target; 0 "
+        "while none has been.",
+        prometheus="stare_job_entropy_settling_step",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/mean_abs_deviation",
+        "fraction",
+        "Mean of |entropy/mean − target| / target over the steps from the settling step on.",
+        prometheus="stare_job_entropy_mean_abs_deviation",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/ma_mean_abs_deviation",
+        "fraction",
+        "Mean of |M_t − target| / target over the steps from the settling step on, M_t the 5-step moving "
+        "average of entropy/mean (what a chart of it shows; the sampler's step noise averaged down).",
+        prometheus="stare_job_entropy_ma_mean_abs_deviation",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
+    ),
+    _m(
+        "entropy/ma_max_excursion",
+        "fraction",
+        "The largest (M_t − target) / target from the settling step on: how far the moving average overshot "
+        "above the target (≤ 0: it never went above).",
+        prometheus="stare_job_entropy_ma_max_excursion",
+        shown=[Surface.REPORT],
+        applies_to=_TARGETED,
     ),
 )

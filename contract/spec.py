@@ -13,21 +13,26 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from contract import algorithms, safejson, verifiers
+from contract import control as controllers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
-from contract.control import DEFAULT_LAW, LAW_SETTINGS, law_settings
+from contract.control import ControlSettings
+from contract.control.base import MAX_ENTROPY_NATS
+from contract.control.stare_gate import StareGateSettings
 from contract.distributed import DistributedSpec
-from contract.hyperparams import (
-    BAND_AROUND_TARGET,
-    RELATIVE_TARGET_MAX,
-    ClipLossParams,
-    EntropyControlParams,
-    EntropyTarget,
-    StareGateParams,
-)
+from contract.hyperparams import BAND_AROUND_TARGET, EntropyTarget
 
 # Numeric bounds: every number field of a spec has a finite range, stated here or in its annotation below.
 # The API validates a job with this model (service/job_specs.py) and the trainer loads the stored spec with
@@ -37,7 +42,6 @@ from contract.hyperparams import (
 # contract.verifiers), which both sides also share.
 MAX_STEPS = 10_000_000  # steps, warm-up steps and intervals counted in steps
 MAX_GRAD_CLIP = 1e6  # a gradient-norm clip above this never clips: 1e6 says "off" as well as anything larger
-MAX_ENTROPY_NATS = 100.0  # entropies in nats: ln(vocabulary) is below 13 for every vocabulary in use
 MAX_TEMPERATURE = 10.0
 MIN_TEMPERATURE = 1e-3
 """The lowest sampling temperature. Sampling divides float32 logits by the temperature, then softmaxes:
@@ -115,99 +119,95 @@ class RewardSpec(_Strict):
     overlong: OverlongSpec | None = None  # DAPO soft overlong penalty; on by default for dapo
 
 
-class RelativeTargetSpec(_Strict):
-    """A target entropy relative to H₀, the token-mean entropy of π_old on the first RL step's batch."""
-
-    relative: Annotated[float, Field(gt=0.0, le=RELATIVE_TARGET_MAX)]
-
-
-# A controller's target entropy: nats, or {relative: r} (r × H₀, resolved on the first RL step).
-TargetEntropy = Annotated[float, Field(ge=0.0, le=MAX_ENTROPY_NATS)] | RelativeTargetSpec
+def _without_unset(section: dict[str, Any]) -> dict[str, Any]:
+    """A stored control section from before the declarations wrote every unset gain as null."""
+    return {k: v for k, v in section.items() if v is not None}
 
 
-def entropy_target(value: float | RelativeTargetSpec) -> EntropyTarget:
-    if isinstance(value, RelativeTargetSpec):
-        return EntropyTarget(relative=value.relative)
-    return EntropyTarget(nats=float(value))
-
-
-class GateSpec(_Strict):
-    """STARE's target-entropy gate and optional adaptive W/M (docs/ALGORITHMS.md §5). Defaults:
-    contract.hyperparams.StareGateParams."""
-
-    target_entropy: TargetEntropy = StareGateParams.target_entropy
-    adaptive: bool = StareGateParams.adaptive
-    alpha: Annotated[float, Field(ge=0.0, le=1.0)] = StareGateParams.alpha
-    w_max: Annotated[float, Field(ge=1.0, le=100.0)] = StareGateParams.w_max
-    m_min: Annotated[float, Field(gt=0.0, le=1.0)] = StareGateParams.m_min
-
-
-class EntropyControlSpec(_Strict):
-    """The adaptive entropy coefficient's target (docs/ALGORITHMS.md §6). Defaults:
-    contract.hyperparams.EntropyControlParams."""
-
-    target_entropy: TargetEntropy = EntropyControlParams.target_entropy
-
-
-class ControlSpec(_Strict):
-    """A PI law's settings (docs/ALGORITHMS.md §11): the target, and the gains and actuator span (unset:
-    the law's defaults, contract.control). A spec that sets this section and names no algorithm gets
-    the default law (`entropy_pi`)."""
-
-    target_entropy: TargetEntropy = EntropyControlParams.target_entropy
-    kp: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
-    ki: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
-    u_max: Annotated[float, Field(gt=0.0, le=100.0)] | None = None
-    u_min: Annotated[float, Field(ge=0.0, le=100.0)] | None = None
-    smoothing: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
-    span: Annotated[float, Field(ge=0.0, le=1000.0)] | None = None
-
-    def overrides(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"target_entropy"})
-
-
-def _default_law(data: Any) -> Any:
-    """`algorithm.control` set and no algorithm named: the default law. A law named without the section:
-    the section with its defaults."""
+def _migrate_control(data: Any) -> Any:
+    """The one migration of the algorithm section to its single `control` (docs/ALGORITHMS.md §8): specs
+    written before it set STARE's gate in `algorithm.gate`, the adaptive coefficient's target in
+    `algorithm.entropy_control` (or, before that, in `gate`), and a PI law's settings in `control` without
+    naming the controller; every stored spec also carries a `gate` section (with its defaults) whatever its
+    algorithm. Each is read once into `control`, keyed by the algorithm's controller; a `gate` that did
+    nothing (an algorithm other than STARE and adaptive_entropy) is dropped. `control` set and no algorithm
+    named: the law it names when that law is an algorithm, else the default law."""
     if not isinstance(data, dict):
         return data
-    if "control" in data and "name" not in data:
-        return {**data, "name": DEFAULT_LAW}
-    if data.get("name") in LAW_SETTINGS and "control" not in data:
-        return {**data, "control": {}}
+    data = dict(data)
+    section = data.get("control")
+    named = str(section.get("controller")) if isinstance(section, dict) else ""
+    if "name" not in data and section is not None:
+        own = named in controllers.CONTROLLERS and controllers.get(named).own_algorithm is not None
+        data["name"] = named if own else controllers.DEFAULT_LAW
+    try:
+        law = algorithms.get(data.get("name", "stare")).controller
+    except ValueError:
+        return data  # the name's own validator says what is wrong
+    legacy = {k: v for k in ("gate", "entropy_control") if (v := data.pop(k, None)) is not None}
+    name = data.get("name", "stare")
+    if "entropy_control" in legacy and law != "entropy_coef":
+        raise ValueError(f"algorithm.entropy_control: algorithm {name!r} has no entropy coefficient")
+    if law is None:
+        if section is not None:
+            raise ValueError(
+                f"algorithm.control: algorithm {name!r} has no controller; name a law ({', '.join(_laws())}), "
+                f"or leave algorithm.name unset for the default ({controllers.DEFAULT_LAW})"
+            )
+        return data
+    if section is None:
+        section = _legacy_section(law, legacy)
+    elif law in ("stare_gate", "entropy_coef") and legacy.keys() & {"entropy_control", "gate"} - (
+        {"gate"} if law == "entropy_coef" else set()
+    ):
+        raise ValueError(f"algorithm.{min(legacy)}: set {name!r}'s settings in algorithm.control only")
+    if isinstance(section, dict):
+        section = {"controller": law, **_without_unset(section)}
+    data["control"] = section
     return data
 
 
-def _migrate_entropy_control(data: Any) -> Any:
-    """Specs written before adaptive_entropy had its own section set its target in STARE's gate section:
-    `algorithm.gate: {target_entropy: x}` alone is read as `algorithm.entropy_control: {target_entropy: x}`;
-    any other gate setting is refused, naming the field."""
-    if not isinstance(data, dict) or data.get("name") != "adaptive_entropy" or "entropy_control" in data:
-        return data
-    gate = data.get("gate")
-    if gate is None:
-        return {**data, "entropy_control": {}}  # its section, with its defaults
-    if not isinstance(gate, dict) or set(gate) - {"target_entropy"}:
-        raise ValueError(
-            "algorithm.gate: adaptive_entropy has no gate; set its target with "
-            "algorithm.entropy_control.target_entropy"
+def _legacy_section(law: str, legacy: dict[str, Any]) -> Any:
+    """The control section an older spec's gate or entropy_control section stands for."""
+    if law == "entropy_coef":
+        if "entropy_control" in legacy:
+            return legacy["entropy_control"]
+        gate = legacy.get("gate", {})
+        if isinstance(gate, dict) and set(gate) - {"target_entropy"} and not _all_gate_defaults(gate):
+            raise ValueError(
+                "algorithm.gate: adaptive_entropy has no gate; set its target with "
+                "algorithm.control.target_entropy"
+            )
+        return (
+            {"target_entropy": gate["target_entropy"]}
+            if isinstance(gate, dict) and "target_entropy" in gate
+            else gate
         )
-    rest = {k: v for k, v in data.items() if k != "gate"}
-    return {**rest, "entropy_control": dict(gate)}
+    if law == "stare_gate":
+        return legacy.get("gate", {})
+    return {}
+
+
+def _all_gate_defaults(gate: dict[str, Any]) -> bool:
+    """A stored spec's gate section as every spec carried it: the gate's settings at their defaults."""
+    defaults = StareGateSettings().model_dump()
+    return all(defaults.get(k) == v for k, v in gate.items() if k != "target_entropy")
 
 
 class AlgorithmSpec(_Strict):
     name: str = "stare"
     advantage: str | None = None  # default: the estimator the method is defined with
     params: dict[str, Any] = Field(default_factory=dict)
-    gate: GateSpec = Field(default_factory=GateSpec)
-    entropy_control: EntropyControlSpec | None = None  # adaptive_entropy's (filled in for it)
-    control: ControlSpec | None = None  # the PI laws' (filled in for them)
+    # The algorithm's controller's settings, keyed by `controller` (contract/control): filled in with the
+    # controller's defaults for an algorithm that has one; None for one without.
+    control: Annotated[SerializeAsAny[ControlSettings], BeforeValidator(controllers.settings_of)] | None = (
+        None
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _migrate(cls, data: Any) -> Any:
-        return _migrate_entropy_control(_default_law(data))
+        return _migrate_control(data)
 
     @field_validator("name")
     @classmethod
@@ -228,68 +228,34 @@ class AlgorithmSpec(_Strict):
             )
         if "kl_beta" in self.params:
             raise ValueError("algorithm.params.kl_beta: set the KL penalty's weight with optim.kl_beta")
-        params = make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
-        info = algorithms.get(self.name).controller_info
-        if self.entropy_control is not None and (info is None or info.section != "entropy_control"):
-            raise ValueError(f"algorithm.entropy_control: algorithm {self.name!r} has no entropy coefficient")
-        is_law = info is not None and info.section == "control"
-        if self.control is not None and not is_law:
+        make_loss_params(self.name, **self.params)  # raises ValueError naming the parameter
+        law = algorithms.get(self.name).controller
+        if self.control is not None and law is None:
             raise ValueError(
-                f"algorithm.control: algorithm {self.name!r} has no PI law; name entropy_pi, stare_pi or "
-                "clip_pi, or leave algorithm.name unset for the default (entropy_pi)"
+                f"algorithm.control: algorithm {self.name!r} has no controller; name a law "
+                f"({', '.join(_laws())}), or leave algorithm.name unset for the default ({controllers.DEFAULT_LAW})"
             )
-        if is_law:
-            target = self.target()
-            # raises ValueError naming the setting (a relative target is checked with its value once known)
-            self.law_settings(1.0 if target is None or target.nats is None else target.nats)
-        if info is not None and info.section == "gate":
-            self.gate_params(params, 0.0)
+        if self.control is not None and self.control.controller != law:
+            raise ValueError(
+                f"algorithm.control.controller: {self.name!r} is driven by {law!r}, not {self.control.controller!r}"
+            )
+        if self.control is not None and self.control.target.nats is not None:
+            try:  # a relative target is checked with its value once known
+                self.control.check_resolved()
+            except ValueError as err:
+                raise ValueError(f"algorithm.control: {err}") from None
         return self
 
     def target(self) -> EntropyTarget | None:
         """The target of the algorithm's controller as the user set it; None without a controller."""
-        info = algorithms.get(self.name).controller_info
-        if info is None:
+        return None if self.control is None else self.control.target
+
+    def controller_settings(self, target_entropy: float) -> ControlSettings | None:
+        """The controller's settings with the target resolved (None without a controller)."""
+        if self.control is None:
             return None
-        section = {"gate": self.gate, "entropy_control": self.entropy_control, "control": self.control}[
-            info.section
-        ]
-        assert section is not None
-        return entropy_target(section.target_entropy)
-
-    def gate_params(
-        self, loss_params: ClipLossParams, target_entropy: float | None = None
-    ) -> StareGateParams:
-        """The gate's settings with the loss's starting W and M (the defaults for a loss without them), and
-        the target resolved (None: the gate's absolute target; a relative one needs its resolved value)."""
-        if target_entropy is None:
-            target_entropy = entropy_target(self.gate.target_entropy).resolve(None)
-        return StareGateParams(
-            target_entropy=target_entropy,
-            reweight_w=getattr(loss_params, "reweight_w", StareGateParams.reweight_w),
-            reweight_m=getattr(loss_params, "reweight_m", StareGateParams.reweight_m),
-            adaptive=self.gate.adaptive,
-            alpha=self.gate.alpha,
-            w_max=self.gate.w_max,
-            m_min=self.gate.m_min,
-        )
-
-    def controller_settings(self, loss_params: ClipLossParams, target_entropy: float) -> Any:
-        """The settings of the algorithm's controller with its target resolved (None without one)."""
-        info = algorithms.get(self.name).controller_info
-        if info is None:
-            return None
-        if info.section == "gate":
-            return self.gate_params(loss_params, target_entropy)
-        if info.section == "control":
-            return self.law_settings(target_entropy)
-        return EntropyControlParams(target_entropy=target_entropy)
-
-    def law_settings(self, target_entropy: float) -> Any:
-        """A PI law's settings with the target resolved (`algorithm.control`, defaults filled in)."""
-        control = self.control or ControlSpec()
         try:
-            return law_settings(self.name, target_entropy, control.overrides())
+            return self.control.resolved(target_entropy).check_resolved()
         except ValueError as err:
             raise ValueError(f"algorithm.control: {err}") from None
 
@@ -304,6 +270,14 @@ class AlgorithmSpec(_Strict):
         for name in SPEC_FREE_PARAMS:
             params.pop(name, None)
         return params
+
+
+def _laws() -> list[str]:
+    return [
+        n
+        for n in algorithms.names()
+        if (c := algorithms.get(n).controller) and controllers.get(c).closed_loop
+    ]
 
 
 class SamplingSpec(_Strict):

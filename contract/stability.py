@@ -17,8 +17,11 @@ Prometheus read the same numbers) and by the results page (from the events of fi
 - **Holding as users see it** (the per-step share above counts every noisy batch): the 5-step moving
   average M_t of H̄ (the mean of H̄ over steps t−4..t; defined from the 5th step on). The settling step is
   the first step whose M_t is within ±HOLD_TOLERANCE of the target; from it on, the share of steps whose
-  M_t is within the band (`ma_hold_fraction`) and the mean absolute relative deviation |H̄ − H*|/H*
-  (`mean_abs_deviation`, of the raw H̄).
+  M_t is within the band (`ma_hold_fraction`), the mean absolute relative deviation |H̄ − H*|/H*
+  (`mean_abs_deviation`, of the raw H̄), the same of the moving average, |M_t − H*|/H*
+  (`ma_mean_abs_deviation`: what a user sees on a chart, with the sampler's step noise averaged down), and the
+  largest excursion of the moving average above the target, max (M_t − H*)/H* (`ma_max_excursion`: the
+  overshoot; 0 or less when M_t never went above the target).
 - **Noise floor**: the spread of H̄ when one fixed policy's batch is re-sampled (`noise_floor`): the band a
   controller can hold per step is no narrower than this.
 - **Step noise during a run** (`step_noise`): the root mean square successive difference of H̄ over √2,
@@ -47,6 +50,8 @@ POST_GATE_STEPS = "entropy/post_gate_steps"
 MA_HOLD_FRACTION = "entropy/ma_hold_fraction"
 SETTLING_STEP = "entropy/settling_step"
 MEAN_ABS_DEVIATION = "entropy/mean_abs_deviation"
+MA_MEAN_ABS_DEVIATION = "entropy/ma_mean_abs_deviation"
+MA_MAX_EXCURSION = "entropy/ma_max_excursion"
 MA_WINDOW = 5
 
 
@@ -94,6 +99,8 @@ class Holding:
     ma_hold_fraction: float | None
     mean_abs_deviation: float | None
     steps: int  # steps from the settling step on
+    ma_mean_abs_deviation: float | None = None
+    ma_max_excursion: float | None = None
 
 
 def moving_average(values: Sequence[float], window: int = MA_WINDOW) -> list[float | None]:
@@ -117,7 +124,15 @@ def holding(
     window = ma[start:]
     share = sum(m is not None and near_target(m, target, tolerance) for m in window) / len(window)
     deviation = statistics.fmean(abs(h - target) / target for _s, h in entropies[start:])
-    return Holding(entropies[start][0], share, deviation, len(window))
+    relative = [(m - target) / target for m in window if m is not None]
+    return Holding(
+        entropies[start][0],
+        share,
+        deviation,
+        len(window),
+        ma_mean_abs_deviation=statistics.fmean(abs(r) for r in relative),
+        ma_max_excursion=max(relative),
+    )
 
 
 def step_noise(values: Sequence[float], target: float) -> float | None:
@@ -159,6 +174,8 @@ class StabilityState:
     settled_steps: int = 0
     ma_near_steps: int = 0
     abs_deviation_sum: float = 0.0
+    ma_abs_deviation_sum: float = 0.0
+    ma_max_excursion: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,6 +213,9 @@ class StabilityTracker:
                 st.settled_steps += 1
                 st.ma_near_steps += int(near_target(ma, target))
                 st.abs_deviation_sum += abs(h - target) / target
+                st.ma_abs_deviation_sum += abs(ma - target) / target
+                excursion = (ma - target) / target
+                st.ma_max_excursion = max(excursion, st.ma_max_excursion or excursion)
         return self.metrics()
 
     def metrics(self) -> dict[str, float]:
@@ -207,4 +227,7 @@ class StabilityTracker:
             out[SETTLING_STEP] = float(st.settling_step)
             out[MA_HOLD_FRACTION] = st.ma_near_steps / st.settled_steps
             out[MEAN_ABS_DEVIATION] = st.abs_deviation_sum / st.settled_steps
+            out[MA_MEAN_ABS_DEVIATION] = st.ma_abs_deviation_sum / st.settled_steps
+            if st.ma_max_excursion is not None:
+                out[MA_MAX_EXCURSION] = st.ma_max_excursion
         return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract import control_metrics as cm
+from contract.control import pi as cm
 from contract.stability import HOLD_TOLERANCE, collapse_step, holding, moving_average, near_target, step_noise
 from experiments import analysis as an
 from experiments.plan import Suite

@@ -17,7 +17,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from contract.control import PiControlParams, PiState, pi_step, pole_placement
+from contract.control.pi import EntropyPiSettings, PiState, pi_step, pole_placement
 from contract.stability import holding
 
 H0 = 0.94
@@ -46,7 +46,7 @@ def simulate(design: Design, drift: float, beta_up: float, process_noise: float,
     rng = random.Random(seed)
     kp, ki = pole_placement(DESIGN_RESPONSE, design.pole)
     target = RELATIVE_TARGET * H0
-    p = PiControlParams(target_entropy=target, kp=kp, ki=ki, u_min=design.u_min, span=SPAN)
+    p = EntropyPiSettings(target_entropy=target, kp=kp, ki=ki, u_min=design.u_min, span=SPAN)
     state, ln_h, measured = PiState(), math.log(H0), []
     for _ in range(STEPS):
         h = math.exp(ln_h + rng.gauss(0.0, MEASUREMENT_NOISE))

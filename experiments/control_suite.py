@@ -4,7 +4,7 @@ Cells (each a suite of the plan, runnable and resumable on its own:
 `python -m experiments run --suite control-tune --root runs/control`; `list` shows what is left):
 
 - control-tune (tuning): SmolLM2-135M-Instruct, a+b with a, b in 0..20 (experiments/smollm2.py's task),
-  lr 2e-5, target 0.7 × H₀, seeds 0–2. The defaults of contract/control.py were derived from the
+  lr 2e-5, target 0.7 × H₀, seeds 0–2. The defaults of contract/control/pi.py were derived from the
   existing suite's runs (§11.2) and committed before any run of this plan; a change of them after this
   cell has run must say so on the page.
 - held out, 3 seeds each, run only after the defaults are committed: control-lr3e-6 (a+b, lr 3e-6, 0.7 ×

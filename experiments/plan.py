@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from experiments import control_suite
+from experiments import control2_suite, control_suite
 from experiments.smollm2 import HEADLINE_LR, LRS, SUITE, lr_label, smollm2_suites
 
 # The plan's building blocks live in experiments.suites (below this module and experiments.smollm2); the
@@ -295,6 +295,7 @@ OPTIONAL_SUITES: dict[str, Callable[[], Suite]] = {
     "smollm2-chain-sum": smollm2_suite,
     **{name: _smollm2_add(i) for i, name in enumerate(smollm2_add_names())},
     **control_suite.OPTIONAL,  # the entropy-control cells (experiments/control_suite.py)
+    **control2_suite.OPTIONAL,  # the second-generation law's cells (experiments/control2_suite.py)
 }
 
 

@@ -92,15 +92,16 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def own_target_section(algorithm: dict[str, Any]) -> dict[str, Any]:
-    """The algorithm section with the shared gate's target moved to the arm's own controller section
-    (adaptive_entropy: algorithm.entropy_control), so every arm is compared at one target."""
+    """The algorithm section with the shared gate's target moved to the arm's controller's section
+    (algorithm.control), so every arm is compared at one target. STARE reads the gate section as its own
+    (the spec's one migration), and an arm without a controller keeps it for the page only."""
     info = algorithms.get(algorithm.get("name", "stare")).controller_info
-    if info is None or info.section == "gate":
+    if info is None or info.name == "stare_gate":
         return algorithm
     rest = {k: v for k, v in algorithm.items() if k != "gate"}
     target = (algorithm.get("gate") or {}).get("target_entropy")
     own = {"target_entropy": target} if target is not None else {}
-    return {**rest, info.section: {**own, **rest.get(info.section, {})}}
+    return {**rest, "control": {**own, **rest.get("control", {})}}
 
 
 def demo_spec() -> dict[str, Any]:

@@ -103,7 +103,7 @@ JOB_DASHBOARD = Dashboard(
             ),
         ),
         Row(
-            "Entropy controller (PI law)",
+            "Entropy controller (the laws)",
             (
                 Panel(
                     "Held as users see it",
@@ -111,11 +111,14 @@ JOB_DASHBOARD = Dashboard(
                         _q("entropy/ma_hold_fraction", "5-step mean within ±25 %", E.FRACTION),
                         _q("entropy/mean_abs_deviation", "mean |H − H*| / H*", E.NONNEGATIVE),
                         _q("entropy/settling_step", "settling step (0: not yet)", E.COUNT),
+                        _q("entropy/ma_mean_abs_deviation", "mean |M − H*| / H* (5-step mean)", E.NONNEGATIVE),
+                        _q("entropy/ma_max_excursion", "largest (M − H*) / H*", E.FINITE),
                     ),
                     width=24,
-                    description="From the first step whose 5-step moving average of entropy is within "
-                    "±25 % of the target: the share of steps with the moving average in that band, and the "
-                    "mean relative deviation of the per-step entropy (contract/stability.py).",
+                    description="From the first step whose 5-step moving average M of entropy is within "
+                    "±25 % of the target: the share of steps with M in that band, the mean relative deviation "
+                    "of the per-step entropy and of M, and M's largest excursion above the target "
+                    "(contract/stability.py).",
                 ),
                 Panel(
                     "Output, error and integral",

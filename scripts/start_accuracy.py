@@ -43,6 +43,22 @@ def candidate_specs() -> dict[str, dict[str, Any]]:
         out[f"add{low}-{high}/number-only"] = task_section(low, high, temperature=1.0)
     out["add0-20/number-only/t0.7"] = task_section(0, 20)  # the suite's task
     out.update(gym_candidates())
+    out.update(gym2_candidates())
+    return out
+
+
+def gym2_candidates() -> dict[str, dict[str, Any]]:
+    """The ctl2-gym2 cell's spec (experiments/control2_suite.py) and the other tasks measured for it."""
+    from experiments.control2_suite import held_out_cells
+
+    _, base, _ = held_out_cells()["ctl2-gym2"]
+    cell = {key: base[key] for key in ("model", "task", "verifier", "sampling", "evaluation")}
+    out = {"gym2/cell": cell}
+    for label, name, params in (
+        ("gym2/letter_counting-defaults", "letter_counting", {}),
+        ("gym2/leg_counting-1-2", "leg_counting", {"min_animals": 1, "max_animals": 2, "max_instances": 3}),
+    ):
+        out[label] = {**cell, "task": {**cell["task"], "name": name, "params": params}}
     return out
 
 

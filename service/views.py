@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import Row
 
-from contract import control_metrics as cm
-from contract.control import LAW_SETTINGS
+from contract import algorithms
+from contract import control as controllers
+from contract.control import pi as cm
 from contract.metrics import (
     BAND_HIGH,
     BAND_LOW,
@@ -83,10 +84,10 @@ def entropy_status(job: JobLike) -> schemas.EntropyStatus:
 
 
 def control_status(job: JobLike) -> schemas.ControlStatus | None:
-    """The PI law's output, error, integral and actuator from the latest step's metrics; None for a job
-    whose algorithm is not a PI law and that has logged no controller output."""
+    """The entropy law's output, error, integral and actuator from the latest step's metrics; None for a job
+    whose algorithm is not a law and that has logged no law output."""
     metrics = job.last_metrics or {}
-    if job.algorithm not in LAW_SETTINGS and cm.OUTPUT not in metrics:
+    if not _is_law(job.algorithm) and cm.OUTPUT not in metrics:
         return None
     flag = metrics.get(cm.SATURATED)
     at_clip = float(flag) if isinstance(flag, bool) else finite(flag)  # logged as 0/1 or a bool
@@ -103,6 +104,14 @@ def control_status(job: JobLike) -> schemas.ControlStatus | None:
         saturated_steps=steps,
         saturated=cm.saturation_alert(steps, finite(metrics.get(cm.OUTPUT))),
     )
+
+
+def _is_law(algorithm: str) -> bool:
+    try:
+        name = algorithms.get(algorithm).controller
+    except ValueError:
+        return False
+    return name is not None and controllers.get(name).closed_loop
 
 
 def progress(job: JobLike) -> schemas.Progress:

@@ -1,8 +1,9 @@
 """The engine's controllers at run time: the list the step updates, their targets resolved, their state
 checkpointed.
 
-An algorithm's registration names its controller (contract.algorithms); its settings come from its own
-spec section. A target entropy is absolute (nats) or relative to H₀, the token-mean entropy of π_old on the
+An algorithm's registration names its controller; its declaration (contract/control: settings, state, pure
+step, metrics) is all the engine runs, with the actuator's step-scope token weights (trainer/algos/control.py)
+where it has them. Its settings are the spec's `algorithm.control`. A target entropy is absolute (nats) or relative to H₀, the token-mean entropy of π_old on the
 first RL step's batch: then the controller is built on that step, before its first update, and the entropy
 band (where the spec sets none) is placed around the resolved target. The resolved values are saved in
 checkpoints, so a resumed run keeps them.
@@ -15,16 +16,32 @@ from typing import Any
 
 from torch import Tensor
 
+from contract import algorithms
+from contract import control as controllers
+from contract.control.base import Bound, Controller
 from contract.hyperparams import ClipLossParams
 from contract.spec import TrainSpec
 from contract.stability import StabilityState, StabilityTracker
-from trainer.algos.control import Controller, StepStatistics, make_controller
+from trainer.algos.control import StepStatistics, token_weights_of
 
 
 @dataclass
 class Running:
-    controller: Controller
+    """A bound controller (its declaration, settings with the target resolved, the loss's parameters) and
+    its state."""
+
+    bound: Bound
     state: Any
+
+    @property
+    def controller(self) -> Controller:
+        return self.bound.controller
+
+    def update(self, stats: StepStatistics) -> None:
+        self.state = self.bound.update(self.state, stats.batch_entropy)
+
+    def metrics(self) -> dict[str, float]:
+        return self.bound.metrics(self.state)
 
 
 class Controllers:
@@ -48,9 +65,13 @@ class Controllers:
         self.target_entropy = target_entropy
         if self.band is None:
             self.band = self.spec.band_around(target_entropy)
-        settings = self.spec.algorithm.controller_settings(self.loss_params, target_entropy)
-        controller = make_controller(self.spec.algorithm.name, settings, self.loss_params)
-        self.running = [] if controller is None else [Running(controller, controller.initial_state())]
+        settings = self.spec.algorithm.controller_settings(target_entropy)
+        name = algorithms.get(self.spec.algorithm.name).controller
+        if name is None or settings is None:
+            self.running = []
+            return
+        bound = Bound(controllers.get(name), settings, self.loss_params)
+        self.running = [Running(bound, bound.initial_state())]
 
     @property
     def unresolved(self) -> bool:
@@ -78,7 +99,7 @@ class Controllers:
 
     def update(self, stats: StepStatistics) -> None:
         for run in self.running:
-            run.state = run.controller.update(run.state, stats)
+            run.update(stats)
 
     def control(self) -> Any:
         """The state the loss reads this step (None for an algorithm without a controller)."""
@@ -90,7 +111,10 @@ class Controllers:
         """Token weights a controller chooses over the whole step batch from π_old (STARE's step scope),
         with their metrics; None where the loss chooses its own per micro-batch."""
         for run in self.running:
-            weights, metrics = run.controller.token_weights(run.state, old_logprob, advantages, mask)
+            choose = token_weights_of(run.controller.name)
+            if choose is None:
+                continue
+            weights, metrics = choose(run.state, self.loss_params, old_logprob, advantages, mask)
             if weights is not None:
                 return weights, metrics
         return None, {}
@@ -100,14 +124,14 @@ class Controllers:
         this once per RL step, after the update)."""
         out: dict[str, float] = {}
         for run in self.running:
-            out.update(run.controller.metrics(run.state, stats))
+            out.update(run.metrics())
         if self.target_entropy is not None:
             out["entropy/target"] = self.target_entropy
         out.update(self.stability.update(stats.batch_entropy, self.target_entropy))
         return out
 
     def owned_metrics(self) -> frozenset[str]:
-        return frozenset().union(*(run.controller.metric_names() for run in self.running))
+        return frozenset().union(*(run.controller.metric_keys for run in self.running))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -130,7 +154,7 @@ class Controllers:
             saved = {k: v for k, v in legacy.items() if v is not None}
         for run in self.running:
             if run.controller.name in saved:
-                run.state = run.controller.state_cls.from_dict(saved[run.controller.name])
+                run.state = run.controller.state.from_dict(saved[run.controller.name])
         if isinstance(state.get("stability"), dict):
             self.stability = StabilityTracker(StabilityState.from_dict(state["stability"]))
         else:  # a checkpoint from before these metrics: counted from the resumed step on

@@ -316,7 +316,9 @@ class Engine:
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
         metrics.update(update_metrics)
         metrics.update({k: float(v) for k, v in adv_metrics.items()})
-        metrics.update(step_mismatch_metrics(batch, old.logprob, self.runtime.reduce, spec.rollout.tis_cap))
+        metrics.update(
+            step_mismatch_metrics(batch, old.logprob, self.runtime.reduce, spec.rollout.tis_cap, old.entropy)
+        )
         metrics.update(
             self.step_metrics(
                 batch, advantages, old, h_bar, global_tokens, global_sequences,

@@ -3,14 +3,13 @@ names, parameter classes, estimators and properties; defaults are defined once."
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from contract import algorithms
 from contract.algorithms import ADVANTAGE_ESTIMATOR_NAMES, ALGORITHMS, make_loss_params
-from contract.hyperparams import ClipLossParams, StareGateParams, StareParams
-from contract.spec import GateSpec, TrainSpec
+from contract.control.stare_gate import StareGateSettings, initial_state
+from contract.hyperparams import ClipLossParams, StareParams
+from contract.spec import TrainSpec
 
 
 def test_the_losses_and_estimators_registered_in_the_trainer_are_the_contracts() -> None:
@@ -43,15 +42,13 @@ def test_the_spec_resolves_each_algorithms_estimator_from_its_registration() -> 
 
 def test_stare_defaults_are_defined_once() -> None:
     assert (StareParams().reweight_w, StareParams().reweight_m) == (1.1, 0.9)
-    gate = StareGateParams()
-    assert (gate.reweight_w, gate.reweight_m) == (StareParams().reweight_w, StareParams().reweight_m)
-    spec_gate = GateSpec()
-    for field in ("target_entropy", "adaptive", "alpha", "w_max", "m_min"):
-        assert getattr(spec_gate, field) == getattr(gate, field), field
     spec = TrainSpec.model_validate({"algorithm": {"name": "stare", "params": {"reweight_w": 1.3}}})
+    assert spec.algorithm.control == StareGateSettings()  # the gate's settings: one declaration
     params = make_loss_params("stare", **spec.algorithm.params)
-    assert spec.algorithm.gate_params(params) == dataclasses.replace(gate, reweight_w=1.3)
-    assert spec.algorithm.gate_params(make_loss_params("grpo_ds")) == gate
+    start = initial_state(spec.algorithm.control, params)  # W and M start at the loss's values
+    assert (start.gate_on, start.reweight_w, start.reweight_m) == (True, 1.3, StareParams().reweight_m)
+    default = initial_state(None, make_loss_params("grpo_ds"))  # a loss without them: STARE's defaults
+    assert (default.reweight_w, default.reweight_m) == (StareParams().reweight_w, StareParams().reweight_m)
 
 
 @pytest.mark.parametrize(

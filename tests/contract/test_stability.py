@@ -80,10 +80,13 @@ def test_metric_keys_are_in_the_catalogue() -> None:
 def test_holding_settles_at_the_first_moving_average_in_the_band() -> None:
     # Target 1.0 (band 0.75-1.25). Moving averages of 5: steps 1-4 none; step 5: mean(2,2,2,1,1) = 1.6;
     # step 6: mean(2,2,1,1,1) = 1.4; step 7: mean(2,1,1,1,1) = 1.2 (in: settles at step 7); step 8: 1.0;
-    # step 9: mean(1,1,1,1,3) = 1.4 (out) → share 2/3. |H − 1| from step 7: 0, 0, 2 → mean 2/3.
+    # step 9: mean(1,1,1,1,3) = 1.4 (out) → share 2/3. |H − 1| from step 7: 0, 0, 2 → mean 2/3. The moving
+    # average's |M − 1| from step 7: 0.2, 0, 0.4 → mean 0.2; its largest excursion above: 0.4 (step 9).
     values = [2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0]
     held = st.holding(_series(values), 1.0)
-    assert held == st.Holding(7, pytest.approx(2 / 3), pytest.approx(2 / 3), 3)
+    assert held == st.Holding(
+        7, pytest.approx(2 / 3), pytest.approx(2 / 3), 3, pytest.approx(0.2), pytest.approx(0.4)
+    )
 
 
 def test_holding_is_undefined_without_a_target_or_before_settling() -> None:
@@ -136,6 +139,12 @@ def test_tracker_holding_equals_the_definition_on_every_prefix(seed: int) -> Non
         )
         assert metrics.get(st.MEAN_ABS_DEVIATION) == (
             None if held.mean_abs_deviation is None else pytest.approx(held.mean_abs_deviation)
+        )
+        assert metrics.get(st.MA_MEAN_ABS_DEVIATION) == (
+            None if held.ma_mean_abs_deviation is None else pytest.approx(held.ma_mean_abs_deviation)
+        )
+        assert metrics.get(st.MA_MAX_EXCURSION) == (
+            None if held.ma_max_excursion is None else pytest.approx(held.ma_max_excursion)
         )
         tracker = st.StabilityTracker(st.StabilityState.from_dict(tracker.state.to_dict()))
 

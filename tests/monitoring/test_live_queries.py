@@ -128,7 +128,7 @@ def test_the_controller_row_returns_series_for_a_pi_law_job(stack: Stack) -> Non
     try:
         assert frozen.algorithm == "entropy_pi"
         refs = dashboard_refs("a PI entropy law")
-        assert len(refs) == 8 and all(r.dashboard.uid == "stare-job" for r in refs)
+        assert len(refs) == 10 and all(r.dashboard.uid == "stare-job" for r in refs)
         results = check_dashboard_queries(stack, frozen, refs)
         results |= check_alert_selectors(stack, frozen, [r for r in alert_rules() if r.name in LAW_RULES])
         settled = results["stare-job/Held as users see it/C"]["series"][0]["value"]

@@ -17,7 +17,7 @@ from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC, FakeWorker, create_job, step_metrics
 from tests.service.test_pages import _signed_in
 
-# A target and no algorithm name: the default law (contract/control.py DEFAULT_LAW).
+# A target and no algorithm name: the default law (contract/control/__init__.py DEFAULT_LAW).
 CONTROL_SPEC: dict[str, Any] = {**TINY_SPEC, "algorithm": {"control": {"target_entropy": 0.5}}}
 
 
@@ -97,7 +97,7 @@ def test_at_the_lowering_clip_saturated_takes_fifty_steps(
     client: TestClient, tenant: TenantKey, db: Database
 ) -> None:
     """u = −u_min while the policy's drift brings entropy down to the target is the approach, not an alarm:
-    20 steps there are not saturated, 50 are (contract/control_metrics.py)."""
+    20 steps there are not saturated, 50 are (contract/control/pi.py)."""
     job_id = create_job(client, tenant.headers, CONTROL_SPEC)
     worker = FakeWorker(db, job_id)
     _record(db, job_id, worker, 1, _control_metrics(1, output=-0.1, saturated_steps=20))

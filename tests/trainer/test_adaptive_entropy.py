@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from contract.control.entropy_coef import EntropyCoefState, initial_state, update_coef
 from contract.hyperparams import AdaptiveEntropyParams
 from contract.spec import TrainSpec
 from trainer.algos import PolicyLossInputs, compute_policy_loss, make_loss_params, token_stats_from_logits
-from trainer.algos.entropy_control import EntropyCoefState, initial_coef_state, update_coef
 from trainer.algos.losses import zero_advantage_rows_inert
 from trainer.engine import Engine, ExitCode
 
@@ -26,7 +26,7 @@ PARAMS = AdaptiveEntropyParams(coef_init=0.0, coef_step=0.005, coef_max=0.02)
 
 
 def test_the_coefficient_rises_by_delta_below_target_and_acts_only_there() -> None:
-    state = initial_coef_state(PARAMS)
+    state = initial_state(None, PARAMS)
     applied = []
     for _ in range(6):  # below target: α uses c before the step, then c += Δ up to c_max
         state = update_coef(state, 0.1, 0.3, PARAMS)

@@ -11,7 +11,8 @@ import torch
 from trainer.algos import (
     POLICY_LOSSES,
     PolicyLossInputs,
-    StareGateParams,
+    StareControllerState,
+    StareGateSettings,
     StareParams,
     UnknownNameError,
     aggregate,
@@ -165,7 +166,7 @@ def test_w_below_one_is_named(value: float) -> None:
     with pytest.raises(ValueError, match="reweight_w"):
         make_loss_params("stare", reweight_w=value)
     with pytest.raises(ValueError, match="reweight_w"):
-        StareGateParams(reweight_w=value)
+        StareControllerState(gate_on=True, reweight_w=value, reweight_m=0.9)
 
 
 @pytest.mark.parametrize("value", [1.01, 0.0, -0.5, math.nan])
@@ -173,7 +174,7 @@ def test_m_above_one_or_not_positive_is_named(value: float) -> None:
     with pytest.raises(ValueError, match="reweight_m"):
         make_loss_params("stare", reweight_m=value)
     with pytest.raises(ValueError, match="reweight_m"):
-        StareGateParams(reweight_m=value)
+        StareControllerState(gate_on=True, reweight_w=1.1, reweight_m=value)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +190,7 @@ def test_m_above_one_or_not_positive_is_named(value: float) -> None:
 )
 def test_gate_parameters_out_of_range_are_named(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
-        StareGateParams(**{field: value})
+        StareGateSettings(**{field: value})
 
 
 @pytest.mark.parametrize(

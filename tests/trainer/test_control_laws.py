@@ -1,4 +1,4 @@
-"""The PI entropy laws (contract/control.py, trainer/algos/pi_control.py) on a simulated plant: a first-order
+"""The PI entropy laws (contract/control/pi.py, trainer/algos/pi_control.py) on a simulated plant: a first-order
 entropy model with drift and noise,
 
     ln H_{k+1} = ln H_k − δ + g·(a_k − a⁰) + process noise,   H̄_k = H_k · exp(measurement noise)
@@ -17,12 +17,10 @@ from typing import Any
 
 import pytest
 
-from contract import control as law
-from contract.control import PiState
-from contract.hyperparams import ClipLossParams
+from contract import control
+from contract.control import pi as law
+from contract.control.pi import PiState
 from contract.stability import holding
-from trainer.algos.control import StepStatistics
-from trainer.algos.pi_control import ClipPi, EntropyPi, StarePi
 
 TARGET = 0.7
 DRIFT = 0.04
@@ -30,10 +28,13 @@ DRIFT = 0.04
 
 def _controllers() -> dict[str, Callable[..., Any]]:
     return {
-        "entropy_pi": lambda **kw: EntropyPi(law.EntropyPiControl(target_entropy=TARGET, **kw)),
-        "stare_pi": lambda **kw: StarePi(law.StarePiControl(target_entropy=TARGET, **kw)),
-        "clip_pi": lambda **kw: ClipPi(law.ClipPiControl(target_entropy=TARGET, **kw), ClipLossParams()),
+        name: (lambda name=name, **kw: control.bind(name, target_entropy=TARGET, **kw)) for name in RESPONSE
     }
+
+
+def actuator_at(bound: control.Bound, u: float) -> float:
+    """The actuator's value the law sets for output u."""
+    return law.actuator_values(bound.name, u, bound.settings, bound.loss_params)[0]
 
 
 RESPONSE = {
@@ -59,13 +60,13 @@ def simulate(
     """(H̄ per step, the state after each step, the controller)."""
     controller = _controllers()[name](**settings)
     gain = RESPONSE[name] / controller.settings.span  # per unit of the actuator's value
-    at_zero = controller.actuator(PiState())
+    at_zero = actuator_at(controller, 0.0)
     rng = random.Random(seed)
     st = state if state is not None else controller.initial_state()
     log_h, seen, states = math.log(h0), [], []
     for k in range(steps):
         h_bar = math.exp(log_h + rng.gauss(0.0, noise))
-        st = controller.update(st, StepStatistics(batch_entropy=h_bar))
+        st = controller.update(st, h_bar)
         seen.append(h_bar)
         states.append(st)
         push = gain * (st.actuator - at_zero) if enabled(k) else 0.0
@@ -90,12 +91,12 @@ def test_each_law_settles_and_holds_the_target(name: str, seed: int) -> None:
 @pytest.mark.parametrize("target", [0.3, 2.0])
 def test_one_default_fits_a_small_and_a_large_target(target: float) -> None:
     # The error is relative, so the same gains hold 0.3 nats and 2 nats (start at 1.5 × the target).
-    controller = EntropyPi(law.EntropyPiControl(target_entropy=target))
+    controller = control.bind("entropy_pi", target_entropy=target)
     gain = law.ENTROPY_PI_RESPONSE / controller.settings.span
     rng, st, log_h, seen = random.Random(1), controller.initial_state(), math.log(1.5 * target), []
     for _ in range(120):
         h_bar = math.exp(log_h + rng.gauss(0.0, 0.1))
-        st = controller.update(st, StepStatistics(batch_entropy=h_bar))
+        st = controller.update(st, h_bar)
         seen.append(h_bar)
         log_h += -DRIFT + gain * st.actuator + rng.gauss(0.0, 0.02)
     held = holding(_series(seen), target)
@@ -110,9 +111,7 @@ def test_output_and_actuator_are_bounded(name: str) -> None:
         _, states, controller = simulate(name, enabled=enabled, noise=noise)
         u_max = controller.settings.u_max
         assert all(-u_max <= s.output <= u_max for s in states)
-        lo, hi = sorted(
-            (controller.actuator(PiState(output=-u_max)), controller.actuator(PiState(output=u_max)))
-        )
+        lo, hi = sorted((actuator_at(controller, -u_max), actuator_at(controller, u_max)))
         assert all(lo <= s.actuator <= hi for s in states)
     assert states[-1].saturated_steps >= 0
 
@@ -151,19 +150,19 @@ def test_a_resumed_run_continues_exactly(name: str) -> None:
     controller = _controllers()[name]()
     st = restored
     for h_bar in whole[30:]:
-        st = controller.update(st, StepStatistics(batch_entropy=h_bar))
+        st = controller.update(st, h_bar)
     assert st == whole_states[-1]
     assert first == whole[:30]
 
 
 def test_a_non_finite_measurement_leaves_the_state_unchanged() -> None:
-    controller = EntropyPi(law.EntropyPiControl(target_entropy=TARGET))
-    st = controller.update(controller.initial_state(), StepStatistics(batch_entropy=0.5))
-    assert controller.update(st, StepStatistics(batch_entropy=float("nan"))) == st
+    controller = control.bind("entropy_pi", target_entropy=TARGET)
+    st = controller.update(controller.initial_state(), 0.5)
+    assert controller.update(st, float("nan")) == st
 
 
 def test_smoothing_is_an_ema_of_the_measurements() -> None:
-    p = law.EntropyPiControl(target_entropy=1.0, smoothing=0.5)
+    p = law.EntropyPiSettings(target_entropy=1.0, smoothing=0.5)
     st = law.pi_step(PiState(), 0.8, p)
     st = law.pi_step(st, 0.4, p)
     assert st.smoothed == pytest.approx(0.6)

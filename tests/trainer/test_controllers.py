@@ -16,11 +16,12 @@ import torch
 from pydantic import ValidationError
 
 from contract import algorithms
+from contract import control as controllers
+from contract.control.entropy_coef import EntropyCoefState
 from contract.hyperparams import AdaptiveEntropyParams, EntropyTarget
 from contract.spec import TrainSpec
 from trainer.algos import compute_policy_loss, make_loss_params
-from trainer.algos.control import CONTROLLER_FACTORIES
-from trainer.algos.entropy_control import EntropyCoefState
+from trainer.algos.control import ACTUATORS
 from trainer.algos.losses import PolicyLossInputs
 from trainer.algos.stare import StareControllerState
 from trainer.controllers import Controllers
@@ -94,8 +95,8 @@ def test_an_override_that_names_no_parameter_is_an_error() -> None:
         compute_policy_loss("grpo", loss_inputs(), make_loss_params("grpo"), warp=1)
 
 
-def test_every_registered_controller_has_an_implementation() -> None:
-    assert set(CONTROLLER_FACTORIES) == set(algorithms.CONTROLLERS)
+def test_every_registered_controller_has_an_actuator() -> None:
+    assert set(ACTUATORS) == set(controllers.CONTROLLERS)
     for name in algorithms.names():
         entry = algorithms.get(name)
         assert entry.measures_entropy_first is (entry.controller is not None)
@@ -119,8 +120,8 @@ def test_an_old_adaptive_entropy_spec_reads_its_target_from_the_gate_section() -
     spec = TrainSpec.model_validate(
         {"algorithm": {"name": "adaptive_entropy", "gate": {"target_entropy": 0.7}}}
     )
-    assert spec.algorithm.entropy_control is not None
-    assert spec.algorithm.entropy_control.target_entropy == 0.7
+    assert spec.algorithm.control is not None and spec.algorithm.control.controller == "entropy_coef"
+    assert spec.algorithm.control.target_entropy == 0.7
     assert spec.algorithm.target() == EntropyTarget(nats=0.7)
 
 
@@ -153,7 +154,7 @@ def test_relative_and_absolute_targets_resolve() -> None:
         "band_high": 2.0 * 0.6 * 2.0,
     }
     assert c.resolve(5.0) is None  # once
-    assert c.running[0].controller.target_entropy == 0.6 * 2.0
+    assert c.running[0].bound.settings.nats == 0.6 * 2.0
     restored = Controllers(relative, loss)
     restored.load_state_dict(json.loads(json.dumps(c.state_dict())))
     assert restored.resolved() == c.resolved() and restored.control() == c.control()

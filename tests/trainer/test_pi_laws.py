@@ -12,7 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from contract.control import EntropyPiControl, PiState, StarePiControl, pi_step
+from contract.control.pi import EntropyPiSettings, PiState, StarePiSettings, pi_step
 from contract.spec import TrainSpec
 from trainer.algos import compute_policy_loss
 from trainer.algos.losses import PolicyLossInputs
@@ -66,7 +66,7 @@ def test_entropy_bonus_term_is_elementwise() -> None:
 
 def test_stare_pi_with_a_raised_w_is_stares_loss_with_that_w() -> None:
     inputs = _inputs()
-    settings = StarePiControl(target_entropy=1.0)
+    settings = StarePiSettings(target_entropy=1.0)
     for variant in ("O1", "C2"):
         w, m = stare_pi_weights(0.3, settings)
         mine, _ = compute_policy_loss(
@@ -103,7 +103,7 @@ def _algorithm(data: dict, algorithm: dict) -> dict:
 def test_a_target_without_a_named_algorithm_gets_the_default_law() -> None:
     spec = TrainSpec.model_validate(_algorithm(small_spec(), {"control": {"target_entropy": 0.5}}))
     assert spec.algorithm.name == "entropy_pi"
-    settings = spec.algorithm.law_settings(0.5)
+    settings = spec.algorithm.controller_settings(0.5)
     assert (settings.kp, settings.ki) == pytest.approx((2.4, 0.2667))  # poles at 0.8 on B = 0.15
     assert (settings.u_max, settings.u_min) == (1.0, 0.1)
     # Existing names keep their behaviour: the default algorithm is still STARE with its gate.
@@ -117,7 +117,7 @@ def test_a_target_without_a_named_algorithm_gets_the_default_law() -> None:
     ("algorithm", "field"),
     [
         ({"name": "grpo_ds", "control": {}}, "algorithm.control"),
-        ({"name": "stare", "control": {"target_entropy": 0.3}}, "algorithm.control"),
+        ({"name": "stare", "control": {"controller": "entropy_pi"}}, "algorithm.control"),
         ({"control": {"kp": -1.0}}, "kp"),
         ({"control": {"smoothing": 1.0}}, "smoothing"),
         ({"name": "stare_pi", "control": {"u_max": 2.0}}, "u_max"),
@@ -152,7 +152,7 @@ def test_the_default_law_runs_and_a_resume_continues_its_state_exactly(tmp_path:
     state = json.loads((part / "checkpoints" / "step-000002" / "state.json").read_text())
     saved = PiState.from_dict(state["controllers"]["entropy_pi"])
     # The saved state is the law replayed on the logged H̄ of steps 1-2 (the target: 1.5 × H̄ of step 1).
-    settings = EntropyPiControl(target_entropy=1.5 * full[1]["entropy/mean"])
+    settings = EntropyPiSettings(target_entropy=1.5 * full[1]["entropy/mean"])
     replayed = PiState()
     for step in (1, 2):
         replayed = pi_step(replayed, full[step]["entropy/mean"], settings)

@@ -44,7 +44,7 @@ def test_defaults_resolve_loss_parameters():
         ({"sampling": {"group_size": 0}}, "sampling.group_size"),
         ({"model": {"dtype": "float8"}}, "model.dtype"),
         ({"task": {"source": "sql"}}, "task.source"),
-        ({"algorithm": {"gate": {"m_min": 0}}}, "algorithm.gate.m_min"),
+        ({"algorithm": {"gate": {"m_min": 0}}}, "algorithm.control.m_min"),
     ],
 )
 def test_bad_values_name_the_field(data, loc):

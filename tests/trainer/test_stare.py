@@ -15,7 +15,8 @@ from torch.testing import assert_close
 from trainer.algos import (
     PolicyLossInputs,
     StareControllerState,
-    StareGateParams,
+    StareGateSettings,
+    StareParams,
     compute_policy_loss,
     initial_state,
     stare_weights,
@@ -200,8 +201,8 @@ def test_weights_are_never_renormalised_and_are_one_when_the_gate_is_off() -> No
 
 
 def test_gate_is_on_iff_the_batch_entropy_is_strictly_below_target() -> None:
-    params = StareGateParams(target_entropy=0.3)
-    state = initial_state(params)
+    params = StareGateSettings(target_entropy=0.3)
+    state = initial_state(params, StareParams())
     assert state.gate_on  # no measurement yet
     assert update(state, 0.2999, params).gate_on
     assert not update(state, 0.3, params).gate_on  # off at equality
@@ -211,8 +212,8 @@ def test_gate_is_on_iff_the_batch_entropy_is_strictly_below_target() -> None:
 
 
 def test_the_gate_has_no_hysteresis() -> None:
-    params = StareGateParams(target_entropy=0.5)
-    state = initial_state(params)
+    params = StareGateSettings(target_entropy=0.5)
+    state = initial_state(params, StareParams())
     trajectory = [0.6, 0.49, 0.51, 0.5, 0.2, 0.9]
     gates = []
     for entropy in trajectory:
@@ -226,14 +227,14 @@ def test_the_gate_has_no_hysteresis() -> None:
 @pytest.mark.parametrize("entropy", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_a_non_finite_batch_entropy_leaves_the_state_unchanged(entropy: float, adaptive: bool) -> None:
-    params = StareGateParams(adaptive=adaptive)
-    state = update(initial_state(params), 0.9, params)  # gate off, W/M moved if adaptive
+    params = StareGateSettings(adaptive=adaptive)
+    state = update(initial_state(params, StareParams()), 0.9, params)  # gate off, W/M moved if adaptive
     assert update(state, entropy, params) == state
 
 
 def test_controller_state_round_trips_through_a_dict() -> None:
-    params = StareGateParams(adaptive=True)
-    state = update(update(initial_state(params), 0.1, params), 0.2, params)
+    params = StareGateSettings(adaptive=True)
+    state = update(update(initial_state(params, StareParams()), 0.1, params), 0.2, params)
     assert StareControllerState.from_dict(state.to_dict()) == state
 
 
@@ -287,10 +288,10 @@ def test_active_stare_differs_from_grpo_ds() -> None:
 
 
 def test_gate_state_drives_the_loss_as_its_control_argument() -> None:
-    gate = StareGateParams(target_entropy=0.3)
+    gate = StareGateSettings(target_entropy=0.3)
     batch = bit_identity_batch()
     for entropy, expect_neutral in ((0.31, True), (0.3, True), (0.29, False)):
-        state = update(initial_state(gate), entropy, gate)
+        state = update(initial_state(gate, StareParams()), entropy, gate)
         stare_loss, _ = loss_and_grad("stare", batch, control=state)
         baseline_loss, _ = loss_and_grad("grpo_ds", batch)
         assert torch.equal(stare_loss, baseline_loss) == expect_neutral
@@ -319,8 +320,8 @@ def test_stare_gradient_is_omega_times_the_grpo_ds_gradient(variant: str, ratio:
 
 
 def test_adaptive_schedule_below_target_saturates_at_w_max_and_m_min() -> None:
-    params = StareGateParams(adaptive=True, reweight_w=1.1, reweight_m=0.9, alpha=0.01)
-    state = initial_state(params)
+    params = StareGateSettings(adaptive=True, alpha=0.01)
+    state = initial_state(params, StareParams(reweight_w=1.1, reweight_m=0.9))
     history = []
     for _ in range(100):
         state = update(state, 0.1, params)  # below the 0.3 target
@@ -336,8 +337,8 @@ def test_adaptive_schedule_below_target_saturates_at_w_max_and_m_min() -> None:
 
 
 def test_adaptive_schedule_above_target_lowers_w_by_alpha_per_step_to_one() -> None:
-    params = StareGateParams(adaptive=True, reweight_w=1.5, reweight_m=0.5, alpha=0.01)
-    state = initial_state(params)
+    params = StareGateSettings(adaptive=True, alpha=0.01)
+    state = initial_state(params, StareParams(reweight_w=1.5, reweight_m=0.5))
     ws = [state.reweight_w]
     for _ in range(60):
         state = update(state, 0.8, params)
@@ -349,17 +350,17 @@ def test_adaptive_schedule_above_target_lowers_w_by_alpha_per_step_to_one() -> N
 
 
 def test_adaptive_schedule_holds_at_the_target_and_is_off_by_default() -> None:
-    adaptive = StareGateParams(adaptive=True)
-    held = update(initial_state(adaptive), 0.3, adaptive)
+    adaptive = StareGateSettings(adaptive=True)
+    held = update(initial_state(adaptive, StareParams()), 0.3, adaptive)
     assert (held.reweight_w, held.reweight_m) == (1.1, 0.9)
-    fixed = StareGateParams()
-    moved = initial_state(fixed)
+    fixed = StareGateSettings()
+    moved = initial_state(fixed, StareParams())
     for _ in range(10):
         moved = update(moved, 0.05, fixed)
     assert (moved.reweight_w, moved.reweight_m) == (1.1, 0.9)
 
 
 def test_controller_state_is_frozen() -> None:
-    state = initial_state(StareGateParams())
+    state = initial_state(StareGateSettings(), StareParams())
     with pytest.raises(dataclasses.FrozenInstanceError):
         state.gate_on = False  # type: ignore[misc]

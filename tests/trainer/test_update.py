@@ -130,3 +130,27 @@ def test_the_micro_batch_plan_is_agreed_and_fixes_the_forward_calls() -> None:
     assert not prompts_shareable(p_len, p_len + 1)  # a one-token response: no tail to run on the cache
     with pytest.raises(ValueError, match="cannot share"):
         response_logits(model, *one_token, p_len, share_prompts=True)
+
+
+def _h_bar(entropy: torch.Tensor, mask: torch.Tensor) -> float:
+    """H̄ as the engine forms it: the float64 sum of the token entropies over the count (Engine._mean_entropy)."""
+    return float((entropy.double() * mask).sum()) / float(mask.sum())
+
+
+def test_the_controlled_entropy_does_not_depend_on_how_the_batch_is_split() -> None:
+    """The sensor a law reads (docs/ALGORITHMS.md §12.3): H̄ of π_old over the step batch, computed in fp32 per
+    token and summed in float64, is the same to 1e-6 whether the batch is scored one row at a time, in
+    micro-batches of 4, in one pass, by the training forward, or read off the sampling record."""
+    spec = _spec()
+    model, batch = _batch(spec, sample_stats=True)
+    mask = batch.response_mask.double()
+    t = spec.sampling.temperature
+    values = {size: _h_bar(no_grad_pass(model, batch, t, size).entropy, mask) for size in (1, 4, 64)}  # type: ignore[arg-type]
+    fast = one_pass(model, batch, None, t, entropy_grad=False)
+    assert fast.entropy is not None and batch.sample_entropy is not None
+    values["one pass"] = _h_bar(fast.entropy, mask)
+    values["sampling record"] = _h_bar(batch.sample_entropy, mask)
+    reference = values[64]
+    assert reference > 0
+    for name, value in values.items():
+        assert abs(value - reference) <= 1e-6 * reference, (name, value, reference)

@@ -4,9 +4,9 @@
 - rsi.py: RSI-S whole: the Relative Surprisal Index, its keep mask and loss;
 - surrogate.py: what every loss shares (inputs, registry, the PPO clipped surrogate, the KL penalty);
 - losses.py: the baseline losses and the entry points (`compute_policy_loss`, `make_loss_params`);
-- entropy_control.py: the adaptive entropy coefficient's controller;
-- pi_control.py: the PI entropy laws' controllers and their actuators' losses (entropy_pi, stare_pi, clip_pi);
-- control.py: the controller protocol and the registry the engine builds its controllers from;
+- pi_control.py, split_control.py: the entropy laws' actuators (their losses; the laws are declared in
+  contract/control);
+- control.py: the actuators' registry (what a controller's state does to the loss) and `check_control`;
 - selection.py: the token ranking the selections share, the 80/20 and covariance selections;
 - advantages.py, aggregation.py, shaping.py, diagnostics.py, kernels.py: estimators, loss reductions,
   reward shaping and dynamic sampling, entropy diagnostics, the log-prob/entropy/C(p) kernels.
@@ -32,7 +32,7 @@ from trainer.algos.losses import (
 from trainer.algos.registry import UnknownNameError
 from trainer.algos.rsi import relative_surprisal_index, rsi_keep_mask
 from trainer.algos.shaping import informative_groups, overlong_penalty
-from trainer.algos.stare import StareControllerState, StareGateParams, initial_state, stare_weights, update
+from trainer.algos.stare import StareControllerState, StareGateSettings, initial_state, stare_weights, update
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -41,7 +41,7 @@ __all__ = [
     "ClipLossParams",
     "PolicyLossInputs",
     "StareControllerState",
-    "StareGateParams",
+    "StareGateSettings",
     "StareParams",
     "TokenStats",
     "UnknownNameError",

@@ -1,25 +1,34 @@
-"""The per-step controllers, by the names their algorithms' registrations give (contract.algorithms).
+"""The controllers' actuators: what a controller's state does to the loss, registered under the controller's
+name (the declarations themselves, torch-free, are contract/control: settings, state, step, metrics).
 
-A controller is tensor-free: once per optimiser step, before the update, it reads the step's measured
-statistics (H̄, the token-mean entropy of π_old over the training batch) and moves its state, which the
-loss reads as its `control` argument. It owns its metrics and its checkpointed state. The engine holds a
-list of them (`trainer.controllers.Controllers`) and never asks which algorithm it runs.
-
-Implementations: STARE's gate (`stare.StareGate`), the adaptive entropy coefficient
-(`entropy_control.EntropyCoefController`) and the PI entropy laws (`pi_control`: entropy_pi, stare_pi,
-clip_pi).
+An actuator is the loss of a law that is an algorithm of its own (registered as that algorithm's loss:
+`register_actuator(name)` on the loss function), and, where the controller chooses token weights over the
+whole step batch from π_old (STARE's step scope), its `token_weights`. The loss reads the controller's state
+as its `control` argument, checked where it enters the loss (`check_control`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any
+
+from torch import Tensor
 
 from contract import algorithms
-from contract.hyperparams import ClipLossParams
+from contract import control as controllers
+from trainer.algos.surrogate import POLICY_LOSSES, LossFn, register_loss
 
-__all__ = ["CONTROLLER_FACTORIES", "Controller", "StepStatistics", "check_control", "make_controller"]
+__all__ = [
+    "ACTUATORS",
+    "Actuator",
+    "StepStatistics",
+    "check_control",
+    "register_actuator",
+    "unregister_actuator",
+]
+
+TokenWeights = Callable[[Any, Any, Tensor | None, Tensor, Tensor], tuple[Tensor | None, dict[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -29,64 +38,42 @@ class StepStatistics:
     batch_entropy: float  # H̄ (nats)
 
 
-class Controller(Protocol):
-    """One per-step controller. `state_cls` is a frozen dataclass with to_dict/from_dict and a `check()`
-    that raises ValueError on an out-of-bounds state."""
+@dataclass(frozen=True)
+class Actuator:
+    """(state, loss params, π_old's log-probs (B, R), Â, mask) → ω over the step batch and its metrics, or
+    (None, {}) where the loss chooses per micro-batch."""
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def state_cls(self) -> Any: ...
-
-    @property
-    def target_entropy(self) -> float:
-        """The target, resolved (nats)."""
-        ...
-
-    def initial_state(self) -> Any: ...
-
-    def update(self, state: Any, stats: StepStatistics) -> Any: ...
-
-    def metrics(self, state: Any, stats: StepStatistics) -> dict[str, float]: ...
-
-    def metric_names(self) -> frozenset[str]: ...
-
-    def token_weights(
-        self, state: Any, old_logprob: Any, advantages: Any, mask: Any
-    ) -> tuple[Any, dict[str, float]]:
-        """Token weights over the whole step batch from π_old's log-probs (B, R), or (None, {})."""
-        ...
+    name: str
+    token_weights: TokenWeights | None = None
 
 
-# name → (settings, loss params) → controller. Filled by stare.py, entropy_control.py and pi_control.py.
-CONTROLLER_FACTORIES: dict[str, Callable[[Any, ClipLossParams], Controller]] = {}
-# name → its state class, for `check_control` (the losses' side).
-STATE_CLASSES: dict[str, type] = {}
+ACTUATORS: dict[str, Actuator] = {}
 
 
-def register_controller(
-    name: str, state_cls: type
-) -> Callable[[Callable[[Any, ClipLossParams], Controller]], Callable[[Any, ClipLossParams], Controller]]:
-    if name not in algorithms.CONTROLLERS:
-        raise ValueError(f"controller {name!r} is not in contract.algorithms.CONTROLLERS")
+def register_actuator(name: str, *, token_weights: TokenWeights | None = None) -> Callable[[LossFn], LossFn]:
+    """Registers the actuator of controller `name`; decorating its law's loss registers that loss too."""
+    controllers.get(name)  # an actuator needs a declaration
 
-    def add(
-        factory: Callable[[Any, ClipLossParams], Controller],
-    ) -> Callable[[Any, ClipLossParams], Controller]:
-        if name in CONTROLLER_FACTORIES:
-            raise ValueError(f"controller {name!r} is registered twice")
-        CONTROLLER_FACTORIES[name] = factory
-        STATE_CLASSES[name] = state_cls
-        return factory
+    def add(loss: LossFn) -> LossFn:
+        if name in ACTUATORS:
+            raise ValueError(f"actuator {name!r} is registered twice")
+        ACTUATORS[name] = Actuator(name, token_weights)
+        if controllers.get(name).own_algorithm is not None:
+            register_loss(name)(loss)
+        return loss
 
     return add
 
 
-def make_controller(algorithm: str, settings: Any, loss_params: ClipLossParams) -> Controller | None:
-    """The controller of `algorithm` with its settings (target resolved); None for one without."""
-    name = algorithms.get(algorithm).controller
-    return None if name is None else CONTROLLER_FACTORIES[name](settings, loss_params)
+def unregister_actuator(name: str) -> None:
+    """Removes an actuator and its law's loss (a test's toy law, registered and removed around it)."""
+    if ACTUATORS.pop(name, None) is not None:
+        POLICY_LOSSES.unregister(name)
+
+
+def token_weights_of(name: str) -> TokenWeights | None:
+    actuator = ACTUATORS.get(name)
+    return None if actuator is None else actuator.token_weights
 
 
 def check_control(algorithm: str, control: Any) -> None:
@@ -97,9 +84,9 @@ def check_control(algorithm: str, control: Any) -> None:
     name = algorithms.get(algorithm).controller
     if name is None:
         raise ValueError(f"loss {algorithm!r} has no controller, so it takes no control (got {control!r})")
-    state_cls = STATE_CLASSES[name]
+    state_cls = controllers.get(name).state
     if not isinstance(control, state_cls):
         raise ValueError(
             f"control for loss {algorithm!r} must be {state_cls.__name__}, got {type(control).__name__}"
         )
-    cast(Any, control).check()
+    control.check()

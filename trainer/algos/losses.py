@@ -15,8 +15,8 @@ Registered losses (ALGORITHMS.md §4–6):
 - clip_cov: random max(1, ⌊r·N⌋) tokens with 1 < cov < 5 that are not already clipped lose their gradient.
 - kl_cov: the top max(1, ⌊κ·N⌋) tokens by cov get −Âρ + coef·|ℓ_θ − ℓ_old|; others −Âρ (unclipped).
 - adaptive_entropy: grpo_ds per-token loss − α·H_t, α adapted toward a target entropy each step
-  (Skywork-OR1's adaptive entropy control; its controller, whose state is `control`, in
-  algos/entropy_control.py).
+  (Skywork-OR1's adaptive entropy control; its controller, whose state is `control`, is declared in
+  contract/control/entropy_coef.py).
 
 Deliberate departures and choices:
 - clip_cov/kl_cov use ε 0.2/0.2 and token-mean by default, as in the Entropy-Mechanism recipes on verl.
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from contract.algorithms import make_loss_params as _make_params
 from contract.algorithms import zero_advantage_rows_inert
+from contract.control.entropy_coef import EntropyCoefState
 from contract.hyperparams import (
     AdaptiveEntropyParams,
     ClipCovParams,
@@ -42,9 +43,8 @@ from contract.hyperparams import (
     KlCovParams,
     StareParams,
 )
-from trainer.algos import pi_control, rsi, stare  # noqa: F401  (they register stare, rsi_s and the PI laws)
-from trainer.algos.control import check_control
-from trainer.algos.entropy_control import EntropyCoefState
+from trainer.algos import pi_control, rsi, split_control, stare  # noqa: F401  (they register their losses)
+from trainer.algos.control import check_control, register_actuator
 from trainer.algos.selection import (
     floor_count,
     random_subset_mask,
@@ -133,6 +133,7 @@ def kl_cov_loss(inputs: PolicyLossInputs, p: KlCovParams, control: Any = None) -
     return finish(per_token, inputs, p, metrics)
 
 
+@register_actuator("entropy_coef")
 @register_loss("adaptive_entropy")
 def adaptive_entropy_loss(
     inputs: PolicyLossInputs, p: AdaptiveEntropyParams, control: EntropyCoefState | None = None

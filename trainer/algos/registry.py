@@ -33,6 +33,10 @@ class Registry(Generic[T]):
 
         return add
 
+    def unregister(self, name: str) -> None:
+        """Removes an entry (a test's toy, registered and removed around it)."""
+        self._entries.pop(name, None)
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

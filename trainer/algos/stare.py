@@ -2,37 +2,36 @@
 
 ALGORITHMS.md §5 has the formulas and the defaults; this module follows the official code's semantics.
 
-- Parameters: `StareParams` (the loss: P, W, M, variant, scope) and `StareGateParams` (the gate: H_tgt
-  and the adaptive W/M schedule), defined with the other algorithms' parameters in contract.hyperparams.
-- Controller, once per optimiser step before the update, from H̄ (token-mean entropy of π_old over the
-  filtered training batch), `update`:
+- Parameters: `StareParams` (the loss: P, W, M, variant, scope), with the other algorithms' parameters in
+  contract.hyperparams.
+- The gate (declared in contract/control/stare_gate.py: its settings `StareGateSettings`, state, update and
+  metrics), once per optimiser step before the update, from H̄ (token-mean entropy of π_old over the
+  filtered training batch):
   - gate_on = H̄ < H_tgt (strict; off at equality). No band, no gain, no hysteresis.
   - adaptive (off by default): W ← clip(W + α·sgn(H_tgt − H̄), 1, w_max),
     M ← clip(M − α·sgn(H_tgt − H̄), m_min, 1).
   - a non-finite H̄ leaves the state unchanged; before any measurement the gate is on.
-  The state is a frozen dataclass so the loop can save and restore it exactly (checkpoints).
 - Token weights over one selection scope (a micro-batch, or the whole step batch), `stare_weights`:
   T± are the active tokens with Â ≷ 0; L± the max(1, ⌈P·|T±|⌉) of them with the highest surprisal
   s = −log π_old; ω = W on L⁺ (and M on L⁻ for C2) while the gate is on, 1 elsewhere.
 - Loss, `stare_loss`: ω · (grpo_ds per-token loss), token-mean. The controller's state is the loss's
   `control` argument (checked where it enters the loss, trainer.algos.control.check_control). W and M are
   the state's: the params' reweight_w and reweight_m are the gate's starting values, which is what a
-  control of None stands for (`initial_state(params)`, gate on).
-- Controller for the engine: `StareGate` (trainer.algos.control's protocol), which owns the stare/ gate
-  metrics of the step.
+  control of None stands for (`initial_state(None, params)`, gate on).
+- This module is the gate's actuator (`register_actuator("stare_gate")`): the loss and, for the step scope,
+  `step_scope_weights`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from contract.hyperparams import StareGateParams, StareParams
-from trainer.algos.control import StepStatistics, register_controller
+from contract.control.stare_gate import StareControllerState, StareGateSettings, initial_state, update
+from contract.hyperparams import StareParams
+from trainer.algos.control import register_actuator
 from trainer.algos.selection import ceil_count, ceil_count_bound, signed_candidates, top_k_mask
 from trainer.algos.surrogate import (
     Metrics,
@@ -46,8 +45,7 @@ from trainer.algos.surrogate import (
 __all__ = [
     "VARIANTS",
     "StareControllerState",
-    "StareGate",
-    "StareGateParams",
+    "StareGateSettings",
     "StareParams",
     "initial_state",
     "scope_weights",
@@ -59,119 +57,20 @@ __all__ = [
 
 VARIANTS = ("O1", "C2")  # O1: W on L⁺ only; C2: W on L⁺ and M on L⁻
 
-# ------------------------------------------------------------------------------------------ controller
+# The gate itself (settings, state, update, metrics) is declared in contract/control/stare_gate.py; this
+# module is its actuator: the token weights and the loss.
 
 
-@dataclass(frozen=True)
-class StareControllerState:
-    gate_on: bool
-    reweight_w: float
-    reweight_m: float
-    batch_entropy: float | None = None  # last finite H̄ measured
-    updates: int = 0  # finite measurements applied
+def step_scope_weights(
+    state: StareControllerState, p: Any, old_logprob: Tensor | None, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor | None, dict[str, float]]:
+    """ω over the whole step batch (scope step_batch), ranked by π_old's surprisal; None where ω is chosen per
+    micro-batch in the loss."""
+    if not isinstance(p, StareParams) or p.scope != "step_batch" or old_logprob is None:
+        return None, {}
+    weights, metrics = scope_weights(old_logprob, advantages, mask, p, state)
+    return weights, {k: float(v) for k, v in metrics.items()}
 
-    def __post_init__(self) -> None:
-        self.check()
-
-    def check(self) -> None:
-        """The bounds every state of the gate keeps: W ≥ 1, M in (0, 1], a finite H̄, updates ≥ 0."""
-        if not isinstance(self.gate_on, bool):
-            raise ValueError(f"gate_on must be a bool, got {self.gate_on!r}")
-        if not (math.isfinite(self.reweight_w) and self.reweight_w >= 1.0):
-            raise ValueError(f"reweight_w (W) must be ≥ 1, got {self.reweight_w!r}")
-        if not 0.0 < self.reweight_m <= 1.0:
-            raise ValueError(f"reweight_m (M) must be in (0, 1], got {self.reweight_m!r}")
-        if self.batch_entropy is not None and not math.isfinite(self.batch_entropy):
-            raise ValueError(f"batch_entropy must be finite or None, got {self.batch_entropy!r}")
-        if self.updates < 0:
-            raise ValueError(f"updates must be ≥ 0, got {self.updates!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StareControllerState:
-        return cls(**data)
-
-
-def initial_state(params: StareGateParams | StareParams) -> StareControllerState:
-    """Before any measurement: the gate on, W and M at their configured values."""
-    return StareControllerState(gate_on=True, reweight_w=params.reweight_w, reweight_m=params.reweight_m)
-
-
-def _sign(x: float) -> float:
-    return float((x > 0) - (x < 0))
-
-
-def update(
-    state: StareControllerState, batch_entropy: float, params: StareGateParams
-) -> StareControllerState:
-    if not math.isfinite(batch_entropy):
-        return state
-    gate_on = batch_entropy < params.target_entropy
-    w, m = state.reweight_w, state.reweight_m
-    if params.adaptive:
-        direction = _sign(params.target_entropy - batch_entropy)
-        w = min(max(w + params.alpha * direction, 1.0), params.w_max)
-        m = min(max(m - params.alpha * direction, params.m_min), 1.0)
-    return replace(
-        state,
-        gate_on=gate_on,
-        reweight_w=w,
-        reweight_m=m,
-        batch_entropy=float(batch_entropy),
-        updates=state.updates + 1,
-    )
-
-
-@register_controller("stare_gate", StareControllerState)
-@dataclass(frozen=True)
-class StareGate:
-    """STARE's gate as the engine's controller (trainer.algos.control): `update` once per step; it owns
-    the stare/ gate metrics of the step's event."""
-
-    settings: StareGateParams
-    loss_params: Any = None
-    name = "stare_gate"
-    state_cls = StareControllerState
-
-    @property
-    def target_entropy(self) -> float:
-        return self.settings.target_entropy
-
-    def initial_state(self) -> StareControllerState:
-        return initial_state(self.settings)
-
-    def update(self, state: StareControllerState, stats: StepStatistics) -> StareControllerState:
-        return update(state, stats.batch_entropy, self.settings)
-
-    def metrics(self, state: StareControllerState, stats: StepStatistics) -> dict[str, float]:
-        return {
-            "stare/gate_on": float(state.gate_on),
-            "stare/reweight_w": state.reweight_w,
-            "stare/reweight_m": state.reweight_m,
-            "stare/target_entropy": self.settings.target_entropy,
-            "stare/batch_entropy": stats.batch_entropy,
-        }
-
-    def metric_names(self) -> frozenset[str]:
-        return GATE_METRICS
-
-    def token_weights(
-        self, state: StareControllerState, old_logprob: Tensor | None, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor | None, dict[str, float]]:
-        """ω over the whole step batch (scope step_batch), ranked by π_old's surprisal; None where ω is
-        chosen per micro-batch in the loss."""
-        p = self.loss_params
-        if not isinstance(p, StareParams) or p.scope != "step_batch" or old_logprob is None:
-            return None, {}
-        weights, metrics = scope_weights(old_logprob, advantages, mask, p, state)
-        return weights, {k: float(v) for k, v in metrics.items()}
-
-
-GATE_METRICS = frozenset(
-    {"stare/gate_on", "stare/reweight_w", "stare/reweight_m", "stare/target_entropy", "stare/batch_entropy"}
-)
 
 # ------------------------------------------------------------------------------------------ token weights
 
@@ -278,13 +177,14 @@ def scope_weights(
 # ------------------------------------------------------------------------------------------ loss
 
 
+@register_actuator("stare_gate", token_weights=step_scope_weights)
 @register_loss("stare")
 def stare_loss(
     inputs: PolicyLossInputs, p: StareParams, control: StareControllerState | None = None
 ) -> tuple[Tensor, Metrics]:
     """ω · (grpo_ds per-token loss). ω from `stare_weights` over this micro-batch, or precomputed over the
     step batch (`scope_weights`) and passed in `inputs.token_weights`. `control`: the gate's state."""
-    state = control if control is not None else initial_state(p)
+    state = control if control is not None else initial_state(None, p)
     logprob, old, adv, mask = prepare(inputs)
     per_token, metrics, _ = clipped_surrogate(logprob, old, adv, mask, p)
     if inputs.token_weights is not None:

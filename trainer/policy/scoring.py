@@ -34,7 +34,8 @@ def response_stats(
     enabled they come back detached: read from the rollout's sample stats when it carries them (no forward
     at all), else from a second forward without autograd. The values are the same up to float rounding
     (other matmul shapes).
-    entropy_grad: the entropy carries its gradient too (a loss with an entropy term); needs every row.
+    entropy_grad: the entropy carries its gradient too (a loss with an entropy term): on every row, or with
+    `skip_rows` on the rows that keep their graph (a loss whose entropy term is inert on the skipped ones).
     share_prompts: passed to `response_logits` (None: each call decides by its rows).
     """
     if skip_rows is not None and torch.is_grad_enabled() and bool(skip_rows.any()):
@@ -54,7 +55,9 @@ def response_stats(
                 detached = response_stats(model, batch, index[rest], temperature, with_entropy=with_entropy)
         if keep.numel() == 0:
             return detached
-        attached = response_stats(model, batch, index[keep], temperature, with_entropy=with_entropy)
+        attached = response_stats(
+            model, batch, index[keep], temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
         order = torch.empty_like(index)
         order[torch.cat([keep, rest])] = torch.arange(index.numel(), device=index.device)
         joined = [

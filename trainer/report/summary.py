@@ -19,7 +19,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from contract.control_metrics import saturation_alert
+from contract.control.pi import saturation_alert
 from contract.metrics import BandState
 from contract.metrics import get as metric
 from contract.numbers import finite
@@ -284,7 +284,7 @@ def _target_entropy(s: _Stream) -> float | None:
         if logged is not None:
             return logged
     if _dig(s.spec, "algorithm", "name") == "stare":
-        return _number(_dig(s.spec, "algorithm", "gate", "target_entropy"))  # None when relative
+        return _number(_dig(s.spec, "algorithm", "control", "target_entropy"))  # None when relative
     return None
 
 

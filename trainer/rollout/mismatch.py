@@ -8,7 +8,11 @@ weights, so the probability it gave a sampled token, π_sampler(y_t), differs fr
   r = π_trainer/π_sampler. The tokens are drawn from π_sampler, so E[r] = 1 and the estimate is unbiased
   for the KL and never negative (k1, the mean of −log r, is unbiased too but can be negative per batch).
 - with rollout.tis_cap = C, the truncated importance weight w_t = min(r_t, C), which scales token t's
-  advantage in the update (docs/ALGORITHMS.md, "Rollout mismatch").
+  advantage in the update (docs/ALGORITHMS.md, "Rollout mismatch");
+- `entropy/sampler_gap`: the sampler's entropy minus the trainer's H̄ over the same tokens (the entropy a
+  law controls is the trainer's, docs/ALGORITHMS.md §12.3). The sampler's is its exact entropy where it
+  recorded one (HF generate's sampling statistics, when π_old came from another pass), else its mean
+  surprisal −log π_sampler(y_t) on its own samples, an unbiased estimate of its entropy.
 """
 
 from __future__ import annotations
@@ -73,10 +77,37 @@ def corrected_advantages(
 
 
 def step_mismatch_metrics(
-    batch: Any, trainer_logprob: Tensor | None, reduce: Reduce, cap: float | None
+    batch: Any,
+    trainer_logprob: Tensor | None,
+    reduce: Reduce,
+    cap: float | None,
+    trainer_entropy: Tensor | None = None,
 ) -> dict[str, float]:
     """`mismatch_metrics` of a rollout batch whose engine recorded its own log-probs (`sampler_logprob`, vLLM)
-    over its response tokens; none where it did not (HF generate) or π_trainer is not known yet."""
-    if batch.sampler_logprob is None or trainer_logprob is None:
+    over its response tokens, none where it did not (HF generate) or π_trainer is not known yet; and the
+    sampler's entropy gap where the sampler's numbers are not π_old's own."""
+    metrics = {}
+    if batch.sampler_logprob is not None and trainer_logprob is not None:
+        metrics = mismatch_metrics(batch.sampler_logprob, trainer_logprob, batch.response_mask, reduce, cap)
+    if trainer_entropy is not None:
+        metrics.update(sampler_entropy_gap(batch, trainer_entropy, reduce))
+    return metrics
+
+
+def sampler_entropy_gap(batch: Any, trainer_entropy: Tensor, reduce: Reduce) -> dict[str, float]:
+    """{entropy/sampler_gap}: the sampler's entropy − the trainer's, token means over every process's response
+    tokens; {} where the sampler recorded nothing of its own or its record is π_old itself."""
+    if batch.sampler_logprob is not None:
+        sampler = -batch.sampler_logprob.detach().float()  # its mean surprisal estimates its entropy
+    elif batch.sample_entropy is not None and batch.sample_entropy is not trainer_entropy:
+        sampler = batch.sample_entropy.detach().float()
+    else:
         return {}
-    return mismatch_metrics(batch.sampler_logprob, trainer_logprob, batch.response_mask, reduce, cap)
+    m = batch.response_mask.float()
+    totals = reduce(
+        [float((sampler * m).sum()), float((trainer_entropy.detach().float() * m).sum()), float(m.sum())],
+        "sum",
+        torch.float64,
+    )
+    n = max(float(totals[2]), 1.0)
+    return {"entropy/sampler_gap": (float(totals[0]) - float(totals[1])) / n}

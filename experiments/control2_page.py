@@ -1,0 +1,258 @@
+"""The second-generation law's page (docs/RESULTS-control2.md): per cell of experiments/control2_suite.py, per
+arm and seed, what the issue's acceptance reads, from the runs' events alone.
+
+- `hold`: collapse, the settling step, the 5-step moving average's share in ±25 % of the target from it on,
+  its mean |M − H*|/H* and its largest excursion above the target, the shares of those steps above and
+  below the band, the law's output at a clip (saturation) and held by the rate limit; "held" when every
+  bound of the acceptance is met (`HoldBounds`), else by how much it missed.
+- `floor`: collapse, the share of steps the law acted (u > 0), where the run's entropy ended.
+- every arm: final avg@k, and against grpo_ds on the same seeds a paired difference with a 95 % t interval
+  (experiments/analysis.py).
+- ctl2-x4 beside ctl2-t1.0's `hold`: the same statistics at 4 × the samples.
+
+Usage: python -m experiments.control2_page RUNS_ROOT [--md docs/RESULTS-control2.md]
+RUNS_ROOT holds SUITE/ARM/seedN/events.jsonl (or events.jsonl.gz), as `python -m experiments run --root`
+writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contract.control import pi as law
+from contract.stability import HOLD_TOLERANCE, collapse_step, holding, moving_average
+from experiments import analysis as an
+
+EVAL = "eval/avg@k"
+
+
+@dataclass(frozen=True)
+class HoldBounds:
+    """The acceptance's bounds for `hold` (issue 48): every one must hold on every seed of a cell."""
+
+    settling: int = 15
+    ma_share: float = 0.95
+    ma_deviation: float = 0.08
+    excursion: float = 0.25
+
+
+BOUNDS = HoldBounds()
+
+
+@dataclass(frozen=True)
+class Row:
+    suite: str
+    arm: str
+    seed: int
+    steps: int
+    finished: bool
+    target: float | None
+    collapse: int | None
+    settling: int | None
+    ma_share: float | None
+    ma_deviation: float | None
+    excursion: float | None
+    above: float | None
+    below: float | None
+    saturated: float | None  # share of steps with the law's output at a clip
+    rate_held: float | None  # share of steps the rate limit held the output
+    acting: float | None  # share of steps with u > 0 (floor)
+    end_ratio: float | None  # mean H̄ of the last 10 steps over the target
+    start_avg: float | None
+    final_avg: float | None
+
+    def missed(self) -> list[str]:
+        """The hold bounds this run missed, each with its figure."""
+        if self.collapse is not None:
+            return [f"collapsed at step {self.collapse}"]
+        if self.settling is None:
+            return ["never settled"]
+        out = []
+        if self.settling > BOUNDS.settling:
+            out.append(f"settled at step {self.settling}")
+        if (self.ma_share or 0) < BOUNDS.ma_share:
+            out.append(f"MA in band {self.ma_share:.0%}")
+        if (self.ma_deviation or 0) > BOUNDS.ma_deviation:
+            out.append(f"MA deviation {self.ma_deviation:.3f}")
+        if (self.excursion or 0) > BOUNDS.excursion:
+            out.append(f"excursion +{self.excursion:.0%}")
+        return out
+
+
+def read_events(folder: Path) -> list[dict[str, Any]]:
+    plain, packed = folder / "events.jsonl", folder / "events.jsonl.gz"
+    text = plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()).decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _target(events: list[dict[str, Any]]) -> float | None:
+    logged = an.metric_series(events, "entropy/target")
+    if logged:
+        return logged[-1][1]
+    spec = next(
+        (e["spec"] for e in events if e.get("type") == "started" and isinstance(e.get("spec"), dict)), {}
+    )
+    return an.spec_target(spec, an.metric_series(events, an.ENTROPY))
+
+
+def _share(values: list[float], test: Any) -> float | None:
+    return sum(1 for v in values if test(v)) / len(values) if values else None
+
+
+def row_of(suite: str, arm: str, seed: int, folder: Path, steps_planned: int) -> Row:
+    events = read_events(folder)
+    entropies = an.metric_series(events, an.ENTROPY)
+    target = _target(events)
+    held = holding(entropies, target)
+    above = below = None
+    if held.settling_step is not None and target:
+        ma = [m for m in moving_average([h for _, h in entropies])[held.settling_step - 1 :] if m is not None]
+        above = _share(ma, lambda m: m > (1 + HOLD_TOLERANCE) * target)
+        below = _share(ma, lambda m: m < (1 - HOLD_TOLERANCE) * target)
+    outputs = [v for _, v in an.metric_series(events, law.OUTPUT)]
+    rate = [v for _, v in an.metric_series(events, "control/rate_limited")]
+    evals = an.eval_series(events, EVAL)
+    last = [h for _, h in entropies[-10:]]
+    return Row(
+        suite,
+        arm,
+        seed,
+        len(entropies),
+        (folder / "result.json").exists() and len(entropies) >= steps_planned,
+        target,
+        collapse_step(entropies),
+        held.settling_step,
+        held.ma_hold_fraction,
+        held.ma_mean_abs_deviation,
+        held.ma_max_excursion,
+        above,
+        below,
+        _share([v for _, v in an.metric_series(events, law.SATURATED)], lambda v: v > 0.5),
+        _share(rate, lambda v: v > 0.5),
+        _share(outputs, lambda v: v > 0) if outputs else None,
+        statistics.fmean(last) / target if last and target else None,
+        evals[0][1] if evals and evals[0][0] == 0 else None,
+        evals[-1][1] if evals and evals[-1][0] > 0 else None,
+    )
+
+
+def collect(root: Path, steps_of: dict[str, int]) -> list[Row]:
+    rows = []
+    for suite_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("ctl2-")):
+        for arm_dir in sorted(p for p in suite_dir.iterdir() if p.is_dir()):
+            for seed_dir in sorted(arm_dir.glob("seed*")):
+                if (seed_dir / "events.jsonl").exists() or (seed_dir / "events.jsonl.gz").exists():
+                    seed = int(seed_dir.name.removeprefix("seed"))
+                    rows.append(
+                        row_of(suite_dir.name, arm_dir.name, seed, seed_dir, steps_of.get(suite_dir.name, 0))
+                    )
+    return rows
+
+
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _pct(x: float | None) -> str:
+    return _f(x, "{:.0%}")
+
+
+def cost(rows: list[Row], arm: str) -> an.PairedDiff:
+    """arm's final avg@k minus grpo_ds's, paired by seed over the finished runs of both."""
+    base = {
+        r.seed: r.final_avg for r in rows if r.arm == "grpo_ds" and r.finished and r.final_avg is not None
+    }
+    pairs = [(r.final_avg, base[r.seed]) for r in rows if r.arm == arm and r.finished and r.seed in base]
+    return an.paired_difference(EVAL, [(a, b) for a, b in pairs if a is not None])
+
+
+def _cost_text(d: an.PairedDiff) -> str:
+    if d.mean is None:
+        return "no paired seed yet"
+    interval = "" if d.low is None else f" [{d.low:+.3f}, {d.high:+.3f}]"
+    verdict = " (significant)" if d.significant else " (not significant)" if d.n >= 3 else ""
+    return f"{d.mean:+.3f}{interval}, n = {d.n}{verdict}"
+
+
+HEADER = (
+    "| arm | seed | steps | collapse | settled | MA in band | MA deviation | excursion | above / below | "
+    "saturated | rate-held | u > 0 | end / target | avg@k start → end |"
+)
+
+
+def cell_markdown(suite: str, rows: list[Row]) -> str:
+    lines = [f"### {suite}", "", HEADER, "|" + "---|" * 14]
+    for r in sorted(rows, key=lambda r: (r.arm != "grpo_ds", r.arm, r.seed)):
+        mark = "" if r.finished else " (running)"
+        lines.append(
+            f"| {r.arm} | {r.seed} | {r.steps}{mark} | {r.collapse or '–'} | {r.settling or '–'} | "
+            f"{_pct(r.ma_share)} | {_f(r.ma_deviation)} | {_f(r.excursion, '{:+.0%}')} | "
+            f"{_pct(r.above)} / {_pct(r.below)} | {_pct(r.saturated)} | {_pct(r.rate_held)} | {_pct(r.acting)} | "
+            f"{_f(r.end_ratio, '{:.2f}')} | {_f(r.start_avg)} → {_f(r.final_avg)} |"
+        )
+    lines.append("")
+    for arm in ("hold", "floor"):
+        arm_rows = [r for r in rows if r.arm == arm and r.finished]
+        if not arm_rows:
+            continue
+        collapses = sum(r.collapse is not None for r in arm_rows)
+        text = f"- `{arm}`: {len(arm_rows)} finished run(s), {collapses} collapsed; avg@k against grpo_ds "
+        text += _cost_text(cost(rows, arm))
+        if arm == "hold":
+            misses = {r.seed: r.missed() for r in arm_rows if r.missed()}
+            text += (
+                "; held on every seed"
+                if not misses
+                else "; missed: " + "; ".join(f"seed {s}: {', '.join(m)}" for s, m in sorted(misses.items()))
+            )
+        lines.append(text + ".")
+    base = [r for r in rows if r.arm == "grpo_ds" and r.finished]
+    if base:
+        lines.append(f"- grpo_ds: {sum(r.collapse is not None for r in base)} of {len(base)} collapsed.")
+    return "\n".join(lines) + "\n"
+
+
+def page(rows: list[Row]) -> str:
+    b = BOUNDS
+    out = [
+        "# Results: the second-generation entropy law (`entropy_split`)",
+        "",
+        "Generated by `python -m experiments.control2_page RUNS_ROOT` from the runs' events; the cells and why "
+        "they were chosen: experiments/control2_suite.py and docs/ALGORITHMS.md §12. `hold` is held on a seed "
+        f"when it does not collapse, settles by step {b.settling}, keeps the 5-step moving average M within "
+        f"±25 % of the target on ≥ {b.ma_share:.0%} of the steps from then on, with mean |M − H*|/H* ≤ "
+        f"{b.ma_deviation} and M never more than {b.excursion:.0%} above the target. Saturated: the law's output "
+        "at a clip; rate-held: held by its rate limit; u > 0: the bonus acting (floor's only side).",
+        "",
+    ]
+    for suite in sorted({r.suite for r in rows}):
+        out.append(cell_markdown(suite, [r for r in rows if r.suite == suite]))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.control2_page", description=__doc__)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--md", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from experiments.control2_suite import OPTIONAL
+
+    steps_of = {
+        name: int(make().runs[0].spec.get("optim", {}).get("steps", 100)) for name, make in OPTIONAL.items()
+    }
+    text = page(collect(args.root, steps_of))
+    if args.md is None:
+        print(text)
+    else:
+        args.md.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""The entropy laws on the simulated plant (experiments/plant_model.py; docs/ALGORITHMS.md §12.2–12.4): the
+first-generation default law (`entropy_pi`) against `entropy_split` at its defaults, on the tuning plant and on
+plants whose gains, lag, drift and noise are moved away from it (the held-out cells differ from the tuning
+cell in all of them). Per plant and law, over `seeds` simulated runs of `steps` steps at the target 0.7 × H₀,
+the holding statistics users see (contract/stability.py: settling step, the 5-step moving average's share in
+±25 %, its mean deviation and largest excursion above the target) and the overshoot cycle's signature: the
+share of post-settling steps with the moving average above the band against below it.
+
+Usage: python -m experiments.control_design [--seeds 40] [--steps 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from contract import control
+from contract.stability import HOLD_TOLERANCE, holding, moving_average
+from experiments.plant_model import Plant, Trace, run
+
+RELATIVE_TARGET = 0.7
+# The tuning plant (the tuning cell, SmolLM2 a+b at lr 2e-5; §12.2) and its neighbours.
+TUNING = Plant()
+PLANTS: dict[str, Plant] = {
+    "tuning": TUNING,
+    "weak raise (b_up × 0.4)": TUNING.scaled(b_up=TUNING.b_up * 0.4),
+    "strong raise (b_up × 2), long lag": TUNING.scaled(b_up=TUNING.b_up * 2.0, momentum=0.85),
+    "weak lowering (b_down × 0.4)": TUNING.scaled(b_down=TUNING.b_down * 0.4),
+    "fast drift (× 2)": TUNING.scaled(drift=TUNING.drift * 2.0, accel=TUNING.accel * 2.0),
+    "noisy (× 1.5)": TUNING.scaled(
+        process_noise=TUNING.process_noise * 1.5, measurement_noise=TUNING.measurement_noise * 1.5
+    ),
+}
+# The first-generation law's lowering side was a negative bonus, which lowers entropy about 2.0 per unit α
+# (the first design's crash, §11.3): the simulation gives it that gain on the lowering side.
+PI_LOWERING_GAIN = 2.0
+
+Law = Callable[[Any, float], tuple[Any, float, float]]
+
+
+def law(name: str, target: float, plant: Plant, **settings: Any) -> tuple[Law, Any]:
+    """(the law as the plant drives it: (state, H̄) → (state, α, κ), its initial state)."""
+    bound = control.bind(name, target_entropy=target, **settings)
+    if name == "entropy_split":
+
+        def split(state: Any, h: float) -> tuple[Any, float, float]:
+            state = bound.update(state, h)
+            return state, state.bonus, state.sharpen
+
+        return split, bound.initial_state()
+
+    def pi(state: Any, h: float) -> tuple[Any, float, float]:
+        state = bound.update(state, h)
+        alpha = float(state.actuator)
+        return state, max(alpha, 0.0), max(-alpha, 0.0) * PI_LOWERING_GAIN / plant.b_down
+
+    return pi, bound.initial_state()
+
+
+@dataclass(frozen=True)
+class Holding:
+    settled: bool
+    settling_step: int | None
+    ma_share: float
+    ma_deviation: float
+    excursion: float
+    above: float  # share of post-settling steps with the moving average above the band
+    below: float
+
+
+def judge(trace: Trace, target: float) -> Holding:
+    held = holding(list(enumerate(trace.measured, 1)), target)
+    if held.settling_step is None:
+        return Holding(False, None, 0.0, math.inf, math.inf, 0.0, 0.0)
+    ma = [m for m in moving_average(trace.measured)[held.settling_step - 1 :] if m is not None]
+    above = sum(m > (1 + HOLD_TOLERANCE) * target for m in ma) / len(ma)
+    below = sum(m < (1 - HOLD_TOLERANCE) * target for m in ma) / len(ma)
+    return Holding(
+        True,
+        held.settling_step,
+        held.ma_hold_fraction or 0.0,
+        held.ma_mean_abs_deviation or 0.0,
+        held.ma_max_excursion or 0.0,
+        above,
+        below,
+    )
+
+
+def evaluate(name: str, plant: Plant, *, seeds: int, steps: int, **settings: Any) -> list[Holding]:
+    target = RELATIVE_TARGET * plant.h0
+    out = []
+    for seed in range(seeds):
+        step, state = law(name, target, plant, **settings)
+        out.append(judge(run(plant, step, state, steps=steps, seed=seed), target))
+    return out
+
+
+def summary(rows: list[Holding]) -> dict[str, float]:
+    settled = [r for r in rows if r.settled]
+    if not settled:
+        return {"settled": 0.0}
+    return {
+        "settled": len(settled) / len(rows),
+        "settling_max": float(max(r.settling_step or 0 for r in settled)),
+        "ma_share": statistics.fmean(r.ma_share for r in settled),
+        "ma_share_min": min(r.ma_share for r in settled),
+        "ma_deviation": statistics.fmean(r.ma_deviation for r in settled),
+        "excursion": statistics.fmean(r.excursion for r in settled),
+        "excursion_max": max(r.excursion for r in settled),
+        "above": statistics.fmean(r.above for r in settled),
+        "below": statistics.fmean(r.below for r in settled),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.control_design", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=100)
+    args = parser.parse_args(argv)
+    print(
+        "| plant | law | settled (last step) | MA in ±25 % (min) | MA deviation | excursion (max) | above / below |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for plant_name, plant in PLANTS.items():
+        for name in ("entropy_pi", "entropy_split"):
+            s = summary(evaluate(name, plant, seeds=args.seeds, steps=args.steps))
+            print(
+                f"| {plant_name} | {name} | {s['settled']:.2f} ({s.get('settling_max', 0):.0f}) "
+                f"| {s.get('ma_share', 0):.2f} ({s.get('ma_share_min', 0):.2f}) | {s.get('ma_deviation', 0):.3f} "
+                f"| {s.get('excursion', 0):.2f} ({s.get('excursion_max', 0):.2f}) "
+                f"| {s.get('above', 0):.2f} / {s.get('below', 0):.2f} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
