@@ -12,7 +12,6 @@ state (a frozen dataclass on `ControlState`), its pure step, the metrics it logs
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -72,10 +71,14 @@ class ControlSettings(BaseModel):
         return self
 
 
-@functools.cache
+_KINDS: dict[type, tuple[tuple[str, type, bool], ...]] = {}
+
+
 def _field_kinds(cls: type) -> tuple[tuple[str, type, bool], ...]:
     """(name, base type, optional) of a state class's fields, resolved once per class (a state is checked on
     every construction: every step of the law)."""
+    if cls in _KINDS:
+        return _KINDS[cls]
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -83,7 +86,8 @@ def _field_kinds(cls: type) -> tuple[tuple[str, type, bool], ...]:
         optional = type(None) in typing.get_args(kind)
         base = next((a for a in typing.get_args(kind) if a is not type(None)), kind) if optional else kind
         out.append((f.name, base, optional))
-    return tuple(out)
+    _KINDS[cls] = tuple(out)
+    return _KINDS[cls]
 
 
 @dataclass(frozen=True)
