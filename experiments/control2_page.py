@@ -95,7 +95,7 @@ def _target(events: list[dict[str, Any]]) -> float | None:
     logged = an.metric_series(events, "entropy/target")
     if logged:
         return logged[-1][1]
-    spec = next(
+    spec: dict[str, Any] = next(
         (e["spec"] for e in events if e.get("type") == "started" and isinstance(e.get("spec"), dict)), {}
     )
     return an.spec_target(spec, an.metric_series(events, an.ENTROPY))
