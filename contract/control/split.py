@@ -63,13 +63,13 @@ class SplitSettings(ControlSettings):
 
     controller: Literal["entropy_split"] = "entropy_split"
     mode: Literal["hold", "floor"] = "hold"
-    kp: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.5
-    ki: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.05
+    kp: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
+    ki: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.1
     filter: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.3  # λ of the proportional term's error filter
     rate: Annotated[float, Field(gt=0.0, le=100.0)] = 0.35  # the most |u| may grow in one step
     u_max: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0  # the raising side's clip
     u_min: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0  # the lowering side's clip (u ≥ −u_min)
-    span_up: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.5  # α per unit u
+    span_up: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0  # α per unit u
     span_down: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0  # κ per unit −u
     open_loop: Schedule | None = None
 

@@ -86,12 +86,14 @@ def _saturate_then_release(side: int, steps: int = 140, **settings: float):  # t
 def test_no_windup_of_either_actuator_while_it_is_saturated(side: int, clip: str) -> None:
     trace, target = _saturate_then_release(side)
     limit = SplitSettings.model_fields[clip].default
-    assert all(abs(s.output) == limit for s in trace.states[30:50])  # at the clip, on the drift's side
-    assert abs(trace.states[49].integral) < 10.0  # the integral stopped growing at the clip
+    held = [s for s in trace.states[:50] if abs(s.output) == limit]
+    assert len(held) >= 20  # at the clip, on the drift's side, for the last 20+ steps of the outage
+    assert len({s.integral for s in held}) == 1  # the integral froze at the clip (without: +e a step)
     after = trace.true[50:]
-    back = next(i for i, h in enumerate(after) if abs(h - target) <= 0.25 * target)
-    # back in the band, it stays there: no overshoot to the other side from a wound-up integral
-    assert all(abs(h - target) <= 0.25 * target for h in after[back:]), [round(h / target, 2) for h in after]
+    # released, entropy comes back and stays in the band; a wound-up integral (~1 a step for 30 steps) would
+    # hold the actuator at its clip long after, far past the target on the other side
+    assert max(abs(h - target) / target for h in after) <= max(abs(after[0] - target) / target, 1.0)
+    assert all(abs(h - target) <= 0.25 * target for h in after[-40:]), [round(h / target, 2) for h in after]
 
 
 def test_crossing_zero_is_bumpless() -> None:
