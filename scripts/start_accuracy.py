@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from contract.spec import TrainSpec
 from trainer.evaluation import CHUNK_PROMPTS, eval_responses, evaluate
+from trainer.rollout.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
 from trainer.tasks.sources import make_train_eval
 
@@ -121,14 +122,18 @@ def measure(
         model.eval()
         for start in range(0, len(held_out), CHUNK_PROMPTS):
             chunk = held_out[start : start + CHUNK_PROMPTS]
-            means += [mean for mean, _, _ in eval_responses(model, tok, sampled, chunk, k)]
+            means += [
+                mean for mean, _, _ in eval_responses(model, tok, sampled, chunk, k, HFGenerate(model, tok))
+            ]
         per_prompt += means
         row = {"seed": seed, "prompts": len(means), "sampled_avg": statistics.fmean(means)}
         if greedy:
             g_spec = spec.model_copy(
                 update={"evaluation": spec.evaluation.model_copy(update={"greedy": True})}
             )
-            row["greedy"] = evaluate(model, tok, g_spec, held_out, _sum_reduce)["eval/avg@k"]
+            row["greedy"] = evaluate(
+                model, tok, g_spec, held_out, _sum_reduce, engine=HFGenerate(model, tok)
+            )["eval/avg@k"]
         rows.append(row)
     low, high = interval95(per_prompt)
     out = {
