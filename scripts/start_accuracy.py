@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from contract.spec import TrainSpec
 from trainer.evaluation import CHUNK_PROMPTS, eval_responses, evaluate
-from trainer.rollout.generation import HFGenerate
 from trainer.models import load_model_and_tokenizer
+from trainer.rollout.generation import HFGenerate
 from trainer.tasks.sources import make_train_eval
 
 
