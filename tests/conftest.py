@@ -41,6 +41,20 @@ def skip_missing_component(reason: str) -> NoReturn:
     pytest.skip(f"{REAL_COMPONENT_MISSING} {reason}")
 
 
+def path_without(folder: Path, programs: set[str]) -> str:
+    """A PATH (one folder of symlinks, made in `folder`) with every program of this machine's PATH but
+    `programs`: a machine that lacks them, for a test's subprocess."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if not entry or not Path(entry).is_dir():
+            continue
+        for program in Path(entry).iterdir():
+            target = folder / program.name
+            if program.name not in programs and not target.exists() and os.access(program, os.X_OK):
+                target.symlink_to(program)
+    return str(folder)
+
+
 def vllm_python() -> str:
     """The interpreter with vLLM: $STARE_VLLM_PYTHON, or the repository's .venv-vllm (`make install`)."""
     default = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"

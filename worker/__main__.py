@@ -50,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "embedded":
+        for noisy in ("httpx", "alembic"):  # the launcher's screen: progress lines, not each request
+            logging.getLogger(noisy).setLevel(logging.WARNING)
         from worker.embedded import main as embedded_main
         from worker.embedded import serve as embedded_serve
 
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         if args.serve:
             return embedded_serve(args.home, args.port)
         return embedded_main(args.spec, args.home, args.port)
