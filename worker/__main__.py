@@ -143,7 +143,13 @@ def _serve_exporter(db: object, settings: WorkerSettings, addr: str, port: int) 
     from worker.metrics import FleetCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(db, settings.broker_url, (settings.training_queue,)))  # type: ignore[arg-type]
+    collector = FleetCollector(
+        db,  # type: ignore[arg-type]
+        settings.broker_url,
+        (settings.training_queue,),
+        stale_after_s=settings.worker_stale_after_s,
+    )
+    registry.register(collector)
     start_http_server(port, addr=addr, registry=registry)
     logging.getLogger(__name__).info("exporter on http://%s:%d/metrics", addr, port)
     while True:

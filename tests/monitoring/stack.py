@@ -42,8 +42,8 @@ from monitoring.promql import metric_names, substitute
 from service.app import create_app
 from store.models import JobEval
 from tests.conftest import vllm_python
+from tests.servers import free_port
 from tests.worker.harness import Harness, WorkerProcess
-from tests.worker.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"

@@ -1,14 +1,17 @@
-"""Private Redis and PostgreSQL servers for the worker reliability suite.
+"""Private Redis and PostgreSQL servers: the test session's own (tests/services.py, when no server is
+configured for the tests) and those of the suites that restart or flush a server (the worker reliability
+suite, the API across a database restart), which must not touch a server other tests use.
 
-Tests 3 and 4 flush and restart the broker and restart the database while other suites may be using the
-machine's shared servers, so this suite starts its own: a redis-server on a free port and a PostgreSQL
-cluster (initdb + pg_ctl) in a temp folder on a free port with trust auth. PostgreSQL refuses to run as
-root, so as root the cluster's commands run as the `postgres` OS user (`runuser -u postgres --`).
+A redis-server on a free port (a child process, which dies with the process that started it), and a
+PostgreSQL cluster (initdb + pg_ctl) in a folder of its own on a free port, TCP on 127.0.0.1 only, trust
+auth, durability off. PostgreSQL refuses to run as root, so as root the cluster's commands run as the
+`postgres` OS user (`runuser -u postgres --`), which must be able to enter the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import os
 import pwd
@@ -16,10 +19,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import redis
+
+PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -35,6 +41,7 @@ class PrivateRedis:
         self.workdir = workdir
         self.port = free_port()
         self.log_path = workdir / "redis.log"
+        self.pid_path = workdir / "redis.pid"  # for a later session to stop it if this one was killed
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -67,8 +74,11 @@ class PrivateRedis:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            # (prctl's parent death is the death of the starting thread: the main thread's is the process's)
+            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
         log.close()
+        self.pid_path.write_text(f"{self.proc.pid}\n")
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -93,6 +103,13 @@ class PrivateRedis:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=20)
+        self.pid_path.unlink(missing_ok=True)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it ends (a killed test session
+    leaves no redis-server behind)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 15, 0, 0, 0)
 
 
 def _pg_bin() -> Path | None:
@@ -105,17 +122,20 @@ def _pg_bin() -> Path | None:
 
 
 class PrivatePostgres:
-    """A throwaway PostgreSQL cluster (trust auth, fsync off) with start/stop/restart."""
+    """A throwaway PostgreSQL cluster (trust auth, fsync off) with start/stop/restart, in `base` (a new
+    folder under /tmp by default: pytest's tmp_path is 0700 root, and the postgres user cannot enter it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: Path | None = None) -> None:
         bin_dir = _pg_bin()
         if bin_dir is None:
             raise RuntimeError("no initdb/pg_ctl found (looked in /usr/lib/postgresql/*/bin and PATH)")
         self.bin = bin_dir
         self.port = free_port()
         self.as_root = os.geteuid() == 0
-        # Under /tmp, not pytest's tmp_path: that one is 0700 root and the postgres user cannot enter it.
-        self.base = Path(tempfile.mkdtemp(prefix="stare-worker-pg-"))
+        if base is None:
+            base = Path(tempfile.mkdtemp(prefix="stare-test-pg-"))
+        base.mkdir(parents=True, exist_ok=True)
+        self.base = base
         if self.as_root:
             owner = pwd.getpwnam("postgres")
             os.chown(self.base, owner.pw_uid, owner.pw_gid)
@@ -133,8 +153,9 @@ class PrivatePostgres:
         return done.stdout
 
     def _options(self) -> str:
+        # TCP only (no Unix socket: its path could pass the 107-byte limit in a deep folder).
         return (
-            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-p {self.port} -c unix_socket_directories='' -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
 
