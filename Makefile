@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STARE_HOME ?= .stare
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install runtime confinement demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
+.PHONY: install runtime confinement demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick pages clean
 
 # What each command installs (pyproject.toml's extras say which package is which). Every step leaves a stamp in
 # $(STAMPS) (inside .venv, so removing .venv starts over; the web step's is npm's own lockfile copy), and a second run of a command reinstalls nothing
@@ -126,6 +126,12 @@ results: $(STAMPS)/runtime $(STAMPS)/smollm2
 
 results-quick: $(STAMPS)/runtime $(STAMPS)/smollm2
 	$(BIN)/python -m experiments run --quick
+
+# The pages whose run data is in git (results/: per run its compressed events and summary), rebuilt from it
+# alone, no run started: docs/RESULTS-smollm2.md and docs/RESULTS-control.md, their figures in
+# build/results-smollm2.html and build/results-control.html (generated, not committed).
+pages: $(STAMPS)/runtime
+	$(BIN)/python -m experiments pages
 
 bench: $(STAMPS)/dev
 	$(BIN)/python bench/bench_kernels.py
