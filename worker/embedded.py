@@ -85,7 +85,7 @@ def embedded_stack(
     home: Path, port: int | None = None, *, processes: list[Child] | None = None
 ) -> Iterator[tuple[str, str]]:
     """Starts API + worker under `home`; yields (base URL, API key) once the API answers; stops both on exit
-    (within STOP_GRACE_S when the body raised, e.g. because one of them exited). `processes`, when given,
+    (the survivor within STOP_GRACE_S when the body raised ChildExited: one of them exited). `processes`, when given,
     receives the two children (worker.children.Child: to watch them). Raises ChildExited when either exits
     before the API answers."""
     env_vars = embedded_env(home)
@@ -130,8 +130,8 @@ def _serve(children: list[Child], port: int, api_key: str) -> Iterator[tuple[str
                 raise RuntimeError(f"the API did not answer in 60 s; see {children[0].log}")
             time.sleep(0.3)
         yield base, api_key
-    except BaseException:
-        grace_s = STOP_GRACE_S
+    except ChildExited:
+        grace_s = STOP_GRACE_S  # the survivor at once (a Ctrl-C leaves a running trainer time to checkpoint)
         raise
     finally:
         stop(children, grace_s)
