@@ -2,10 +2,10 @@
 here (experiments/runner.py's `events_of` and `read_json` are these functions).
 
 A run folder (ROOT/runs/<run id>/) holds, while its trainer runs, the engine's events.jsonl, and once it
-has ended result.json (exit code, wall time, threads, CPU: its summary). A finished run is compacted by the
-runner (`compress_events`): its events are gzipped to events.jsonl.gz (a fixed header, so the same events give the
-same bytes) and the plain file removed, about a tenth of the size; the checkpoints go too (runner.py). That
-is what results/ keeps in git: per run, events.jsonl.gz and result.json; per cell, a noise_floor.json where
+has ended result.json (exit code, wall time, threads, CPU: its summary). A finished run is compacted by
+the runner (`compress_events`): its events are gzipped to events.jsonl.gz (a fixed header, so the same
+events give the same bytes) and the plain file removed, about a tenth of the size; the checkpoints go too
+(runner.py). That is what results/ keeps in git: per run, events.jsonl.gz and result.json; per cell, a noise_floor.json where
 one was measured. The spec a run was given is in its events (the `started` event's resolved spec);
 spec.yaml stays beside a run on disk for the runner (a resumed run is checked against it) but is not kept.
 

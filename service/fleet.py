@@ -2,10 +2,10 @@
 
 `Fleet.offers` is the declared classes (Settings.declared_offers) plus every live worker of the registry
 (store.repository.workers: rows that beat within worker_stale_after_s), read at most every
-worker_registry_cache_s; `Fleet.served_queues` is the queues of those live workers, from the same read (the job
-view's "waiting: no live worker serves queue X"). `place_job` measures the job (its memory per device from contract.fleet.job_memory
-and the longest prompt) and asks contract.fleet.place for the class; a CapacityError becomes a 422
-`exceeds_capacity` naming the field. A registry row whose capabilities no longer validate (a worker of
+worker_registry_cache_s; `Fleet.served_queues` is the queues of those live workers, from the same read
+(the job view's "waiting: no live worker serves queue X"). `place_job` measures the job (its memory per
+device from contract.fleet.job_memory and the longest prompt) and asks contract.fleet.place for the class;
+a CapacityError becomes a 422 `exceeds_capacity` naming the field. A registry row whose capabilities no longer validate (a worker of
 another version) is skipped and logged, never a 500.
 """
 

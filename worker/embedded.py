@@ -85,9 +85,9 @@ def embedded_stack(
     home: Path, port: int | None = None, *, processes: list[Child] | None = None
 ) -> Iterator[tuple[str, str]]:
     """Starts API + worker under `home`; yields (base URL, API key) once the API answers; stops both on exit
-    (the survivor within STOP_GRACE_S when the body raised ChildExited: one of them exited). `processes`, when given,
-    receives the two children (worker.children.Child: to watch them). Raises ChildExited when either exits
-    before the API answers."""
+    (the survivor within STOP_GRACE_S when the body raised ChildExited: one of them exited). `processes`,
+    when given, receives the two children (worker.children.Child: to watch them). Raises ChildExited when
+    either exits before the API answers."""
     env_vars = embedded_env(home)
     for key in ("STARE_ARTIFACT_ROOT", "STARE_BROKER_FOLDER"):
         Path(env_vars[key]).mkdir(parents=True, exist_ok=True)
@@ -289,12 +289,10 @@ def main(spec_path: str, home: str, port: int | None) -> int:
     try:
         with embedded_stack(home_dir, port, processes=children) as (base, api_key):
             key_file = write_key_file(home_dir, api_key)
-            print(
-                f"embedded stack up: API {base} (SQLite, filesystem broker, one local worker) under {home_dir}/"
-            )
-            print(
-                f"job page: {page_url(base)} (sign in with the API key in {key_file}; open while the job runs)"
-            )
+            where = f"API {base} (SQLite, filesystem broker, one local worker) under {home_dir}/"
+            print(f"embedded stack up: {where}")
+            sign_in = f"sign in with the API key in {key_file}; open while the job runs"
+            print(f"job page: {page_url(base)} ({sign_in})")
             job = run_job_over_http(
                 base, api_key, spec, home_dir / "last-job", watch=lambda: raise_if_exited(children)
             )

@@ -6,8 +6,8 @@ its row gone), renews `heartbeat_at` every beat (`worker_heartbeat`) and deletes
 (killed, host lost) stops counting once its last beat is older than the service's stale time, and
 `forget_workers` deletes such rows (the sweeper's housekeeping). `live_queues` is the queues that some live
 worker consumes, and `jobs_without_worker` counts the jobs that wait (queued, recovering) in a queue that
-none serves: nothing will take them until a worker of that queue starts. Capabilities are stored as given (the JSON
-of contract.fleet.WorkerClass); the store does not interpret them.
+none serves: nothing will take them until a worker of that queue starts. Capabilities are stored as given
+(the JSON of contract.fleet.WorkerClass); the store does not interpret them.
 
 One clock: beats are written with the database's time and compared with it (`db_now`), never a host's, and
 a beat dated in the future (a row written by a host whose clock ran ahead) does not count as live.
