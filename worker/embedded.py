@@ -277,8 +277,9 @@ def serve(home: str, port: int | None) -> int:
 
 def main(spec_path: str, home: str, port: int | None) -> int:
     """`make demo`: one job over HTTP on the embedded stack. 0 when it succeeded; 2 when the worker could not
-    run jobs here (said before anything starts); 1 when the job did not succeed or the API or the worker
-    exited on its own (then within seconds, with that process's reason and last log lines)."""
+    run jobs here (said before anything starts); 1 when the job did not succeed, did not finish within the
+    hour, or the API or the worker exited on its own (then within seconds, with that process's reason and
+    last log lines)."""
     problem = confinement_problem()
     if problem is not None:
         print(f"not started: {problem}", file=sys.stderr)
@@ -298,6 +299,9 @@ def main(spec_path: str, home: str, port: int | None) -> int:
             )
     except ChildExited as exited:
         print(exited.report(), file=sys.stderr)
+        return 1
+    except TimeoutError as err:  # a machine far slower than the demo's few minutes: said, not a traceback
+        print(f"stopped: {err}; the stack was stopped (its logs: {home_dir / 'logs'})", file=sys.stderr)
         return 1
     _print_outcome(job, home_dir)
     return 0 if job["status"] == "succeeded" else 1
