@@ -382,18 +382,25 @@ FLEET_DASHBOARD = Dashboard(
                 Panel(
                     "Jobs by state",
                     (Query(f"sum by (status) (stare_jobs{QUEUE})", "{{status}}", E.COUNT),),
-                    width=8,
+                    width=6,
+                ),
+                Panel(
+                    "Jobs no live worker can take",
+                    (Query(f"sum by (queue) (stare_jobs_without_worker{QUEUE})", "{{queue}}", E.ZERO),),
+                    width=6,
+                    description="Queued or recovering jobs in a queue that no live worker serves (alert "
+                    "JobsWithoutWorker). Start a worker of that queue; a worker without bubblewrap refuses to start.",
                 ),
                 Panel(
                     "Failures by code",
                     (Query(f"sum by (code) (stare_failed_jobs{QUEUE})", "{{code}}", E.COUNT),),
-                    width=8,
+                    width=6,
                 ),
                 Panel(
                     "Heartbeat ages",
                     (Query(f"stare_job_heartbeat_age_seconds{QUEUE}", "{{job_id}}", E.NONNEGATIVE),),
                     unit="s",
-                    width=8,
+                    width=6,
                 ),
             ),
         ),

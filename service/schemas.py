@@ -350,6 +350,14 @@ class JobError(BaseModel):
     )
 
 
+class JobWaiting(BaseModel):
+    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+
+    code: Literal["no_live_worker"]
+    queue: str
+    message: str = Field(description="e.g. \"no live worker serves queue 'training'\"")
+
+
 class JobObject(BaseModel):
     id: str
     object: Literal["job"] = "job"
@@ -385,6 +393,12 @@ class JobObject(BaseModel):
     )
     latest_metrics: LatestMetrics | None
     error: JobError | None
+    waiting: JobWaiting | None = Field(
+        default=None,
+        description="For a queued or recovering job that no live worker can take (no worker of its queue "
+        "has beaten within the registry's stale time): why it waits. Null otherwise; it goes once a worker "
+        "of the queue starts.",
+    )
     spec: dict[str, Any] = Field(description="The resolved spec the trainer runs.")
 
 

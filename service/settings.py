@@ -46,7 +46,7 @@ class Settings(SharedSettings):
     # class: the training queue, one node, max_processes_per_job processes, memory not stated.
     max_processes_per_job: Annotated[int, Field(ge=1, le=4096)] = 8
     worker_classes: list[WorkerClass] | None = None
-    worker_stale_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0  # a silent worker stops counting
+    # worker_stale_after_s (a silent worker stops counting) is shared with the exporter: store.settings.
     worker_registry_cache_s: Annotated[float, Field(ge=0, le=60)] = 2.0  # 0: read the registry every time
     rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # per API key; 0 disables rate limiting
     rate_limit_burst: Annotated[int, Field(ge=1)] = 100

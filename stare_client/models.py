@@ -227,6 +227,14 @@ class JobError(APIObject):
     category: Literal["user", "system"] | None
 
 
+class JobWaiting(APIObject):
+    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+
+    code: Literal["no_live_worker"]
+    queue: str
+    message: str  # "no live worker serves queue 'training'"
+
+
 class Job(APIObject):
     id: str
     object: Literal["job"] = "job"
@@ -251,6 +259,7 @@ class Job(APIObject):
     control: ControlStatus | None = None
     latest_metrics: LatestMetrics | None
     error: JobError | None
+    waiting: JobWaiting | None = None  # set while no live worker serves the job's queue
     spec: dict[str, Any]
 
     @property

@@ -13,7 +13,7 @@ from contract.spec import TrainSpec
 from service import job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
-from service.fleet import blocks, place_job
+from service.fleet import blocks, place_job, served_queues
 from service.principals import TenantRef
 from service.responses import model_response
 from service.schemas import (
@@ -174,7 +174,8 @@ async def create_job(
             pool, tenant.id, idempotency_key, request_hash
         )
         if existing is not None:
-            return model_response(views.job_view(existing), 201, headers=REPLAYED)
+            queues = await served_queues(services.fleet)
+            return model_response(views.job_view(existing, queues), 201, headers=REPLAYED)
     spec, placement = await _validated(body, tenant, services)
     settings = services.settings
     if settings.max_active_jobs_per_tenant:
@@ -183,13 +184,15 @@ async def create_job(
     job, created = await repository.create_job(pool, new)
     if created:  # committed, durably, by now
         await services.enqueue_async(job.id, job.queue)
-    return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
+    queues = await served_queues(services.fleet)
+    return model_response(views.job_view(job, queues), 201, headers=None if created else REPLAYED)
 
 
 @router.get("", summary="List jobs", response_model=JobList)
 def list_jobs(
     tenant: CurrentTenant,
     session: SessionDep,
+    services: ServicesDep,
     after: Annotated[
         str | None, Query(description="The last job id of the previous page.", max_length=64)
     ] = None,
@@ -198,8 +201,9 @@ def list_jobs(
 ) -> JobList:
     """This tenant's jobs, newest first. Pass `last_id` of a page as `after` for the next one."""
     rows, has_more = repository.list_jobs(session, tenant.id, after=after, limit=limit, status=status)
+    queues = services.fleet.served_queues()
     return JobList(
-        data=[views.job_view(j) for j in rows],
+        data=[views.job_view(j, queues) for j in rows],
         has_more=has_more,
         first_id=rows[0].id if rows else None,
         last_id=rows[-1].id if rows else None,
@@ -207,29 +211,30 @@ def list_jobs(
 
 
 @router.get("/{job_id}", summary="Get a job", response_model=JobObject, responses=errors(404))
-async def get_job(job: VisibleJob) -> Response:
+async def get_job(job: VisibleJob, services: ServicesDep) -> Response:
     """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
-    in_band | below | above, steps out of band) and, for a failed job, the error with its category."""
-    return model_response(views.job_view(job))
+    in_band | below | above, steps out of band), for a failed job the error with its category, and for a
+    queued job that no live worker can take, why it waits (`waiting`)."""
+    return model_response(views.job_view(job, await served_queues(services.fleet)))
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", response_model=JobObject, responses=errors(404, 409))
-def cancel_job(job: OwnedJob, session: SessionDep) -> JobObject:
+def cancel_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobObject:
     """A job that is not running is cancelled at once (a queued job never starts). A running job becomes
     `cancelling`: its worker stops at the next step and the job ends `cancelled`. 409 if it already
     succeeded or failed."""
     repository.request_cancel(session, job)
     session.commit()
-    return views.job_view(job)
+    return views.job_view(job, services.fleet.served_queues())
 
 
 @router.post("/{job_id}/pause", summary="Pause a job", response_model=JobObject, responses=errors(404, 409))
-def pause_job(job: OwnedJob, session: SessionDep) -> JobObject:
+def pause_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobObject:
     """A queued job is paused at once. A running job becomes `pausing`: its worker writes a checkpoint and
     releases the job, which then is `paused`. Resume continues from that checkpoint."""
     repository.request_pause(session, job)
     session.commit()
-    return views.job_view(job)
+    return views.job_view(job, services.fleet.served_queues())
 
 
 @router.post(
@@ -249,7 +254,7 @@ def resume_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> Job
         services.enqueue(job.id, job.queue)
     else:
         session.commit()
-    return views.job_view(job)
+    return views.job_view(job, services.fleet.served_queues())
 
 
 @router.delete(

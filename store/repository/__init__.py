@@ -99,6 +99,8 @@ from store.repository.tenants import (
 )
 from store.repository.workers import (
     forget_workers,
+    jobs_without_worker,
+    live_queues,
     live_workers,
     register_worker,
     remove_worker,
@@ -141,6 +143,7 @@ __all__ = [
     "get_tenant_by_name",
     "heartbeat",
     "job_status_counts",
+    "jobs_without_worker",
     "latest_checkpoint",
     "list_api_keys",
     "list_checkpoints",
@@ -149,6 +152,7 @@ __all__ = [
     "list_files",
     "list_jobs",
     "list_metrics",
+    "live_queues",
     "live_workers",
     "load_job",
     "mark_enqueued",

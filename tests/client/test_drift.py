@@ -35,6 +35,7 @@ PAIRS: dict[type[BaseModel], str] = {
     models.ControlStatus: "ControlStatus",
     models.LatestMetrics: "LatestMetrics",
     models.JobError: "JobError",
+    models.JobWaiting: "JobWaiting",
     models.Job: "JobObject",
     models.JobList: "JobList",
     models.Event: "EventObject",

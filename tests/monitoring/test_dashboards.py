@@ -159,6 +159,7 @@ def test_every_alert_rule_reads_catalogued_series_and_has_promtool_cases() -> No
         "JobLossNotFinite",
         "PolicyEntropyFarAboveBand",
         "NoLearningSignal",
+        "JobsWithoutWorker",
     ):
         assert new in names
     tests = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts_test.yml").read_text())
@@ -182,6 +183,7 @@ def test_every_alert_rule_reads_catalogued_series_and_has_promtool_cases() -> No
         "JobLossNotFinite",
         "PolicyEntropyFarAboveBand",
         "NoLearningSignal",
+        "JobsWithoutWorker",
     }
     assert new_rules <= firing, "each new rule has a case where it fires"
 
