@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from contract import algorithms, safejson, verifiers
+from contract import algorithms, graders, safejson, verifiers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
 from contract.control import DEFAULT_LAW, LAW_SETTINGS, law_settings
@@ -451,6 +451,9 @@ class TrainSpec(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     task: TaskSpec = Field(default_factory=TaskSpec)
     verifier: VerifierSpec = Field(default_factory=VerifierSpec)
+    # A tenant's grader in place of the verifier, and how it runs (contract.graders, docs/GRADERS.md).
+    grader: graders.Grader | None = None
+    grading: graders.GradingSpec | None = None
     reward: RewardSpec = Field(default_factory=RewardSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
@@ -496,6 +499,12 @@ class TrainSpec(_Strict):
         ):
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
         _check_verifier(self.verifier)
+        graders.check_job(
+            self.grader,
+            self.grading,
+            verifier_set="verifier" in self.model_fields_set,
+            style=self.reward.style,
+        )
         if self.rollout.tis_cap is not None and self.rollout.engine != "vllm":
             raise ValueError(
                 "rollout.tis_cap needs rollout.engine vllm (HF generate samples from the trainer)"

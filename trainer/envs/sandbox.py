@@ -570,3 +570,39 @@ def _bwrap_version(bwrap: str) -> tuple[int, ...]:
         return ()
     match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out.stdout)
     return tuple(int(part) for part in match.groups() if part is not None) if match else ()
+
+
+def launch(
+    runtime: Runtime, limits: ToolLimitsSpec, *, scratch_mb: int, program: list[str]
+) -> tuple[subprocess.Popen[bytes], NamespaceInit]:
+    """A sandbox as run_python makes one (the same namespaces, filter, rlimits and user), left running for
+    a caller that talks to its program over stdin and stdout (stderr joins stdout) instead of feeding it a
+    script: the grader pool (trainer/graders/pool.py). `program` replaces the script argument "-" after the
+    interpreter's -I -S; `scratch_mb` sizes the /work tmpfs (run_python sizes it memory_mb). The caller
+    ends it with the returned init's kill() (the whole PID namespace) and reaps the Popen."""
+    problem = _missing_binary()
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+    program_fd, write_fd = os.pipe()
+    os.write(write_fd, _filter())
+    os.close(write_fd)
+    info_read, info_write = os.pipe()
+    uid = _sandbox_uid()
+    limited, _ = _prlimit_prefix(shutil.which("prlimit") or "prlimit", limits, uid)
+    scratch = limits.model_copy(update={"memory_mb": max(32, scratch_mb)})
+    command = limited + bwrap_command(runtime, scratch, program_fd, info_write)
+    assert command[-1] == "-", command[-1]
+    command = command[:-1] + program
+    try:
+        proc = subprocess.Popen(  # a fixed argv, no shell
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, env=LAUNCH_ENV, cwd="/", pass_fds=(program_fd, info_write),
+            close_fds=True, user=uid, group=uid, extra_groups=[] if uid is not None else None,
+        )  # fmt: skip
+    except OSError as err:
+        os.close(info_read)
+        raise SandboxUnavailable(f"cannot start the sandbox: {err}") from None
+    finally:
+        os.close(program_fd)
+        os.close(info_write)
+    return proc, NamespaceInit.of(proc, info_read, time.monotonic() + REAP_S * 6)

@@ -1,0 +1,215 @@
+"""The program inside a grader sandbox (trainer/graders/pool.py starts it; it imports nothing of the
+project, only the standard library and the grader environment's packages).
+
+It speaks newline-delimited JSON over its stdin and the stdout it had at start:
+1. setup: {"python": {name: source}, "similarity": bool, "output_bytes": n}. Each source is compiled and
+   run once into its own namespace and must define grade(sample, item) callable with two arguments; the
+   text-similarity libraries are imported when asked. Reply {"ready": true}, or {"setup_error": {...}}.
+2. then, per sample: {"id": n, "tasks": [task, ...]}, a task being {"kind": "python", "name", "sample",
+   "item"} or {"kind": "similarity", "metric", "input", "reference"}. Reply {"id": n, "results": [...],
+   "output": "..."}: per task {"score": x} or {"error": kind, "message", "traceback"}, kind one of
+   exception, not_a_number, non_finite; `output` the first output_bytes of what the sample's code wrote.
+
+The tenant's code never sees the protocol's pipes as its stdin/stdout: fd 0 reads /dev/null and fds 1
+and 2 write to a scratch file, read back (and emptied) after each sample. Builtins are restored after
+every call, so a grader that patches them changes nothing of the calls after it. Nothing here is a
+security boundary: the sandbox around this process is (the parent trusts no reply it did not ask for,
+and checks every score it gets).
+"""
+
+import builtins
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+OUTPUT_FILE = "/work/.grader-output"
+WORDNET = "/grader/wordnet"  # WordNet 3.0's database files and lexnames, bound read-only when present
+TRACEBACK_CHARS = 4000
+MESSAGE_CHARS = 1000
+_dumps, _loads, _isfinite, _float = json.dumps, json.loads, math.isfinite, float
+_is_real = None  # numbers.Real, set at start
+
+
+def _channels():
+    """(protocol in, protocol out); fds 0, 1 and 2 handed over to the grader's code."""
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    capture = os.open(OUTPUT_FILE, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(capture, 1)
+    os.dup2(capture, 2)
+    os.close(capture)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    return proto_in, proto_out
+
+
+def _taken_output(limit):
+    """The first `limit` bytes written to fds 1 and 2 since the last call; the file emptied."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(OUTPUT_FILE, "rb") as written:
+            data = written.read(limit + 1)
+        os.truncate(OUTPUT_FILE, 0)
+        os.lseek(1, 0, os.SEEK_SET)
+        os.lseek(2, 0, os.SEEK_SET)
+    except Exception:  # the grader's code moved or removed the file: no output to report
+        return ""
+    text = data[:limit].decode("utf-8", "replace")
+    return text + ("\n[output truncated]" if len(data) > limit else "")
+
+
+def _failure(kind, err):
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    return {
+        "error": kind,
+        "message": f"{type(err).__name__}: {err}"[:MESSAGE_CHARS],
+        "traceback": text[-TRACEBACK_CHARS:],
+    }
+
+
+def _checked(value):
+    """{"score": x} for a real number other than a bool, else the error it is."""
+    if isinstance(value, bool) or not isinstance(value, _is_real):
+        return {"error": "not_a_number", "message": f"grade returned {type(value).__name__}, not a number"}
+    number = _float(value)
+    if not _isfinite(number):
+        return {"error": "non_finite", "message": f"grade returned {number}"}
+    return {"score": number}
+
+
+def _load(name, source):
+    namespace = {"__name__": "grader", "__builtins__": builtins}
+    exec(compile(source, f"<grader {name or 'python'}>", "exec"), namespace)  # the sandbox runs it
+    grade = namespace.get("grade")
+    if not callable(grade):
+        raise TypeError("the source defines no function grade(sample, item)")
+    import inspect
+
+    try:
+        inspect.signature(grade).bind(None, None)
+    except TypeError:
+        raise TypeError("grade must take two arguments: grade(sample, item)") from None
+    except ValueError:
+        pass  # a callable without a signature (a builtin): it is called and judged then
+    return grade
+
+
+def _wordnet():
+    """nltk's WordNet reader over the database files the sandbox binds (Debian's wordnet-base)."""
+    import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    class WordNet30(WordNetCorpusReader):
+        def map_wn(self, version="wordnet"):
+            return None  # nltk maps its own "wordnet" corpus onto this one; this one is WordNet 3.0 itself
+
+    nltk.data.path.append(WORDNET)  # nltk reads corpora only under its data paths
+    return WordNet30(WORDNET, None)
+
+
+class Similarity:
+    """The text_similarity metrics, each from its library (docs/GRADERS.md)."""
+
+    def __init__(self):
+        from nltk.translate import gleu_score, meteor_score
+        from rapidfuzz import fuzz, utils
+        from rouge_score import rouge_scorer
+        from sacrebleu.metrics import BLEU
+
+        self.fuzz, self.utils, self.gleu, self.meteor = fuzz, utils, gleu_score, meteor_score
+        self.bleu = BLEU(effective_order=True)
+        names = ["rouge1", "rouge2", "rouge3", "rouge4", "rouge5", "rougeL"]
+        self.rouge = {name: rouge_scorer.RougeScorer([name]) for name in names}
+        self.wordnet = _wordnet() if os.path.isdir(WORDNET) else None
+
+    def score(self, metric, hypothesis, reference):
+        if metric == "fuzzy_match":
+            return self.fuzz.WRatio(hypothesis, reference, processor=self.utils.default_process) / 100.0
+        if metric == "bleu":
+            return self.bleu.sentence_score(hypothesis, [reference]).score / 100.0
+        if metric == "gleu":
+            return self.gleu.sentence_gleu([reference.split()], hypothesis.split())
+        if metric == "meteor":
+            if self.wordnet is None:
+                raise RuntimeError("meteor needs WordNet, which this grader environment lacks")
+            return self.meteor.meteor_score([reference.split()], hypothesis.split(), wordnet=self.wordnet)
+        if metric.startswith("rouge_"):
+            key = "rougeL" if metric == "rouge_l" else "rouge" + metric[len("rouge_") :]
+            return self.rouge[key].score(reference, hypothesis)[key].fmeasure
+        raise ValueError(f"unknown metric {metric!r}")
+
+
+def _setup(message):
+    graders = {}
+    for name, source in message.get("python", {}).items():
+        try:
+            graders[name] = _load(name, source)
+        except BaseException as err:  # SystemExit and KeyboardInterrupt raised by the source too
+            return None, None, {"name": name, **_failure("exception", err)}
+    similarity = None
+    if message.get("similarity"):
+        try:
+            similarity = Similarity()
+        except BaseException as err:
+            return None, None, {"name": "", **_failure("exception", err)}
+    return graders, similarity, None
+
+
+def _run_task(task, graders, similarity, saved):
+    try:
+        if task["kind"] == "python":
+            value = graders[task["name"]](task["sample"], task["item"])
+        else:
+            value = similarity.score(task["metric"], task["input"], task["reference"])
+        result = _checked(value)
+    except BaseException as err:  # whatever the grader raised, SystemExit included, is its error
+        result = _failure("exception", err)
+    finally:
+        builtins.__dict__.clear()
+        builtins.__dict__.update(saved)
+    return result
+
+
+def main():
+    global _is_real
+    import numbers
+
+    _is_real = numbers.Real
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ[name] = "1"
+    sys.path.append("/grader/site-packages")
+    proto_in, proto_out = _channels()
+    setup = _loads(proto_in.readline())
+    limit = int(setup.get("output_bytes", 4096))
+    graders, similarity, problem = _setup(setup)
+    output = _taken_output(limit)
+    if problem is not None:
+        proto_out.write(_dumps({"setup_error": problem, "output": output}).encode() + b"\n")
+        return
+    proto_out.write(b'{"ready": true}\n')
+    saved = dict(builtins.__dict__)
+    while True:
+        line = proto_in.readline()
+        if not line:
+            return
+        request = _loads(line)
+        start = time.perf_counter()
+        results = [_run_task(task, graders, similarity, saved) for task in request["tasks"]]
+        reply = {
+            "id": request["id"],
+            "results": results,
+            "output": _taken_output(limit),
+            "seconds": time.perf_counter() - start,
+        }
+        proto_out.write(_dumps(reply).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    main()

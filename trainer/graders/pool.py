@@ -1,0 +1,360 @@
+"""A warm pool of sandboxed grader processes for one job: each loads the tenant's sources once and grades
+many samples over a pipe (trainer/graders/harness.py speaks the protocol), one sample at a time, each
+under its own time budget.
+
+Each process is a sandbox of trainer/envs/sandbox.py (`launch`: bubblewrap namespaces, the seccomp filter,
+rlimits, an unprivileged user, its own PID namespace ended by one SIGKILL to its init) running the grader
+environment's interpreter, with that environment's site-packages, the harness and WordNet's database bound
+read-only, and a private scratch tmpfs of disk_mb. Its limits: RLIMIT_AS memory_mb, RLIMIT_NPROC
+processes, one sample at a time (one CPU), and the numerical libraries held to one thread.
+
+- a sample that runs past timeout_s: its process is killed (the whole namespace) and the sample reported
+  as a timeout; the next sample starts a fresh process. A process that dies (os._exit, a signal, out of
+  memory) or answers anything but the reply to the sample it was given is killed the same way and the
+  sample reported as crashed. Nothing a process did survives it: the pool never reuses one after a
+  failure, and never across pools (one pool per job, or per request of the routes);
+- CPU: RLIMIT_CPU is each process's lifetime backstop (LIFETIME_CPU_S); a process that has used most of
+  it is retired and replaced between samples;
+- the pool's processes start together and grade side by side: `grade` hands the samples out in order,
+  each to the next free process, and returns the replies in the samples' order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from contract.graders import GraderLimitsSpec
+from contract.spec import ToolLimitsSpec
+from trainer.envs import sandbox
+
+VENV_ENV = "STARE_GRADER_VENV"  # the grader environment (default: .venv-graders beside the trainer)
+DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-graders"
+HARNESS = Path(__file__).resolve().parent / "harness.py"
+WORDNET = Path("/usr/share/wordnet")  # Debian's wordnet-base: METEOR's synonyms
+LEXNAMES = (
+    Path(__file__).resolve().parent / "wordnet-lexnames"
+)  # WordNet's lexnames(5) list, as nltk reads it
+IN_SANDBOX = {"site": "/grader/site-packages", "harness": "/grader/harness.py", "wordnet": "/grader/wordnet"}
+LIFETIME_CPU_S = 600  # RLIMIT_CPU of one grader process (the sandbox's largest)
+RETIRE_CPU_S = 500.0  # a process past this much CPU time is replaced between samples
+MAX_REPLY_BYTES = 8 * 2**20
+REAP_S = 5.0
+
+
+class GraderUnavailable(RuntimeError):
+    """The grader environment or the sandbox is missing here: no python or text_similarity grader runs."""
+
+
+class GraderSetupError(ValueError):
+    """The tenant's source did not load (it raised, defines no grade(sample, item), or timed out)."""
+
+    def __init__(self, name: str, message: str, traceback: str = "", output: str = "") -> None:
+        where = f"grader {name!r}" if name else "the grader"
+        super().__init__(f"{where} did not load: {message}")
+        self.name, self.message, self.traceback, self.output = name, message, traceback, output
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One sample's answer: per task {"score"} or {"error", "message", "traceback"}; or, when the process
+    failed the whole sample, `failure` ("timeout" or "crashed") and no results."""
+
+    results: list[dict[str, Any]]
+    output: str = ""
+    seconds: float = 0.0
+    failure: str | None = None
+    message: str = ""
+
+
+def venv_path() -> Path:
+    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV)
+
+
+def _site_packages(venv: Path) -> Path | None:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    return found[0] if found else None
+
+
+def unavailable() -> str | None:
+    """None when python and text_similarity graders can run here, else why not (one line)."""
+    venv = venv_path()
+    if not (venv / "bin" / "python").exists() or _site_packages(venv) is None:
+        return f"the grader environment {venv} is missing (scripts/build-grader-venv builds it)"
+    problem = sandbox.available()
+    return None if problem is None else f"the grader sandbox cannot start here: {problem}"
+
+
+@functools.cache
+def _runtime(venv: str) -> sandbox.Runtime:
+    """The sandbox's runtime for the grader environment: its interpreter's, plus the site-packages, the
+    harness, WordNet and the host libraries the packages' extension modules link."""
+    interpreter = str((Path(venv) / "bin" / "python").resolve())
+    base = sandbox.python_runtime(interpreter)
+    site = _site_packages(Path(venv))
+    if site is None:
+        raise GraderUnavailable(f"the grader environment {venv} has no site-packages")
+    binds = dict(base.binds)
+    binds[IN_SANDBOX["site"]] = str(site.resolve())
+    binds[IN_SANDBOX["harness"]] = str(HARNESS)
+    if (WORDNET / "data.noun").is_file():  # file by file, with the lexnames file nltk's reader wants
+        for path in sorted(WORDNET.iterdir()):
+            if path.is_file():
+                binds[f"{IN_SANDBOX['wordnet']}/{path.name}"] = str(path)
+        binds[f"{IN_SANDBOX['wordnet']}/lexnames"] = str(LEXNAMES)
+    site_root = str(site.resolve())
+    modules = [str(path) for path in site.rglob("*.so*") if path.is_file()]
+    added: set[str] = set()
+    for lib in sandbox._linked_libraries(modules):
+        real = str(Path(lib).resolve())
+        if not real.startswith(site_root + "/"):  # the wheels' own libraries come with site-packages
+            dest = str(Path(lib).parent.resolve() / Path(lib).name)
+            binds.setdefault(dest, real)
+            added.add(str(Path(dest).parent))
+    paths = sorted(set(filter(None, base.library_path.split(":"))) | added)
+    return dataclasses.replace(base, binds=tuple(sorted(binds.items())), library_path=":".join(paths))
+
+
+def runtime() -> sandbox.Runtime:
+    problem = unavailable()
+    if problem is not None:
+        raise GraderUnavailable(problem)
+    return _runtime(str(venv_path().resolve()))
+
+
+class GraderProcess:
+    """One sandboxed harness: `start` sends the setup and waits for it to be ready; `ask` one sample."""
+
+    def __init__(self, setup: dict[str, Any], limits: GraderLimitsSpec) -> None:
+        self.setup, self.limits = setup, limits
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.init: sandbox.NamespaceInit | None = None
+        self.cpu: sandbox.CpuBudget | None = None
+        self._buffer = bytearray()
+        self._next_id = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        limits = ToolLimitsSpec(
+            cpu_seconds=LIFETIME_CPU_S,
+            wall_seconds=LIFETIME_CPU_S,
+            memory_mb=self.limits.memory_mb,
+            processes=self.limits.processes,
+            output_bytes=max(16, self.limits.output_bytes),
+        )
+        self.proc, self.init = sandbox.launch(
+            runtime(), limits, scratch_mb=self.limits.disk_mb, program=[IN_SANDBOX["harness"]]
+        )
+        self.cpu = sandbox.CpuBudget(self.init, float("inf"))
+        self._buffer.clear()
+        reply = self._exchange(self.setup, self.limits.timeout_s)
+        if reply is None:
+            self.kill()
+            raise GraderSetupError("", f"loading the source ran past {self.limits.timeout_s:g} s")
+        if reply.get("ready") is True:
+            return
+        self.kill()
+        problem = reply.get("setup_error")
+        if isinstance(problem, dict):
+            raise GraderSetupError(
+                str(problem.get("name", "")),
+                str(problem.get("message", "")),
+                str(problem.get("traceback", "")),
+                str(reply.get("output", "")),
+            )
+        raise GraderSetupError("", f"the grader process did not start: {str(reply.get('line', ''))[:500]}")
+
+    def ask(self, tasks: list[dict[str, Any]]) -> Reply:
+        """One sample's tasks, within timeout_s; a timeout or any failure of the process kills it."""
+        self._next_id += 1
+        ident = self._next_id
+        start = time.monotonic()
+        reply = self._exchange({"id": ident, "tasks": tasks}, self.limits.timeout_s)
+        seconds = time.monotonic() - start
+        if reply is None:
+            self.kill()
+            return Reply([], seconds=seconds, failure="timeout", message=self._timeout_message())
+        results = reply.get("results")
+        if reply.get("id") != ident or not isinstance(results, list) or len(results) != len(tasks):
+            self.kill()
+            return Reply([], seconds=seconds, failure="crashed", message=self._crash_message(reply))
+        output = reply.get("output")
+        return Reply(results, output if isinstance(output, str) else "", seconds)
+
+    def _timeout_message(self) -> str:
+        return f"grading ran past its budget of {self.limits.timeout_s:g} s; the grader process was killed"
+
+    def _crash_message(self, reply: dict[str, Any]) -> str:
+        if "line" in reply:
+            return f"the grader process answered out of protocol: {str(reply['line'])[:300]!r}"
+        if reply.get("eof"):
+            code = self.proc.poll() if self.proc is not None else None
+            how = "" if code is None else f" ({_exit_text(code)})"
+            return f"the grader process died while grading{how}"
+        return "the grader process answered a different request"
+
+    def _exchange(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Writes one line and reads one line back within `timeout_s`: the reply, {"eof": True} when the
+        process ended, {"line": text} for a line that is not a JSON object; None on timeout."""
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return {"eof": True}
+        line = self._read_line(self.proc.stdout.fileno(), deadline)
+        if line is None or isinstance(line, dict):
+            return line
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            return {"line": line.decode("utf-8", "replace")}
+        return reply if isinstance(reply, dict) else {"line": line.decode("utf-8", "replace")}
+
+    def _read_line(self, fd: int, deadline: float) -> bytes | dict[str, Any] | None:
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return {"eof": True}
+            self._buffer += chunk
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                return {"line": bytes(self._buffer[:300])}
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer = bytearray(rest)
+        return line
+
+    def worn_out(self) -> bool:
+        if self.cpu is None:
+            return False
+        self.cpu.sample()
+        return self.cpu.used >= RETIRE_CPU_S
+
+    def kill(self) -> None:
+        """Ends the process's PID namespace (everything it started) and reaps bwrap."""
+        proc, init = self.proc, self.init
+        self.proc = self.init = None
+        if init is not None:
+            init.kill()
+        if proc is not None:
+            try:
+                proc.wait(timeout=REAP_S)
+            except subprocess.TimeoutExpired:
+                sandbox.with_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    if pipe is not None:
+                        pipe.close()
+        if init is not None:
+            init.close()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 < 65:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(code - 128).name}"
+    return f"exit code {code}"
+
+
+class GraderPool:
+    """`workers` grader processes of one setup (one job's sources). `start` loads them side by side and
+    raises GraderSetupError when the source does not load; `grade` answers many samples; `close` ends
+    every process."""
+
+    def __init__(self, setup: dict[str, Any], limits: GraderLimitsSpec, workers: int) -> None:
+        self.setup, self.limits = setup, limits
+        self._slots = [GraderProcess(setup, limits) for _ in range(workers)]
+        self._free = list(self._slots)
+        self._lock = threading.Condition()
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stare-grader")
+        self.started = 0  # processes started so far (a replacement counts)
+        self.closed = False
+
+    def start(self) -> None:
+        failures = [error for error in self._executor.map(self._start_one, self._slots) if error]
+        if failures:
+            self.close()
+            raise failures[0]
+
+    def _start_one(self, slot: GraderProcess) -> GraderSetupError | None:
+        try:
+            slot.start()
+        except GraderSetupError as err:
+            return err
+        with self._lock:
+            self.started += 1
+        return None
+
+    def _take(self) -> GraderProcess:
+        with self._lock:
+            while not self._free:
+                self._lock.wait()
+            return self._free.pop()
+
+    def _give(self, slot: GraderProcess) -> None:
+        with self._lock:
+            self._free.append(slot)
+            self._lock.notify()
+
+    def _grade_one(self, tasks: list[dict[str, Any]]) -> Reply:
+        slot = self._take()
+        try:
+            if slot.alive and slot.worn_out():
+                slot.kill()
+            if not slot.alive:
+                slot.kill()
+                try:
+                    slot.start()
+                except GraderSetupError as err:  # it loaded before: a failure of this start, this sample's
+                    return Reply([], failure="crashed", message=str(err))
+                with self._lock:
+                    self.started += 1
+            return slot.ask(tasks)
+        finally:
+            self._give(slot)
+
+    def grade(self, samples: list[list[dict[str, Any]]]) -> list[Reply]:
+        """Each sample's reply, in order (samples with no tasks get an empty reply)."""
+        if self.closed:
+            raise RuntimeError("the grader pool is closed")
+        return list(self._executor.map(lambda tasks: self._grade_one(tasks) if tasks else Reply([]), samples))
+
+    def close(self) -> None:
+        self.closed = True
+        self._executor.shutdown(wait=True)
+        for slot in self._slots:
+            slot.kill()
+
+    def __enter__(self) -> GraderPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+PoolFactory = Callable[[dict[str, Any], GraderLimitsSpec, int], GraderPool]
