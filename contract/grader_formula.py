@@ -10,9 +10,9 @@ Grammar (whitespace between tokens is ignored):
 
     formula  := sum
     sum      := product (("+" | "-") product)*
-    product  := power (("*" | "/") power)*
-    power    := unary ("^" power)?            right-associative: 2^3^2 = 2^9
-    unary    := ("-" | "+") unary | atom
+    product  := unary (("*" | "/") unary)*
+    unary    := ("-" | "+") unary | power
+    power    := atom ("^" unary)?             right-associative: 2^3^2 = 2^9, and 2^-1 = 0.5
     atom     := NUMBER | NAME | FUNCTION "(" sum ("," sum)* ")" | "(" sum ")"
     NUMBER   := digits [. digits] [(e|E) [+|-] digits]  |  . digits [...]
     NAME     := one of the multi grader's own grader names
@@ -156,19 +156,11 @@ class _Parser:
         return node
 
     def product(self, depth: int) -> Node:
-        node = self.power(depth)
+        node = self.unary(depth)
         while (token := self.peek()) is not None and token.kind == "op" and token.text in "*/":
             self.take()
-            node = Node(token.text, args=(node, self.power(depth)))
+            node = Node(token.text, args=(node, self.unary(depth)))
         return node
-
-    def power(self, depth: int) -> Node:
-        base = self.unary(depth)
-        token = self.peek()
-        if token is not None and token.kind == "op" and token.text == "^":
-            self.take()
-            return Node("^", args=(base, self.power(_deeper(depth))))
-        return base
 
     def unary(self, depth: int) -> Node:
         token = self.peek()
@@ -176,7 +168,15 @@ class _Parser:
             self.take()
             inner = self.unary(_deeper(depth))
             return Node("neg", args=(inner,)) if token.text == "-" else inner
-        return self.atom(depth)
+        return self.power(depth)
+
+    def power(self, depth: int) -> Node:
+        base = self.atom(depth)
+        token = self.peek()
+        if token is not None and token.kind == "op" and token.text == "^":
+            self.take()
+            return Node("^", args=(base, self.unary(_deeper(depth))))
+        return base
 
     def atom(self, depth: int) -> Node:
         token = self.take()

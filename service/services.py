@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from service.fleet import Fleet
 from service.job_specs import model_catalogue
+from service.grading import GraderGate
 from service.offload import ChildPool
 from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue
@@ -33,6 +34,7 @@ class Services:
     models: dict[str, tuple[str, bool]]
     fleet: Fleet  # the worker classes placement chooses from (service/fleet.py)
     offload: ChildPool  # task generation and verifier dry runs, off the event loop and out of this process
+    graders: GraderGate  # tenant graders' runs: off the event loop, bounded per tenant (service/grading.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -68,6 +70,7 @@ class Services:
                 seconds=settings.task_check_seconds,
                 memory_mb=settings.task_check_memory_mb,
             ),
+            graders=GraderGate(settings.grader_runs_per_tenant, settings.grader_runs_total),
         )
 
     def enqueue(self, job_id: str, queue: str) -> bool:

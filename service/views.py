@@ -124,7 +124,19 @@ def progress(job: JobLike) -> schemas.Progress:
     )
 
 
-def job_view(job: JobLike) -> schemas.JobObject:
+def grader_status(job: JobLike, warnings: list[dict[str, Any]] | None = None) -> schemas.GraderStatus | None:
+    """A job with a grader: what it is, the latest step's grader/* metrics and the warnings given."""
+    spec = job.resolved_spec if isinstance(job.resolved_spec, dict) else {}
+    grader = spec.get("grader")
+    if not isinstance(grader, dict):
+        return None
+    health = {k: v for k, v in metric_values(job.last_metrics).items() if k.startswith("grader/")}
+    return schemas.GraderStatus(
+        type=str(grader.get("type")), name=grader.get("name"), health=health, warnings=warnings
+    )
+
+
+def job_view(job: JobLike, grader_warnings: list[dict[str, Any]] | None = None) -> schemas.JobObject:
     error = None
     if job.error_code is not None or job.error_message is not None:
         error = schemas.JobError(
@@ -162,6 +174,7 @@ def job_view(job: JobLike) -> schemas.JobObject:
         latest_metrics=latest,
         error=error,
         spec=job.resolved_spec,
+        grader=grader_status(job, grader_warnings),
     )
 
 

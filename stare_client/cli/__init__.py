@@ -60,6 +60,7 @@ from stare_client.cli.common import (
     local_app,
     out,
 )
+from stare_client.cli.graders import graders_app, graders_run, graders_validate
 from stare_client.cli.jobs import (
     BAND_STYLE,
     COMPARE_ROWS,
@@ -107,6 +108,9 @@ __all__ = [
     "exit_code",
     "fail",
     "files_app",
+    "graders_app",
+    "graders_run",
+    "graders_validate",
     "files_delete",
     "files_list",
     "files_upload",

@@ -43,7 +43,7 @@ from store.repository.checkpoints import (
     list_checkpoints,
     set_checkpoint_archive,
 )
-from store.repository.events import append_event, list_events
+from store.repository.events import append_event, grader_warnings, list_events
 from store.repository.files import create_file, delete_file, get_file, list_files
 from store.repository.jobs import (
     NewJob,
@@ -145,6 +145,7 @@ __all__ = [
     "list_api_keys",
     "list_checkpoints",
     "list_evals",
+    "grader_warnings",
     "list_events",
     "list_files",
     "list_jobs",

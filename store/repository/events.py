@@ -73,3 +73,17 @@ def list_events(session: Session, job_id: str, *, after: int, limit: int) -> tup
         )
     )
     return rows[:limit], len(rows) > limit
+
+
+_GRADER_WARNINGS = sa.select(JobEvent.data).where(
+    JobEvent.job_id == sa.bindparam("job_id"), JobEvent.seq == 1, JobEvent.type == "job.created"
+)
+
+
+async def grader_warnings(pool: Any, job_id: str) -> list[dict[str, Any]] | None:
+    """The loophole warnings a job with a grader got at submission (its first event's data), or None
+    for a job without a grader check."""
+    row = await pool.fetch_one(_GRADER_WARNINGS, {"job_id": job_id}, idempotent=True)
+    data = row.get("data") if row else None
+    warnings = data.get("grader_warnings") if isinstance(data, dict) else None
+    return warnings if isinstance(warnings, list) else None

@@ -55,10 +55,12 @@ class Outcome:
 
 
 def setup_message(grader: AnyGrader, limits: GraderLimitsSpec) -> dict[str, Any]:
-    """What the pool's harness loads: the python graders' sources by name, and whether it needs the
-    text-similarity libraries."""
+    """What the pool's harness loads: the python graders' sources by name, and the text-similarity metrics
+    it computes (their libraries are imported once, at the start)."""
     python = {name: leaf.source for name, leaf in leaves(grader).items() if isinstance(leaf, PythonGrader)}
-    similarity = any(isinstance(leaf, TextSimilarityGrader) for leaf in leaves(grader).values())
+    similarity = sorted(
+        {leaf.evaluation_metric for leaf in leaves(grader).values() if isinstance(leaf, TextSimilarityGrader)}
+    )
     return {"python": python, "similarity": similarity, "output_bytes": limits.output_bytes}
 
 

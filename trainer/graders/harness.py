@@ -2,9 +2,9 @@
 project, only the standard library and the grader environment's packages).
 
 It speaks newline-delimited JSON over its stdin and the stdout it had at start:
-1. setup: {"python": {name: source}, "similarity": bool, "output_bytes": n}. Each source is compiled and
-   run once into its own namespace and must define grade(sample, item) callable with two arguments; the
-   text-similarity libraries are imported when asked. Reply {"ready": true}, or {"setup_error": {...}}.
+1. setup: {"python": {name: source}, "similarity": [metric, ...], "output_bytes": n}. Each source is
+   compiled and run once into its own namespace and must define grade(sample, item) callable with two
+   arguments; the libraries of the text-similarity metrics named are imported. Reply {"ready": true}, or {"setup_error": {...}}.
 2. then, per sample: {"id": n, "tasks": [task, ...]}, a task being {"kind": "python", "name", "sample",
    "item"} or {"kind": "similarity", "metric", "input", "reference"}. Reply {"id": n, "results": [...],
    "output": "..."}: per task {"score": x} or {"error": kind, "message", "traceback"}, kind one of
@@ -19,6 +19,7 @@ and checks every score it gets).
 
 import builtins
 import json
+import linecache
 import math
 import os
 import sys
@@ -65,8 +66,12 @@ def _taken_output(limit):
     return text + ("\n[output truncated]" if len(data) > limit else "")
 
 
-def _failure(kind, err):
-    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+def _failure(kind, err, skip=0):
+    """The error as the protocol reports it; `skip` leading frames (the harness's own) left out."""
+    trace = err.__traceback__
+    for _ in range(skip):
+        trace = trace.tb_next if trace is not None and trace.tb_next is not None else trace
+    text = "".join(traceback.format_exception(type(err), err, trace))
     return {
         "error": kind,
         "message": f"{type(err).__name__}: {err}"[:MESSAGE_CHARS],
@@ -86,7 +91,9 @@ def _checked(value):
 
 def _load(name, source):
     namespace = {"__name__": "grader", "__builtins__": builtins}
-    exec(compile(source, f"<grader {name or 'python'}>", "exec"), namespace)  # the sandbox runs it
+    filename = f"<grader {name or 'python'}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for tracebacks
+    exec(compile(source, filename, "exec"), namespace)  # the sandbox runs it
     grade = namespace.get("grade")
     if not callable(grade):
         raise TypeError("the source defines no function grade(sample, item)")
@@ -115,35 +122,45 @@ def _wordnet():
 
 
 class Similarity:
-    """The text_similarity metrics, each from its library (docs/GRADERS.md)."""
+    """The text_similarity metrics, each from its library (docs/GRADERS.md); a library is imported only
+    for the metrics the grader uses."""
 
-    def __init__(self):
-        from nltk.translate import gleu_score, meteor_score
-        from rapidfuzz import fuzz, utils
-        from rouge_score import rouge_scorer
-        from sacrebleu.metrics import BLEU
+    def __init__(self, metrics):
+        self.scorers = {}
+        for metric in metrics:
+            self.scorers[metric] = self._scorer(metric)
 
-        self.fuzz, self.utils, self.gleu, self.meteor = fuzz, utils, gleu_score, meteor_score
-        self.bleu = BLEU(effective_order=True)
-        names = ["rouge1", "rouge2", "rouge3", "rouge4", "rouge5", "rougeL"]
-        self.rouge = {name: rouge_scorer.RougeScorer([name]) for name in names}
-        self.wordnet = _wordnet() if os.path.isdir(WORDNET) else None
+    def _scorer(self, metric):
+        if metric == "fuzzy_match":
+            from rapidfuzz import fuzz, utils
+
+            return lambda hyp, ref: fuzz.WRatio(hyp, ref, processor=utils.default_process) / 100.0
+        if metric == "bleu":
+            from sacrebleu.metrics import BLEU
+
+            bleu = BLEU(effective_order=True)
+            return lambda hyp, ref: bleu.sentence_score(hyp, [ref]).score / 100.0
+        if metric == "gleu":
+            from nltk.translate import gleu_score
+
+            return lambda hyp, ref: gleu_score.sentence_gleu([ref.split()], hyp.split())
+        if metric == "meteor":
+            from nltk.translate import meteor_score
+
+            if not os.path.isdir(WORDNET):
+                raise RuntimeError("meteor needs WordNet, which this grader environment lacks")
+            wordnet = _wordnet()
+            return lambda hyp, ref: meteor_score.meteor_score([ref.split()], hyp.split(), wordnet=wordnet)
+        if metric.startswith("rouge_"):
+            from rouge_score import rouge_scorer
+
+            key = "rougeL" if metric == "rouge_l" else "rouge" + metric[len("rouge_") :]
+            scorer = rouge_scorer.RougeScorer([key])
+            return lambda hyp, ref: scorer.score(ref, hyp)[key].fmeasure
+        raise ValueError(f"unknown metric {metric!r}")
 
     def score(self, metric, hypothesis, reference):
-        if metric == "fuzzy_match":
-            return self.fuzz.WRatio(hypothesis, reference, processor=self.utils.default_process) / 100.0
-        if metric == "bleu":
-            return self.bleu.sentence_score(hypothesis, [reference]).score / 100.0
-        if metric == "gleu":
-            return self.gleu.sentence_gleu([reference.split()], hypothesis.split())
-        if metric == "meteor":
-            if self.wordnet is None:
-                raise RuntimeError("meteor needs WordNet, which this grader environment lacks")
-            return self.meteor.meteor_score([reference.split()], hypothesis.split(), wordnet=self.wordnet)
-        if metric.startswith("rouge_"):
-            key = "rougeL" if metric == "rouge_l" else "rouge" + metric[len("rouge_") :]
-            return self.rouge[key].score(reference, hypothesis)[key].fmeasure
-        raise ValueError(f"unknown metric {metric!r}")
+        return self.scorers[metric](hypothesis, reference)
 
 
 def _setup(message):
@@ -156,7 +173,7 @@ def _setup(message):
     similarity = None
     if message.get("similarity"):
         try:
-            similarity = Similarity()
+            similarity = Similarity(message["similarity"])
         except BaseException as err:
             return None, None, {"name": "", **_failure("exception", err)}
     return graders, similarity, None
@@ -170,7 +187,7 @@ def _run_task(task, graders, similarity, saved):
             value = similarity.score(task["metric"], task["input"], task["reference"])
         result = _checked(value)
     except BaseException as err:  # whatever the grader raised, SystemExit included, is its error
-        result = _failure("exception", err)
+        result = _failure("exception", err, skip=1)
     finally:
         builtins.__dict__.clear()
         builtins.__dict__.update(saved)

@@ -52,6 +52,10 @@ LIFETIME_CPU_S = 600  # RLIMIT_CPU of one grader process (the sandbox's largest)
 RETIRE_CPU_S = 500.0  # a process past this much CPU time is replaced between samples
 MAX_REPLY_BYTES = 8 * 2**20
 REAP_S = 5.0
+# Loading: starting the sandbox, importing the libraries the grader uses and running its source once.
+# OpenAI's 2 minutes, whatever the per-sample budget (a tight timeout_s must not refuse a grader that
+# imports scipy on a busy machine).
+SETUP_TIMEOUT_S = 120.0
 
 
 class GraderUnavailable(RuntimeError):
@@ -162,10 +166,10 @@ class GraderProcess:
         )
         self.cpu = sandbox.CpuBudget(self.init, float("inf"))
         self._buffer.clear()
-        reply = self._exchange(self.setup, self.limits.timeout_s)
+        reply = self._exchange(self.setup, SETUP_TIMEOUT_S)
         if reply is None:
             self.kill()
-            raise GraderSetupError("", f"loading the source ran past {self.limits.timeout_s:g} s")
+            raise GraderSetupError("", f"loading the source ran past {SETUP_TIMEOUT_S:g} s")
         if reply.get("ready") is True:
             return
         self.kill()
