@@ -184,11 +184,14 @@ class GraderProcess:
         raise GraderSetupError("", f"the grader process did not start: {str(reply.get('line', ''))[:500]}")
 
     def ask(self, tasks: list[dict[str, Any]]) -> Reply:
-        """One sample's tasks, within timeout_s; a timeout or any failure of the process kills it."""
+        """One sample's tasks, within timeout_s; a timeout or any failure of the process kills it. A
+        reply to an earlier sample (a copy the grader forked answering late) is skipped."""
         self._next_id += 1
         ident = self._next_id
         start = time.monotonic()
         reply = self._exchange({"id": ident, "tasks": tasks}, self.limits.timeout_s)
+        while reply is not None and _is_stale(reply, ident):
+            reply = self._exchange(None, self.limits.timeout_s - (time.monotonic() - start))
         seconds = time.monotonic() - start
         if reply is None:
             self.kill()
@@ -212,14 +215,16 @@ class GraderProcess:
             return f"the grader process died while grading{how}"
         return "the grader process answered a different request"
 
-    def _exchange(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """Writes one line and reads one line back within `timeout_s`: the reply, {"eof": True} when the
-        process ended, {"line": text} for a line that is not a JSON object; None on timeout."""
+    def _exchange(self, message: dict[str, Any] | None, timeout_s: float) -> dict[str, Any] | None:
+        """Writes one line (none when `message` is None) and reads one line back within `timeout_s`: the
+        reply, {"eof": True} when the process ended, {"line": text} for a line that is not a JSON object;
+        None on timeout."""
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         try:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
+            if message is not None:
+                self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+                self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return {"eof": True}
         line = self._read_line(self.proc.stdout.fileno(), deadline)
@@ -273,6 +278,11 @@ class GraderProcess:
                         pipe.close()
         if init is not None:
             init.close()
+
+
+def _is_stale(reply: dict[str, Any], ident: int) -> bool:
+    earlier = reply.get("id")
+    return isinstance(earlier, int) and not isinstance(earlier, bool) and 0 < earlier < ident
 
 
 def _exit_text(code: int) -> str:
