@@ -11,6 +11,7 @@ their DCGM-exporter series do not exist here (tests/monitoring/test_dashboards.p
 
 from __future__ import annotations
 
+import json
 import platform
 from datetime import UTC, datetime
 from pathlib import Path
@@ -114,6 +115,30 @@ def test_the_tool_use_row_returns_series_for_a_tool_use_job(stack: Stack) -> Non
         assert mismatches == 0 and Expect.ZERO.admits(mismatches)
         if RECORD:
             record(results, {"tool-use job": "trainer/specs/tool_use_tiny.yaml"})
+    finally:
+        stack.end(frozen)
+
+
+def test_the_grader_row_returns_series_for_a_job_with_a_grader(stack: Stack) -> None:
+    """The grader row and the GraderErrorsRising rule's selector, on a tiny job rewarded by the python
+    grader of examples/graders (the numeric verifier re-implemented), run in its sandboxed pool."""
+    grader = json.loads((ROOT / "examples" / "graders" / "grader.json").read_text())
+    spec = tiny_spec(60, 50, grader=grader, grading={"workers": 1, "limits": {"timeout_s": 10}})
+    del spec["verifier"]  # a grader replaces the verifier
+    job_id = stack.submit(spec)
+    frozen = stack.freeze_after(job_id, 2)
+    try:
+        refs = dashboard_refs("a grader")
+        assert len(refs) == 10 and all(r.dashboard.uid == "stare-job" for r in refs)
+        assert {n for r in refs for n in metric_names(r.query.expr)} == {
+            m.prometheus for m in catalogue.CATALOGUE if m.key.startswith("grader/") and m.prometheus
+        }
+        results = check_dashboard_queries(stack, frozen, refs)
+        rules = [r for r in alert_rules() if r.name == "GraderErrorsRising"]
+        results |= check_alert_selectors(stack, frozen, rules)
+        assert results["stare-job/Grader failures/A"]["series"][0]["value"] == 0
+        if RECORD:
+            record(results, {"grader job": "tiny-arith, examples/graders/grader.json"})
     finally:
         stack.end(frozen)
 
