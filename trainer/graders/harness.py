@@ -5,10 +5,12 @@ It speaks newline-delimited JSON over its stdin and the stdout it had at start:
 1. setup: {"python": {name: source}, "similarity": [metric, ...], "output_bytes": n}. Each source is
    compiled and run once into its own namespace and must define grade(sample, item) callable with two
    arguments; the libraries of the text-similarity metrics named are imported. Reply {"ready": true}, or {"setup_error": {...}}.
-2. then, per sample: {"id": n, "tasks": [task, ...]}, a task being {"kind": "python", "name", "sample",
-   "item"} or {"kind": "similarity", "metric", "input", "reference"}. Reply {"id": n, "results": [...],
-   "output": "..."}: per task {"score": x} or {"error": kind, "message", "traceback"}, kind one of
-   exception, not_a_number, non_finite; `output` the first output_bytes of what the sample's code wrote.
+2. then batches of samples: {"id": n, "samples": [[task, ...], ...]}, a task being {"kind": "python",
+   "name", "sample", "item"} or {"kind": "similarity", "metric", "input", "reference"}. One reply line per
+   sample, as soon as it is graded: {"id": n, "index": i, "results": [...], "output": "...", "seconds"}:
+   per task {"score": x} or {"error": kind, "message", "traceback"}, kind one of exception,
+   not_a_number, non_finite; `output` the first output_bytes of what the sample's code wrote. The parent
+   times each sample from the reply before it, so every sample has its own budget.
 
 The tenant's code never sees the protocol's pipes as its stdin/stdout: fd 0 reads /dev/null and fds 1
 and 2 write to a scratch file, read back (and emptied) after each sample. Builtins are restored after
@@ -56,6 +58,8 @@ def _taken_output(limit):
     try:
         sys.stdout.flush()
         sys.stderr.flush()
+        if os.fstat(1).st_size == 0 and os.fstat(2).st_size == 0:
+            return ""  # nothing written (the usual case): no file to read
         with open(OUTPUT_FILE, "rb") as written:
             data = written.read(limit + 1)
         os.truncate(OUTPUT_FILE, 0)
@@ -226,17 +230,19 @@ def main():
         if not line:
             return
         request = _loads(line)
-        start = time.perf_counter()
-        results = [_run_task(task, graders, similarity, saved) for task in request["tasks"]]
-        if os.getpid() != 1:  # a copy the grader forked got here: only the sandbox's init speaks the protocol
-            os._exit(0)
-        reply = {
-            "id": request["id"],
-            "results": results,
-            "output": _taken_output(limit),
-            "seconds": time.perf_counter() - start,
-        }
-        proto_out.write(_dumps(reply).encode() + b"\n")
+        for index, tasks in enumerate(request["samples"]):
+            start = time.perf_counter()
+            results = [_run_task(task, graders, similarity, saved) for task in tasks]
+            if os.getpid() != 1:  # a copy the grader forked got here: only the sandbox's init speaks
+                os._exit(0)
+            reply = {
+                "id": request["id"],
+                "index": index,
+                "results": results,
+                "output": _taken_output(limit),
+                "seconds": time.perf_counter() - start,
+            }
+            proto_out.write(_dumps(reply).encode() + b"\n")
 
 
 if __name__ == "__main__":

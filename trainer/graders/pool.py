@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import select
@@ -48,6 +49,7 @@ LEXNAMES = (
     Path(__file__).resolve().parent / "wordnet-lexnames"
 )  # WordNet's lexnames(5) list, as nltk reads it
 IN_SANDBOX = {"site": "/grader/site-packages", "harness": "/grader/harness.py", "wordnet": "/grader/wordnet"}
+LINKED_CACHE = ".sandbox-libraries.json"  # in the grader environment: what its extension modules link
 LIFETIME_CPU_S = 600  # RLIMIT_CPU of one grader process (the sandbox's largest)
 RETIRE_CPU_S = 500.0  # a process past this much CPU time is replaced between samples
 MAX_REPLY_BYTES = 8 * 2**20
@@ -119,9 +121,8 @@ def _runtime(venv: str) -> sandbox.Runtime:
                 binds[f"{IN_SANDBOX['wordnet']}/{path.name}"] = str(path)
         binds[f"{IN_SANDBOX['wordnet']}/lexnames"] = str(LEXNAMES)
     site_root = str(site.resolve())
-    modules = [str(path) for path in site.rglob("*.so*") if path.is_file()]
     added: set[str] = set()
-    for lib in sandbox._linked_libraries(modules):
+    for lib in _linked_by_packages(Path(venv), site):
         real = str(Path(lib).resolve())
         if not real.startswith(site_root + "/"):  # the wheels' own libraries come with site-packages
             dest = str(Path(lib).parent.resolve() / Path(lib).name)
@@ -129,6 +130,26 @@ def _runtime(venv: str) -> sandbox.Runtime:
             added.add(str(Path(dest).parent))
     paths = sorted(set(filter(None, base.library_path.split(":"))) | added)
     return dataclasses.replace(base, binds=tuple(sorted(binds.items())), library_path=":".join(paths))
+
+
+def _linked_by_packages(venv: Path, site: Path) -> list[str]:
+    """The libraries the packages' extension modules link (ldd over a few hundred files: seconds), kept in
+    the environment's LINKED_CACHE for the list of modules it was made from; made and written when it is
+    missing or stale (and the folder writable), else made in memory."""
+    modules = sorted(str(path) for path in site.rglob("*.so*") if path.is_file())
+    key = hashlib.sha256("\n".join(modules).encode()).hexdigest()
+    cache = venv / LINKED_CACHE
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(cache.read_text())
+        if kept.get("modules") == key and isinstance(kept.get("libraries"), list):
+            return [str(lib) for lib in kept["libraries"]]
+    libraries = sorted(sandbox._linked_libraries(modules))
+    with contextlib.suppress(OSError):
+        temporary = cache.with_name(cache.name + f".{os.getpid()}")
+        temporary.write_text(json.dumps({"modules": key, "libraries": libraries}))
+        temporary.chmod(0o644)
+        os.replace(temporary, cache)
+    return libraries
 
 
 def runtime() -> sandbox.Runtime:
@@ -183,25 +204,37 @@ class GraderProcess:
             )
         raise GraderSetupError("", f"the grader process did not start: {str(reply.get('line', ''))[:500]}")
 
-    def ask(self, tasks: list[dict[str, Any]]) -> Reply:
-        """One sample's tasks, within timeout_s; a timeout or any failure of the process kills it. A
-        reply to an earlier sample (a copy the grader forked answering late) is skipped."""
+    def ask(self, samples: list[list[dict[str, Any]]]) -> list[Reply]:
+        """Grades the samples in order, each within timeout_s from the previous one's reply. Stops at the
+        first sample that times out or crashes the process (its reply says so, the process is killed):
+        the replies returned are those of the samples it reached, the rest are the caller's to ask again.
+        A reply to an earlier request (a copy the grader forked, answering late) is skipped."""
         self._next_id += 1
         ident = self._next_id
         start = time.monotonic()
-        reply = self._exchange({"id": ident, "tasks": tasks}, self.limits.timeout_s)
-        while reply is not None and _is_stale(reply, ident):
-            reply = self._exchange(None, self.limits.timeout_s - (time.monotonic() - start))
-        seconds = time.monotonic() - start
-        if reply is None:
+        if not self._send({"id": ident, "samples": samples}, start + self.limits.timeout_s):
             self.kill()
-            return Reply([], seconds=seconds, failure="timeout", message=self._timeout_message())
-        results = reply.get("results")
-        if reply.get("id") != ident or not isinstance(results, list) or len(results) != len(tasks):
-            self.kill()
-            return Reply([], seconds=seconds, failure="crashed", message=self._crash_message(reply))
-        output = reply.get("output")
-        return Reply(results, output if isinstance(output, str) else "", seconds)
+            return [Reply([], failure="crashed", message=self._crash_message({"eof": True}))]
+        replies: list[Reply] = []
+        while len(replies) < len(samples):
+            reply = self._receive(start + self.limits.timeout_s)
+            while reply is not None and _is_stale(reply, ident):
+                reply = self._receive(start + self.limits.timeout_s)
+            seconds = time.monotonic() - start
+            if reply is None:
+                self.kill()
+                replies.append(Reply([], seconds=seconds, failure="timeout", message=self._timeout_message()))
+                break
+            results = reply.get("results")
+            expected = len(samples[len(replies)])
+            if reply.get("id") != ident or reply.get("index") != len(replies) or not isinstance(results, list) or len(results) != expected:
+                self.kill()
+                replies.append(Reply([], seconds=seconds, failure="crashed", message=self._crash_message(reply)))
+                break
+            output = reply.get("output")
+            replies.append(Reply(results, output if isinstance(output, str) else "", seconds))
+            start = time.monotonic()
+        return replies
 
     def _timeout_message(self) -> str:
         return f"grading ran past its budget of {self.limits.timeout_s:g} s; the grader process was killed"
@@ -215,18 +248,40 @@ class GraderProcess:
             return f"the grader process died while grading{how}"
         return "the grader process answered a different request"
 
-    def _exchange(self, message: dict[str, Any] | None, timeout_s: float) -> dict[str, Any] | None:
-        """Writes one line (none when `message` is None) and reads one line back within `timeout_s`: the
-        reply, {"eof": True} when the process ended, {"line": text} for a line that is not a JSON object;
-        None on timeout."""
-        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+    def _exchange(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Sends one message and reads one line back within `timeout_s` (the setup's exchange)."""
         deadline = time.monotonic() + timeout_s
-        try:
-            if message is not None:
-                self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-                self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        if not self._send(message, deadline):
             return {"eof": True}
+        return self._receive(deadline)
+
+    def _send(self, message: dict[str, Any], deadline: float) -> bool:
+        """Writes one line by the deadline (a large batch may not fit the pipe: written as the harness
+        reads); False when the process is gone or does not read it in time."""
+        assert self.proc is not None and self.proc.stdin is not None
+        data = memoryview(json.dumps(message).encode() + b"\n")
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        while data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            _, ready, _ = select.select([], [fd], [], remaining)
+            if not ready:
+                continue
+            try:
+                written = os.write(fd, data)
+            except BlockingIOError:
+                continue
+            except OSError:  # BrokenPipeError: the process is gone
+                return False
+            data = data[written:]
+        return True
+
+    def _receive(self, deadline: float) -> dict[str, Any] | None:
+        """One line by the deadline: the reply, {"eof": True} when the process ended, {"line": text} for a
+        line that is not a JSON object; None on timeout."""
+        assert self.proc is not None and self.proc.stdout is not None
         line = self._read_line(self.proc.stdout.fileno(), deadline)
         if line is None or isinstance(line, dict):
             return line
@@ -335,28 +390,42 @@ class GraderPool:
             self._free.append(slot)
             self._lock.notify()
 
-    def _grade_one(self, tasks: list[dict[str, Any]]) -> Reply:
+    def _grade_chunk(self, samples: list[list[dict[str, Any]]]) -> list[Reply]:
+        """A run of samples on one process, in order: after a sample that timed out or crashed it, the
+        rest go to a fresh process."""
         slot = self._take()
+        replies: list[Reply] = []
         try:
-            if slot.alive and slot.worn_out():
-                slot.kill()
-            if not slot.alive:
-                slot.kill()
-                try:
-                    slot.start()
-                except GraderSetupError as err:  # it loaded before: a failure of this start, this sample's
-                    return Reply([], failure="crashed", message=str(err))
-                with self._lock:
-                    self.started += 1
-            return slot.ask(tasks)
+            while len(replies) < len(samples):
+                if slot.alive and slot.worn_out():
+                    slot.kill()
+                if not slot.alive:
+                    slot.kill()
+                    try:
+                        slot.start()
+                    except GraderSetupError as err:  # it loaded before: a failure of this start, this sample's
+                        replies.append(Reply([], failure="crashed", message=str(err)))
+                        continue
+                    with self._lock:
+                        self.started += 1
+                replies.extend(slot.ask(samples[len(replies) :]))
+            return replies
         finally:
             self._give(slot)
 
     def grade(self, samples: list[list[dict[str, Any]]]) -> list[Reply]:
-        """Each sample's reply, in order (samples with no tasks get an empty reply)."""
+        """Each sample's reply, in order (samples with no tasks get an empty reply). The samples are cut
+        into one run per process, graded side by side."""
         if self.closed:
             raise RuntimeError("the grader pool is closed")
-        return list(self._executor.map(lambda tasks: self._grade_one(tasks) if tasks else Reply([]), samples))
+        asked = [index for index, tasks in enumerate(samples) if tasks]
+        replies = [Reply([]) for _ in samples]
+        size = -(-len(asked) // len(self._slots)) if asked else 0
+        runs = [asked[start : start + size] for start in range(0, len(asked), size)] if size else []
+        for run, graded in zip(runs, self._executor.map(self._grade_chunk, [[samples[i] for i in r] for r in runs])):
+            for index, reply in zip(run, graded):
+                replies[index] = reply
+        return replies
 
     def close(self) -> None:
         self.closed = True
