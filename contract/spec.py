@@ -499,10 +499,11 @@ class TrainSpec(_Strict):
         ):
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
         _check_verifier(self.verifier)
+        # A resolved spec writes the default verifier out: only another one is a second reward.
         graders.check_job(
             self.grader,
             self.grading,
-            verifier_set="verifier" in self.model_fields_set,
+            verifier_set=self.verifier != VerifierSpec(),
             style=self.reward.style,
         )
         if self.rollout.tis_cap is not None and self.rollout.engine != "vllm":
