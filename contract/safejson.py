@@ -25,18 +25,37 @@ from typing import Any
 
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 64
+MAX_VALUES = 100_000  # values in one document (the service's bodies allow fewer: max_json_values)
 _INT_LIMIT = 10**MAX_INT_DIGITS
 
-# Escapes whose presence makes a full walk necessary: \u0000 (NUL) and \ud800-\udfff (surrogates).
-_WALK_TRIGGERS = (b"\\u0000", b"\\ud", b"\\uD")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_QUOTED = re.compile(rb'"[^"]*"')  # a string once its escaped backslashes and quotes are gone
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
-_INNERMOST_PAIR = re.compile(rb"\[\]|\{\}")
+# A run of balanced groups at most `k` levels deep (any bracket closes any: the parser checks the kinds).
+# One pass of `_GROUPS[k].sub` takes k levels off the bottom of every subtree (a node h levels high is
+# left h - k high), so max_depth levels are counted in max_depth // 8 + max_depth % 8 passes.
+_GROUPS: dict[int, re.Pattern[bytes]] = {}
+for _k in (1, 8):
+    _group = rb"[\[{][\]}]"
+    for _ in range(_k - 1):
+        _group = rb"[\[{](?:" + _group + rb")*[\]}]"
+    _GROUPS[_k] = re.compile(rb"(?:" + _group + rb")+")
+# Candidates for a problem, looked for in C over the whole text; a document without any is parsed without
+# hooks and not walked. In the text with escaped backslashes and quotes removed: a NUL escape, a high
+# surrogate escape not followed by a low one, a low one not after a high one; in the raw bytes: a
+# surrogate's own UTF-8 bytes.
+_SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
+# Outside strings: NaN and infinities, an exponent of three digits (a float that may overflow to infinity);
+# a digit run past MAX_INT_DIGITS (an integer too large, or a float long enough to overflow).
+_NUMBER_CANDIDATE = re.compile(rb"NaN|Infinity|[eE][+-]?0*[1-9]\d{2}")
+_LONG_DIGITS = re.compile(rb"(?<!\d)\d{%d}" % (MAX_INT_DIGITS + 1))
 
 
 @dataclass(frozen=True)
 class Problem:
-    code: str  # nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep
+    # nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep | too_many_values
+    code: str
     message: str
     path: tuple[str | int, ...] = ()
 
@@ -84,53 +103,71 @@ def _parse_constant(text: str) -> _Refused:
     return _Refused("non_finite_number", f"{text} is not a number JSON allows")
 
 
-def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """json.loads under the rules above; raises UnsafeDocument (a ValueError) or json.JSONDecodeError."""
-    refused: list[_Refused] = []
+def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> Any:
+    """json.loads under the rules above; raises UnsafeDocument (a ValueError) or json.JSONDecodeError.
+
+    Linear in the document's size, and in C for all but a document that breaks a rule (issue 44, R3): the
+    strings are cut out of a copy with bytes.replace and one regular expression, so the number of values,
+    the nesting and the candidates for a problem are counted and searched outside strings without a visit
+    per node. One with more than `max_values` values (strings, keys included, or commas and opening
+    brackets outside strings, plus one) is refused first, before anything else is measured; one without a
+    candidate is parsed without hooks and not walked; the walk that names the place of a problem visits at
+    most max_values nodes."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # every quote left opens or closes one
+    strings = unescaped.count(b'"') // 2
+    outside = _QUOTED.sub(b'""', unescaped) if strings <= max_values else b""
+    values = max(strings, outside.count(b",") + outside.count(b"[") + outside.count(b"{") + 1)
+    if values > max_values:  # refused before anything costs more than a pass over the text
+        raise UnsafeDocument(Problem("too_many_values", f"more than {max_values} values in one document"))
+    long_digits = _LONG_DIGITS.search(outside) is not None
+    suspect = (
+        long_digits
+        or _deeper_than(outside, max_depth)
+        or b"\\u0000" in unescaped
+        or _lone_surrogate(unescaped)
+        or _SURROGATE_BYTES.search(raw) is not None
+        or _NUMBER_CANDIDATE.search(outside) is not None
+    )
+    return _checked(data, max_depth, long_digits=long_digits) if suspect else json.loads(data)
+
+
+def _lone_surrogate(unescaped: bytes) -> bool:
+    """Whether a surrogate escape is not half of a pair (a high one, then a low one): the pairs cut out in
+    C, is any surrogate escape left?"""
+    if _SURROGATE_ESCAPE.search(unescaped) is None:
+        return False
+    return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", unescaped)) is not None
+
+
+def _checked(data: str | bytes, max_depth: int, *, long_digits: bool = True) -> Any:
+    """The slow path, for a document a candidate says may break a rule: parsed (integers past
+    MAX_INT_DIGITS left unconverted, when `long_digits` says there may be one), then walked for the first
+    problem (at most max_values nodes; an infinite float is found there)."""
 
     def parse_int(text: str) -> int | _Refused:
-        if len(text) <= MAX_INT_DIGITS:
-            return int(text)
-        value = _parse_int(text)
-        if isinstance(value, _Refused):
-            refused.append(value)
-        return value
-
-    def parse_float(text: str) -> float | _Refused:
-        value = float(text)
-        if math.isfinite(value):
-            return value
-        refused.append(_Refused("non_finite_number", f"number {text[:40]} is not finite"))
-        return refused[-1]
-
-    def parse_constant(text: str) -> _Refused:
-        refused.append(_parse_constant(text))
-        return refused[-1]
+        return int(text) if len(text) <= MAX_INT_DIGITS else _parse_int(text)
 
     try:
-        value = json.loads(data, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant)
+        value = json.loads(data, parse_int=parse_int if long_digits else None, parse_constant=_parse_constant)
     except RecursionError:
         raise UnsafeDocument(Problem("too_deep", f"nested deeper than {max_depth} levels")) from None
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    # The walk costs a visit per node; skip it when nothing can be wrong: no hook fired, no escape that
-    # makes a NUL or a surrogate, and too few brackets to nest past the limit.
-    if refused or any(t in raw for t in _WALK_TRIGGERS) or _deeper_than(raw, max_depth):
-        problem = find_unsafe(value, max_depth=max_depth)
-        if problem is not None:
-            raise UnsafeDocument(problem)
+    problem = find_unsafe(value, max_depth=max_depth)
+    if problem is not None:
+        raise UnsafeDocument(problem)
     return value
 
 
-def _deeper_than(raw: bytes, max_depth: int) -> bool:
-    """Whether a valid JSON text nests more than max_depth levels, without visiting its nodes: keep only
-    the brackets outside strings, then strip innermost pairs once per allowed level (each pass in C)."""
-    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+def _deeper_than(outside: bytes, max_depth: int) -> bool:
+    """Whether a text without strings (`outside`) nests more than max_depth levels, without visiting its
+    nodes: keep only the brackets, then take levels off the bottom, eight per pass (each pass in C)."""
+    if outside.count(b"[") + outside.count(b"{") <= max_depth:
         return False
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
-    for _ in range(max_depth):
-        brackets, n = _INNERMOST_PAIR.subn(b"", brackets)
-        if not brackets or n == 0:
-            return bool(brackets)
+    brackets = _NOT_BRACKET.sub(b"", outside)
+    for k in [8] * (max_depth // 8) + [1] * (max_depth % 8):
+        brackets = _GROUPS[k].sub(b"", brackets)
+        if not brackets:
+            return False
     return bool(brackets)
 
 
@@ -145,36 +182,58 @@ def _string_problem(text: str, path: tuple[str | int, ...], what: str) -> Proble
 
 
 def find_unsafe(value: Any, *, max_depth: int = MAX_DEPTH) -> Problem | None:
-    """The first problem in a parsed document (depth first, in document order), or None."""
-    stack: list[tuple[Any, tuple[str | int, ...], int]] = [(value, (), 0)]
+    """The first problem in a parsed document (depth first, in document order), or None. One pass; the
+    path is kept as one list pushed and popped as the walk goes, and made a tuple only for a problem."""
+    path: list[str | int] = []
+    problem = _node_problem(value, path)
+    if problem is not None or not isinstance(value, dict | list | tuple):
+        return problem
+    # the open containers: (their items, how many of them were visited), one per level of `path`
+    stack: list[tuple[list[tuple[str | int, Any]], int]] = [(_items(value), 0)]
+    if max_depth <= 0:
+        return Problem("too_deep", f"nested deeper than {max_depth} levels", ())
     while stack:
-        node, path, depth = stack.pop()
-        if isinstance(node, dict):
-            if depth >= max_depth:
-                return Problem("too_deep", f"nested deeper than {max_depth} levels", path)
-            children = []
-            for key, child in node.items():
-                key_text = str(key)
-                problem = _string_problem(key_text, (*path, key_text), "the key")
-                if problem is not None:
-                    return problem
-                children.append((child, (*path, key_text), depth + 1))
-            stack.extend(reversed(children))
-        elif isinstance(node, list | tuple):
-            if depth >= max_depth:
-                return Problem("too_deep", f"nested deeper than {max_depth} levels", path)
-            stack.extend(reversed([(child, (*path, i), depth + 1) for i, child in enumerate(node)]))
-        elif isinstance(node, str):
-            problem = _string_problem(node, path, "the value")
+        items, done = stack[-1]
+        if done == len(items):
+            stack.pop()
+            if path:
+                path.pop()
+            continue
+        stack[-1] = (items, done + 1)
+        key, child = items[done]
+        path.append(key)
+        if isinstance(key, str):
+            problem = _string_problem(key, tuple(path), "the key")
             if problem is not None:
                 return problem
-        elif isinstance(node, _Refused):
-            return Problem(node.code, node.message, path)
-        elif isinstance(node, float) and not math.isfinite(node):
-            return Problem("non_finite_number", f"number {node} is not finite", path)
-        elif isinstance(node, int) and abs(node) >= _INT_LIMIT:
-            digits = int(abs(node).bit_length() * math.log10(2)) + 1
-            return Problem(
-                "integer_too_large", f"integer of {digits} digits (at most {MAX_INT_DIGITS})", path
-            )
+        problem = _node_problem(child, path)
+        if problem is not None:
+            return problem
+        if isinstance(child, dict | list | tuple):
+            if len(stack) >= max_depth:
+                return Problem("too_deep", f"nested deeper than {max_depth} levels", tuple(path))
+            stack.append((_items(child), 0))
+        else:
+            path.pop()
+    return None
+
+
+def _items(node: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> list[tuple[str | int, Any]]:
+    if isinstance(node, dict):
+        return [(str(key), child) for key, child in node.items()]
+    return list(enumerate(node))
+
+
+def _node_problem(node: Any, path: list[str | int]) -> Problem | None:
+    if isinstance(node, str):
+        return _string_problem(node, tuple(path), "the value")
+    if isinstance(node, _Refused):
+        return Problem(node.code, node.message, tuple(path))
+    if isinstance(node, float) and not math.isfinite(node):
+        return Problem("non_finite_number", f"number {node} is not finite", tuple(path))
+    if isinstance(node, int) and not isinstance(node, bool) and abs(node) >= _INT_LIMIT:
+        digits = int(abs(node).bit_length() * math.log10(2)) + 1
+        return Problem(
+            "integer_too_large", f"integer of {digits} digits (at most {MAX_INT_DIGITS})", tuple(path)
+        )
     return None

@@ -36,7 +36,12 @@ from starlette.exceptions import HTTPException
 from contract.spec import TrainSpec
 from service import __version__
 from service.boundary import RequestBoundary
-from service.dependencies import refuse_unknown_query_parameters
+from service.dependencies import (
+    authenticate_scope,
+    client_address,
+    refuse_unknown_query_parameters,
+    spend_address_token,
+)
 from service.errors import ServiceError, error_body, http_error
 from service.job_specs import dotted
 from service.routers import (
@@ -270,6 +275,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_json_body_bytes,
         upload_path="/v1/files",
         max_upload_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES,
+        authenticate=lambda scope: authenticate_scope(services, scope),
+        sign_in_gate=lambda scope: spend_address_token(services, client_address(scope)),
+        exception_handlers=lambda: app.exception_handlers,
+        check_body=services.body_checks.check,
     )
     app.add_middleware(TelemetryMiddleware, telemetry=services.telemetry)
     app.add_middleware(pages.PageSecurityHeaders)  # outermost: the boundary's refusals under /ui too

@@ -1,12 +1,18 @@
 """The request boundary: one ASGI middleware that every request passes before any route sees it.
 
-It refuses, in the error shape and before anything is read from or written to the database:
-- a body over the size limit: 413 at once from Content-Length, else while reading (file uploads have
-  their own, larger limit and count the file part exactly themselves);
+In this order, and in the error shape, before anything is read from or written to the database:
 - a NUL character (or a lone surrogate) in the path, a query parameter or a header: 422 naming the path or
   query parameter, 400 naming the header;
+- a body over the size limit: 413 at once from Content-Length, else while reading (file uploads have
+  their own, larger limit and count the file part exactly themselves);
+- authentication and the rate limits, for every /v1 request, from its headers alone (issue 44, R3): a
+  missing, wrong or revoked key or session is a 401, a key, tenant or source address past its rate a 429,
+  each before a byte of the body is read; so is a sign-in (POST /ui/session: its source address's bucket,
+  and a body of at most SIGN_IN_MAX_BYTES). No other path's body is parsed here;
 - a JSON body that breaks contract.safejson's rules (NUL or lone surrogate in any string or key, NaN or
-  infinite numbers, integers over 64 digits, nesting deeper than 32): 422 naming the field as a dotted path.
+  infinite numbers, integers over 64 digits, nesting deeper than 32, more than `max_values` values): 422
+  naming the field as a dotted path. The check is linear in the body's size and mostly in C; a large body
+  is checked in another process (service/body_checks.py), so not even the interpreter lock is held for it.
 
 So no route has to guard its own strings: PostgreSQL never sees a NUL, no float column or JSON document
 gets an infinity, and POST /v1/jobs/estimate and POST /v1/jobs answer the same body the same way. Dataset
@@ -16,18 +22,36 @@ contract.spec.load_spec.
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract import safejson
 from service.errors import error_body
+from service.fairness import FairGate, QueueFull
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+AUTHENTICATED_PREFIX = "/v1/"  # every route under it needs a key or a session (the OpenAPI schema says so)
+SIGN_IN_PATH = "/ui/session"
+SIGN_IN_MAX_BYTES = 4096
+
+# A JSON body past SMALL_BODY_BYTES (or of no announced length) waits for one of LARGE_BODY_SLOTS, one per
+# tenant (service/fairness.py): reading, checking and parsing 1 MiB costs the loop a few milliseconds, and
+# without a bound the bodies a few tenants send at their rate limits queue up ahead of everyone's requests.
+SMALL_BODY_BYTES = 64 * 1024
+LARGE_BODY_SLOTS = 2
+LARGE_BODY_QUEUE = 8
+
+# Authenticates a request from its scope (headers, cookies, client): raises a ServiceError (401, 403, 429).
+Gate = Callable[[Scope], Awaitable[object]]
+Handler = Callable[[Request, Any], Response | Awaitable[Response]]
 
 
 def error_response(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -57,6 +81,10 @@ class RequestBoundary:
         max_bytes: int,
         upload_path: str,
         max_upload_bytes: int,
+        authenticate: Gate | None = None,
+        sign_in_gate: Gate | None = None,
+        exception_handlers: Callable[[], Mapping[Any, Handler]] = dict,
+        check_body: Callable[[bytes], Awaitable[safejson.Problem | None]] | None = None,
     ) -> None:
         self.app = app
         self.path_templates = path_templates  # e.g. "/v1/jobs/{job_id}" (the OpenAPI paths)
@@ -64,24 +92,38 @@ class RequestBoundary:
         self.max_bytes = max_bytes
         self.upload_path = upload_path
         self.max_upload_bytes = max_upload_bytes
+        self.authenticate = authenticate  # a /v1 request's caller, before its body (None: routes do it)
+        self.sign_in_gate = sign_in_gate  # a sign-in's source-address token, before its body
+        self.exception_handlers = exception_handlers  # the app's, for what the gates raise
+        self.large_bodies = FairGate(LARGE_BODY_SLOTS, LARGE_BODY_QUEUE)
+        self.check_body = check_body or _check_inline  # service/body_checks.py: large bodies elsewhere
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         refused = self._check_request_line(scope)
+        if refused is None:
+            refused = await self._gate(scope)
         if refused is not None:
             await refused(scope, receive, send)
             return
-        limit = self.max_upload_bytes if scope.get("path") == self.upload_path else self.max_bytes
+        path, method = scope.get("path", ""), scope.get("method")
+        limit = self.max_upload_bytes if path == self.upload_path else self.max_bytes
+        parsed_here = path.startswith(AUTHENTICATED_PREFIX) or path == SIGN_IN_PATH
+        if path == SIGN_IN_PATH:
+            limit = min(limit, SIGN_IN_MAX_BYTES)
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await error_response(413, "payload_too_large", f"the request body is larger than {limit} bytes")(
                 scope, receive, send
             )
             return
-        if scope.get("method") in BODY_METHODS and _is_json(scope):
-            await self._json_request(scope, receive, send, limit)
+        if method in BODY_METHODS and parsed_here and _is_json(scope):
+            if declared is not None and declared <= SMALL_BODY_BYTES:
+                await self._json_request(scope, receive, send, limit)
+                return
+            await self._large_json_request(scope, receive, send, limit)
             return
         received = 0
 
@@ -95,6 +137,29 @@ class RequestBoundary:
             return message
 
         await self.app(scope, limited_receive, send)
+
+    async def _gate(self, scope: Scope) -> JSONResponse | None:
+        """Authentication and rate limits before any body is read: a /v1 request's caller, a sign-in's
+        source-address token. A refusal is the response to send (its body never read)."""
+        path = scope.get("path", "")
+        gate = None
+        if path.startswith(AUTHENTICATED_PREFIX):
+            gate = self.authenticate
+        elif path == SIGN_IN_PATH and scope.get("method") == "POST":
+            gate = self.sign_in_gate
+        if gate is None:
+            return None
+        try:
+            await gate(scope)
+        except Exception as exc:  # answered as a route's would be (a database outage: 503, not 500)
+            handler = _handler_for(exc, self.exception_handlers())
+            if handler is None:
+                raise
+            response = handler(Request(scope), exc)
+            answer = await response if inspect.isawaitable(response) else response
+            assert isinstance(answer, JSONResponse)
+            return answer
+        return None
 
     # ------------------------------------------------------------------------------------ path, query, headers
 
@@ -134,7 +199,34 @@ class RequestBoundary:
 
     # --------------------------------------------------------------------------------------------- JSON bodies
 
-    async def _json_request(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    async def _large_json_request(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """A large body is read, checked and answered a few at a time, one per tenant at a time (its slot
+        held to the end: given back as soon as the route has parsed it, the next body's reading overlapped
+        the route's work and /healthz waited longer, measured)."""
+        whose = _whose(scope)
+        try:
+            await self.large_bodies.acquire(whose)
+        except QueueFull:
+            message = (
+                f"at most one large request body per tenant is read at a time and {LARGE_BODY_QUEUE} wait"
+            )
+            await error_response(429, "too_many_large_bodies", f"{message}; retry later")(
+                scope, receive, send
+            )
+            return
+        try:
+            await self._json_request(scope, receive, send, limit)
+        finally:
+            self.large_bodies.release(whose)
+
+    async def _json_request(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        limit: int,
+        handed_over: Callable[[], None] | None = None,
+    ) -> None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -152,16 +244,11 @@ class RequestBoundary:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if body:
-            try:
-                safejson.loads(body)
-            except safejson.UnsafeDocument as err:
-                await error_response(422, err.problem.code, str(err), err.problem.where or None)(
-                    scope, receive, send
-                )
-                return
-            except ValueError:
-                pass  # not JSON at all: the route's own parsing answers that (422 invalid_json)
+        problem = await self.check_body(body) if body else None
+        if problem is not None:
+            text = str(safejson.UnsafeDocument(problem))
+            await error_response(422, problem.code, text, problem.where or None)(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -172,6 +259,30 @@ class RequestBoundary:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _whose(scope: Scope) -> str:
+    """The authenticated tenant of a request (the boundary's gate put its caller in the scope's state),
+    else its source address."""
+    caller = scope.get("state", {}).get("stare_caller")
+    tenant = getattr(getattr(caller, "principal", None), "tenant", None)
+    if tenant is not None:
+        return f"tenant:{tenant.id}"
+    client = scope.get("client")
+    return f"address:{client[0] if client else 'unknown'}"
+
+
+async def _check_inline(body: bytes) -> safejson.Problem | None:
+    from service.body_checks import check
+
+    return check(body, safejson.MAX_VALUES)
+
+
+def _handler_for(exc: Exception, handlers: Mapping[Any, Handler]) -> Handler | None:
+    for kind in type(exc).__mro__:
+        if kind in handlers:
+            return handlers[kind]
+    return None
 
 
 def _template_pattern(template: str) -> re.Pattern[str]:

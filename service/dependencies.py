@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Scope
 
 from service.errors import Forbidden, NotFound, TooManyRequests, Unauthenticated, Unprocessable
 from service.principals import Principal, TenantRef
@@ -165,15 +166,19 @@ def session_signer(request: Request) -> SessionSigner:
     return signer
 
 
+CSRF_MAX_CHARS = 200
 CsrfHeader = Annotated[
     str | None,
     Header(
         alias=CSRF_HEADER,
-        max_length=200,
+        max_length=CSRF_MAX_CHARS,
         description="Only with the job page's session cookie, on every method but GET/HEAD/OPTIONS: the "
         "token the page embeds. Bearer requests never need it.",
     ),
 ]
+
+
+CALLER_STATE = "stare_caller"  # scope["state"][...]: the caller the request boundary authenticated
 
 
 async def _identify(
@@ -188,17 +193,25 @@ async def _identify(
     """The one authentication of every route: `Authorization: Bearer <key>` when the header is there,
     else the session cookie; then the key's principal (cached, service.principals), a CSRF check for a
     cookie's unsafe methods, and one token of the key's rate bucket. A missing or failed cookie is a 401
-    when `required`, else None (the pages send the browser to sign in)."""
+    when `required`, else None (the pages send the browser to sign in). A /v1 request was authenticated
+    by the request boundary before its body was read (`authenticate_scope`): its caller is taken as is."""
+    done = request.scope.get("state", {}).get(CALLER_STATE)
+    if isinstance(done, Caller):
+        return done
+    address = client_address(request.scope)
     if "authorization" in request.headers:
         if credentials is None or not credentials.credentials:
+            await spend_address_token(services, address)
             raise Unauthenticated(
                 "no API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
             )
-        principal = await key_principal(services, credentials.credentials.strip())
+        principal = await key_principal(services, credentials.credentials.strip(), address=address)
         caller = Caller(principal)
     else:
         signer = session_signer(request)
         page = signer.verify(cookie)
+        if page is None or services.principals.get_by_key_id(page.key_id, page.tenant_id) is None:
+            await spend_address_token(services, address)  # a failed or uncached sign-in costs the address
         found = await _session_principal(services, page) if page is not None else None
         if page is None or found is None or found.key.revoked_at is not None:
             if not required:
@@ -209,6 +222,49 @@ async def _identify(
             raise Forbidden(f"missing or wrong {CSRF_HEADER} header", param=CSRF_HEADER, code="csrf_failed")
     await spend_rate_token(services, caller.principal)
     return caller
+
+
+async def authenticate_scope(services: Services, scope: Scope) -> Caller:
+    """The request boundary's authentication of a /v1 request, from its headers alone (the body is not read
+    yet): the same rules as `authenticate`, kept in scope["state"] for it. Raises Unauthenticated, Forbidden
+    or TooManyRequests (issue 44, R3: no body is parsed for a caller who is not one)."""
+    request = Request(scope)
+    bearer_value = request.headers.get("authorization")
+    credentials = None
+    if bearer_value is not None:
+        scheme, _, token = bearer_value.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
+    cookie = request.cookies.get(COOKIE_NAME)
+    csrf = request.headers.get(CSRF_HEADER)
+    if csrf is not None and len(csrf) > CSRF_MAX_CHARS:  # as the route's header parameter would say
+        raise Unprocessable(
+            f"{CSRF_HEADER}: at most {CSRF_MAX_CHARS} characters", param=CSRF_HEADER, code="invalid_request"
+        )
+    caller = await _identify(request, services, credentials, cookie, csrf, required=True)
+    assert caller is not None
+    scope.setdefault("state", {})[CALLER_STATE] = caller
+    return caller
+
+
+def client_address(scope: Scope) -> str:
+    """The peer's address (behind a proxy, run uvicorn with --proxy-headers so it is the client's)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+async def spend_address_token(services: Services, address: str) -> None:
+    """One token of the source address's bucket, spent by every request that does not (yet) prove a key: no
+    credentials, a key or session not in the principal cache (its lookup), a wrong one (the 401). So wrong
+    keys sent from one address meet a 429 after `address_rate_limit_burst`, before any lookup."""
+    wait_s = await services.address_limiter.acquire_async(address)
+    if wait_s > 0:
+        raise TooManyRequests(
+            f"rate limit of {services.settings.address_rate_limit_per_second:g} unauthenticated requests/s "
+            "per source address exceeded; retry later",
+            retry_after_s=retry_after_seconds(wait_s),
+            code="address_rate_limit_exceeded",
+        )
 
 
 async def spend_rate_token(services: Services, principal: Principal) -> None:
@@ -241,11 +297,13 @@ def _session_refused(cookie: str | None, principal: Principal | None) -> Unauthe
     return Unauthenticated("the session has expired or is not valid: sign in again", code="invalid_session")
 
 
-async def key_principal(services: Services, presented: str) -> Principal:
+async def key_principal(services: Services, presented: str, *, address: str | None = None) -> Principal:
     """A presented API key's principal (cached), or Unauthenticated; sign-in (service.routers.pages) checks
-    keys with it too."""
+    keys with it too. A key not in the cache spends a token of `address` before it is looked up."""
     principal = services.principals.get(presented)
     if principal is None:
+        if address is not None:
+            await spend_address_token(services, address)
         found = await run_in_threadpool(_look_up_key, services, presented)
         if found is None:
             raise Unauthenticated("invalid API key")

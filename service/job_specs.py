@@ -21,10 +21,11 @@ from pydantic import ValidationError
 from contract import verifiers
 from contract.catalog import BUILTIN_MODELS
 from contract.spec import TrainSpec
-from service.errors import Unprocessable
-from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool
+from service.errors import ServiceError, TooManyRequests, Unavailable, Unprocessable
+from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool, QueueBusy
+from service.offload import Unavailable as PoolUnavailable
 from store.models import File
-from trainer.tasks import rg_safety, sources
+from trainer.tasks import rg_config, rg_safety, sources
 
 
 def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
@@ -156,18 +157,23 @@ def _check_task(spec: TrainSpec) -> None:
         refused = rg_safety.refusal(task.name or "")
         if refused is not None and spec.verifier.name == "reasoning_gym":
             raise Unprocessable(refused, param="spec.task.name", code="unsafe_task")
+        try:  # the allow-list of the task's config fields: no path or free text reaches the generator
+            rg_config.check_config(task.name or "", task.params, "spec.task.params")
+        except rg_config.ConfigError as err:
+            raise Unprocessable(str(err), param=err.field, code=err.code) from None
 
 
-async def check_generation(spec: TrainSpec, pool: ChildPool) -> None:
+async def check_generation(spec: TrainSpec, pool: ChildPool, *, tenant: str = "") -> None:
     """The task's params generate an example (so a bad task is a 422 now, not a failed job), in a child
     process within its budget (service/offload.py): any exception, a budget overrun or a crash of the
-    generator is a 422 naming spec.task.params."""
+    generator is a 422 naming spec.task.params, in our words (never the generator's: issue 44, R1). A
+    tenant's checks run one at a time (more waiting than the pool's queue: 429)."""
     task = spec.task
     if task.source == "jsonl":
         return
     args = (task.source, task.name, spec.seed, dict(task.params))
     try:
-        await pool.run("generate", *args, phase="spec.task.params")
+        await pool.run("generate", *args, phase="spec.task.params", tenant=tenant)
     except CallError as err:
         raise Unprocessable(str(err), param="spec.task.params", code="invalid_spec") from None
     except BudgetExceeded as err:
@@ -176,6 +182,15 @@ async def check_generation(spec: TrainSpec, pool: ChildPool) -> None:
     except ChildFailed as err:
         message = f"generating task {task.name or task.source!r} with these params failed: {err}"
         raise Unprocessable(message, param="spec.task.params", code="invalid_spec") from None
+    except (QueueBusy, PoolUnavailable) as err:
+        raise pool_refusal(err) from None
+
+
+def pool_refusal(err: QueueBusy | PoolUnavailable) -> ServiceError:
+    """A full tenant queue is a 429 (retry), a pool that cannot run here a 503 (the server's fault)."""
+    if isinstance(err, QueueBusy):
+        return TooManyRequests(f"task checks: {err}", retry_after_s=5, code="task_checks_busy")
+    return Unavailable(str(err), code="task_checks_unavailable", retry_after_s=60)
 
 
 def spec_error(err: ValidationError, *, prefix: str) -> Unprocessable:

@@ -14,6 +14,11 @@ from trainer.tasks import rg_safety, sources, verifiers
 Report = Callable[[str], None]
 
 
+class Refusal(ValueError):
+    """Our own refusal of the input, with a message of ours: the only exception whose text leaves the child
+    (service/offload.py); a dependency's message may name files (issue 44, R1)."""
+
+
 def warm() -> None:
     """Import what the calls need once, at the child's start."""
     import math_verify  # noqa: F401
@@ -23,8 +28,12 @@ def warm() -> None:
 
 
 def generate(report: Report, source: str, name: str | None, seed: int, params: dict[str, Any]) -> int:
-    """One example of the task, as the trainer will make them: how many came out (a check, not the data)."""
-    return len(sources.make_examples(source, name=name, size=1, seed=seed, params=params))
+    """One example of the task, as the trainer will make them: how many came out (a check, not the data).
+    sources.make_examples words its own refusals and turns a generator's exception into a stable one."""
+    try:
+        return len(sources.make_examples(source, name=name, size=1, seed=seed, params=params))
+    except ValueError as err:
+        raise Refusal(str(err)) from None
 
 
 def score(
@@ -47,12 +56,12 @@ def score(
     error = None
     try:
         value = verifiers.score(name, completion, built, params)
-    except ValueError as err:  # VerifierError: this example cannot be scored by this verifier
+    except verifiers.VerifierError as err:  # this example cannot be scored by this verifier (our words)
         error = {"code": "example_not_scorable", "message": str(err)}
     except MemoryError:
         raise
-    except Exception as err:  # a verifier's own failure on odd input: reported, as training would log it
-        error = {"code": "verifier_error", "message": f"{type(err).__name__}: {err}"}
+    except Exception:  # a verifier's own failure on odd input: reported (not its text: it may name files)
+        error = {"code": "verifier_error", "message": "the verifier failed on this input"}
     return {"score": value, "error": error, "latency_ms": (time.perf_counter() - start) * 1000}
 
 

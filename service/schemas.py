@@ -381,7 +381,7 @@ class JobObject(BaseModel):
     )
     max_attempts: int = Field(
         description="The crash budget: the job fails when `failures` reaches it (and at once, code "
-        "crash_loop, when two runs in a row fail without getting past the same step)."
+        "crash_loop, when a run fails without completing a step right after another failure)."
     )
     failures: int = Field(description="Runs that ended in a trainer crash so far.")
     lost_workers: int = Field(

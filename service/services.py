@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.body_checks import BodyChecks
 from service.fleet import Fleet
 from service.job_specs import model_catalogue
 from service.grading import GraderGate
@@ -29,11 +30,13 @@ class Services:
     queue: JobQueue
     limiter: RateLimiter  # per API key
     tenant_limiter: RateLimiter  # per tenant, over all its keys
+    address_limiter: RateLimiter  # per source address, for requests that prove no key (yet)
     principals: PrincipalCache
     telemetry: Telemetry
     models: dict[str, tuple[str, bool]]
     fleet: Fleet  # the worker classes placement chooses from (service/fleet.py)
     offload: ChildPool  # task generation and verifier dry runs, off the event loop and out of this process
+    body_checks: BodyChecks  # large JSON bodies' checks, in other processes (service/body_checks.py)
     graders: GraderGate  # tenant graders' runs: off the event loop, bounded per tenant (service/grading.py)
 
     @classmethod
@@ -61,6 +64,12 @@ class Services:
                 settings.tenant_rate_limit_burst,
                 prefix="stare:ratelimit:tenant:",
             ),
+            address_limiter=_rate_limiter(
+                settings,
+                settings.address_rate_limit_per_second,
+                settings.address_rate_limit_burst,
+                prefix="stare:ratelimit:address:",
+            ),
             principals=PrincipalCache(settings.auth_cache_ttl_s),
             telemetry=Telemetry(db),
             models=model_catalogue(settings.extra_models),
@@ -69,6 +78,11 @@ class Services:
                 workers=settings.task_check_processes,
                 seconds=settings.task_check_seconds,
                 memory_mb=settings.task_check_memory_mb,
+                queue=settings.task_check_queue_per_tenant,
+                confine=settings.task_check_isolation,
+            ),
+            body_checks=BodyChecks(
+                processes=settings.body_check_processes, max_values=settings.max_json_values
             ),
             graders=GraderGate(settings.grader_runs_per_tenant, settings.grader_runs_total),
         )
@@ -90,11 +104,13 @@ class Services:
     async def aclose(self) -> None:
         await self.limiter.aclose()
         await self.tenant_limiter.aclose()
+        await self.address_limiter.aclose()
         await self.queue.aclose()
         await self.db.aclose()
 
     def close(self) -> None:
         self.offload.close()
+        self.body_checks.close()
         self.queue.close()
         self.db.dispose()
 

@@ -32,6 +32,11 @@ class Settings(SharedSettings):
     max_upload_bytes: Annotated[int, Field(ge=1)] = 100 * MIB
     max_line_bytes: Annotated[int, Field(ge=16)] = 1 * MIB
     max_json_body_bytes: Annotated[int, Field(ge=1024)] = 1 * MIB
+    # Values (strings, numbers, containers, keys) in one JSON body: a body with more is refused before it
+    # is parsed (contract.safejson). A spec or a dry run holds a few hundred.
+    max_json_values: Annotated[int, Field(ge=100, le=1_000_000)] = 10_000
+    # Processes that check large JSON bodies (service/body_checks.py), started on the first; 0: a thread.
+    body_check_processes: Annotated[int, Field(ge=0, le=64)] = 2
     max_file_errors: Annotated[int, Field(ge=1, le=1000)] = 20
     max_active_jobs_per_tenant: Annotated[int, Field(ge=0)] = 100  # 0: no limit
     # Capacity (docs/SERVICE.md, "Placement"): POST /v1/jobs and /estimate refuse a job that no live worker
@@ -48,6 +53,10 @@ class Settings(SharedSettings):
     # Per tenant, over all its keys (a tenant cannot multiply its rate by minting keys); 0: no tenant limit.
     tenant_rate_limit_per_second: Annotated[float, Field(ge=0)] = 40.0
     tenant_rate_limit_burst: Annotated[int, Field(ge=1)] = 200
+    # Requests that prove no key yet (none sent, a wrong one, one not in the principal cache, a sign-in)
+    # spend a token of their source address's bucket before any lookup: 0 disables it.
+    address_rate_limit_per_second: Annotated[float, Field(ge=0)] = 10.0
+    address_rate_limit_burst: Annotated[int, Field(ge=1)] = 100
     max_active_keys_per_tenant: Annotated[int, Field(ge=0)] = 20  # POST /v1/api-keys past it: 409; 0: none
     # memory: buckets in this process (one API process); redis: shared by several (serve --workers N)
     rate_limit_backend: Literal["memory", "redis"] = "memory"
@@ -79,11 +88,15 @@ class Settings(SharedSettings):
     tool_max_turns: Annotated[int, Field(ge=1, le=32)] = 8
 
     # Task generation and verifier dry runs (service/offload.py) run in child processes, at most
-    # task_check_processes at once, each call within a wall clock and an address-space limit; past either
-    # is a 422 naming the field. Prewarm starts the children with the app (tests turn it off).
+    # task_check_processes at once and one per tenant (task_check_queue_per_tenant more of a tenant's wait;
+    # past that a 429), each call within a wall clock and an address-space limit; past either is a 422
+    # naming the field. The children run under bubblewrap (service/offload_confine.py): false turns that
+    # off, where the operator isolates the API otherwise. Prewarm starts the children with the app.
     task_check_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
     task_check_memory_mb: Annotated[int, Field(ge=256, le=65_536)] = 1024
-    task_check_processes: Annotated[int, Field(ge=1, le=64)] = 2
+    task_check_processes: Annotated[int, Field(ge=1, le=64)] = 3
+    task_check_queue_per_tenant: Annotated[int, Field(ge=0, le=1000)] = 4
+    task_check_isolation: bool = True
     task_check_prewarm: bool = True
 
     # Tenant graders (docs/GRADERS.md): the most one sandboxed grader process may use here (OpenAI's python

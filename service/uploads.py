@@ -25,8 +25,10 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from contract import safejson
+from service import job_specs
 from service.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool
+from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool, QueueBusy
+from service.offload import Unavailable as PoolUnavailable
 from store.models import FILE_PURPOSES
 from trainer.tasks import sources
 from trainer.tasks.sources import LineError, validate_jsonl_lines
@@ -283,7 +285,9 @@ def reasoning_gym_configs(
     return list(found.values()), errors
 
 
-async def check_reasoning_gym_configs(path: Path, pool: ChildPool, *, max_line_bytes: int) -> list[LineError]:
+async def check_reasoning_gym_configs(
+    path: Path, pool: ChildPool, *, max_line_bytes: int, tenant: str = ""
+) -> list[LineError]:
     """Line errors for the reasoning-gym configs of a valid staged file that do not generate within the
     budget (service/offload.py); [] when all do or the file names none."""
     configs, errors = await anyio.to_thread.run_sync(
@@ -297,7 +301,9 @@ async def check_reasoning_gym_configs(path: Path, pool: ChildPool, *, max_line_b
         return [*errors, LineError(number, "too_many_configs", message, _CONFIG_FIELD)]
     for number, task, config in configs:
         try:
-            await pool.run("generate", "reasoning_gym", task, 0, config, phase=_CONFIG_FIELD)
+            await pool.run("generate", "reasoning_gym", task, 0, config, phase=_CONFIG_FIELD, tenant=tenant)
+        except (QueueBusy, PoolUnavailable) as err:
+            raise job_specs.pool_refusal(err) from None
         except BudgetExceeded as err:
             errors.append(
                 LineError(number, "budget_exceeded", f"task {task!r} with this config: {err}", _CONFIG_FIELD)

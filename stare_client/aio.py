@@ -26,7 +26,7 @@ class AsyncClient(BaseClient[Async]):
 
     def _connect(self, **http_options: Any) -> None:
         self.http = httpx.AsyncClient(**http_options)
-        self._driver = AsyncDriver(self.http)
+        self._driver = AsyncDriver(self.http, self.max_response_bytes)
 
     async def __aenter__(self) -> AsyncClient:
         return self

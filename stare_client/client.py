@@ -67,7 +67,8 @@ class BaseClient(Bindable[M]):
     `base_url` and `api_key` default to STARE_API_URL and STARE_API_KEY, then to a local stack's
     `.stare/embedded.json` and `.stare/api-key` (stare_client.config). The key is sent to that origin only.
     `archive_limits` bounds what a checkpoint download may be and unpack to (stare_client.unpack);
-    `download_origins` names other origins a checkpoint may be fetched from, without the key."""
+    `download_origins` names other origins a checkpoint may be fetched from, without the key;
+    `max_response_bytes` bounds every other response the client reads (transport.MAX_RESPONSE_BYTES)."""
 
     http: httpx.Client | httpx.AsyncClient
 
@@ -83,8 +84,10 @@ class BaseClient(Bindable[M]):
         home: str | os.PathLike[str] | None = None,
         archive_limits: ArchiveLimits | None = None,
         download_origins: Iterable[str] = (),
+        max_response_bytes: int = transport.MAX_RESPONSE_BYTES,
     ) -> None:
         conn = resolve(base_url, api_key, home=home)
+        self.max_response_bytes = max_response_bytes
         self.base_url = conn.base_url
         self.retry = RetryPolicy(max_retries=max_retries, backoff_s=backoff_s)
         self.on_retry = on_retry
@@ -93,7 +96,7 @@ class BaseClient(Bindable[M]):
         self._connect(
             base_url=conn.base_url,
             auth=transport.OriginBearer(conn.api_key, conn.base_url),
-            headers={"User-Agent": transport.USER_AGENT},
+            headers={"User-Agent": transport.USER_AGENT, "Accept-Encoding": "identity"},
             timeout=timeout_s,
         )
         self.jobs: Jobs[M] = Jobs(self)
@@ -192,7 +195,7 @@ class Client(BaseClient[Sync]):
 
     def _connect(self, **http_options: Any) -> None:
         self.http = httpx.Client(**http_options)
-        self._driver = SyncDriver(self.http)
+        self._driver = SyncDriver(self.http, self.max_response_bytes)
 
     def __enter__(self) -> Client:
         return self

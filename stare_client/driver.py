@@ -153,20 +153,32 @@ class Stepper:
 
 
 class SyncDriver:
-    def __init__(self, http: httpx.Client) -> None:
+    """Every body it reads whole is bounded by `max_response_bytes` (transport.MAX_RESPONSE_BYTES): the
+    request is streamed and read chunk by chunk, never by httpx's unbounded read."""
+
+    def __init__(self, http: httpx.Client, max_response_bytes: int = transport.MAX_RESPONSE_BYTES) -> None:
         self.http = http
+        self.max_response_bytes = max_response_bytes
+
+    def _read(self, response: httpx.Response) -> None:
+        try:
+            transport.keep_bounded(response, response.iter_raw(), self.max_response_bytes)
+        finally:
+            response.close()
 
     def perform(self, effect: Effect, step: Stepper) -> Any:
         if isinstance(effect, Send):
-            response = self.http.send(effect.request, stream=effect.stream)
+            response = self.http.send(effect.request, stream=True)
             if effect.stream:
                 step.opened.append(response)
+            else:
+                self._read(response)
             return response
         if isinstance(effect, Sleep):
             time.sleep(effect.seconds)
         elif isinstance(effect, ReadBody | Close):
             if isinstance(effect, ReadBody):
-                effect.response.read()
+                self._read(effect.response)
             effect.response.close()
         elif isinstance(effect, Lines):
             return transport.bounded_lines(
@@ -216,20 +228,33 @@ class SyncDriver:
 
 
 class AsyncDriver:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    """SyncDriver's bound on every body it reads whole, for the async client."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, max_response_bytes: int = transport.MAX_RESPONSE_BYTES
+    ) -> None:
         self.http = http
+        self.max_response_bytes = max_response_bytes
+
+    async def _read(self, response: httpx.Response) -> None:
+        try:
+            await transport.akeep_bounded(response, response.aiter_raw(), self.max_response_bytes)
+        finally:
+            await response.aclose()
 
     async def perform(self, effect: Effect, step: Stepper) -> Any:
         if isinstance(effect, Send):
-            response = await self.http.send(effect.request, stream=effect.stream)
+            response = await self.http.send(effect.request, stream=True)
             if effect.stream:
                 step.opened.append(response)
+            else:
+                await self._read(response)
             return response
         if isinstance(effect, Sleep):
             await asyncio.sleep(effect.seconds)
         elif isinstance(effect, ReadBody | Close):
             if isinstance(effect, ReadBody):
-                await effect.response.aread()
+                await self._read(effect.response)
             await effect.response.aclose()
         elif isinstance(effect, Lines):
             return transport.abounded_lines(

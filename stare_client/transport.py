@@ -20,6 +20,7 @@ import random
 import re
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
@@ -155,6 +156,94 @@ def connection_error(err: httpx.HTTPError, url: str) -> errors.ConnectionError:
 
 
 RETRYABLE_ERRORS = (httpx.TransportError,)
+
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""The most the client reads of any response it holds in memory (JSON, text, the report's HTML, an error's
+body), counted after decompression: a larger one is a StareError (code response_too_large) once the limit
+is passed, or at once when its Content-Length says so. `Client(max_response_bytes=...)` changes it.
+Checkpoint downloads are streamed to disk and bounded by ArchiveLimits instead; event streams line by line
+(MAX_EVENT_LINE_BYTES, MAX_EVENT_BYTES)."""
+
+
+def response_too_large(response: httpx.Response, limit: int) -> errors.StareError:
+    request = response.request
+    return errors.StareError(
+        f"the response to {request.method} {request.url.path} is larger than {limit} bytes "
+        "(max_response_bytes); refused",
+        code="response_too_large",
+    )
+
+
+def declared_too_large(response: httpx.Response, limit: int) -> bool:
+    try:
+        return int(response.headers.get("content-length", "0")) > limit
+    except ValueError:
+        return False
+
+
+class BoundedBody:
+    """The decoded bytes of a body, at most `limit` of them: the raw (still encoded) chunks go through a
+    decoder that never makes more than the room left (zlib's max_length), so a gzip bomb is refused after
+    `limit` bytes, not after its whole first network chunk has been inflated (httpx's own decoding would
+    make ~64 MiB of one 64 KiB chunk of a bomb). The client asks for `identity`; a server that compresses
+    anyway may use gzip or deflate, nothing else."""
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self.response, self.limit = response, limit
+        if declared_too_large(response, limit) and not response.headers.get("content-encoding"):
+            raise response_too_large(response, limit)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("", "identity"):
+            self._inflate: Any = None
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            self._inflate = zlib.decompressobj(zlib.MAX_WBITS | (16 if "gzip" in encoding else 0))
+        else:
+            raise errors.StareError(
+                f"the response to {response.request.url.path} is encoded as {encoding!r}, which this client "
+                "does not read (it asks for identity)",
+                code="bad_response",
+            )
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def feed(self, raw: bytes) -> None:
+        if self._inflate is None:
+            self._keep(raw)
+            return
+        data = raw
+        while data:
+            out = self._inflate.decompress(data, self.limit - self.size + 1)
+            self._keep(out)
+            data = self._inflate.unconsumed_tail
+
+    def _keep(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise response_too_large(self.response, self.limit)
+        self.parts.append(chunk)
+
+    def finish(self) -> None:
+        if self._inflate is not None:
+            self._keep(self._inflate.flush())
+        self.response._content = b"".join(self.parts)  # what httpx's own read() sets
+
+
+def keep_bounded(response: httpx.Response, raw_chunks: Iterable[bytes], limit: int) -> None:
+    """Read a streamed response's body into it (`response.content`, `.json()`, `.text` then work), at most
+    `limit` decoded bytes; StareError past it, before more is held. `raw_chunks`: response.iter_raw(). The
+    caller closes the response."""
+    body = BoundedBody(response, limit)
+    for chunk in raw_chunks:
+        body.feed(chunk)
+    body.finish()
+
+
+async def akeep_bounded(response: httpx.Response, raw_chunks: AsyncIterator[bytes], limit: int) -> None:
+    """keep_bounded for the async client (`raw_chunks`: response.aiter_raw())."""
+    body = BoundedBody(response, limit)
+    async for chunk in raw_chunks:
+        body.feed(chunk)
+    body.finish()
 
 
 def raise_for_error(response: httpx.Response) -> None:

@@ -12,8 +12,9 @@ row).
 Retry budgets (repository.retry_job and recover_stale_jobs spend them): `failures` counts attempts that
 ended in a trainer crash, and the job fails at the max_attempts-th; `lost_workers` counts attempts lost to
 the infrastructure (a worker that stopped heartbeating, a trainer SIGKILLed from outside), and the job fails
-at the max_lost_workers-th; `crash_streak`/`crash_step` count failures in a row that got no further than
-the step of the one before (job.current_step), and the job fails (crash_loop) at CRASH_LOOP_STREAK. A
+at the max_lost_workers-th; `crash_streak` counts failures in a row whose attempt completed no step (no
+further than the checkpoint it resumed from; `crash_step` keeps the furthest step any attempt reached), and
+the job fails (crash_loop) at CRASH_LOOP_STREAK. A
 storage fault or a user error fails the job at once and spends none of them.
 """
 
@@ -56,7 +57,7 @@ ACTIVE_STATUSES = tuple(s for s in JOB_STATUSES if s not in TERMINAL_STATUSES)
 FILE_PURPOSES = ("rl_train", "rl_eval")
 ERROR_CATEGORIES = ("user", "system")
 DEFAULT_MAX_LOST_WORKERS = 10  # lost workers a job survives: node failures and preemptions are not its fault
-CRASH_LOOP_STREAK = 2  # failures in a row at one step that end the job (crash_loop)
+CRASH_LOOP_STREAK = 2  # failures in a row, the last completing no step, that end the job (crash_loop)
 EVENT_LEVELS = ("info", "warn", "error")
 
 

@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             return embedded_serve(args.home, args.port)
         return embedded_main(args.spec, args.home, args.port)
     settings = WorkerSettings()
+    refusal = drop_root(settings)
+    if refusal is not None:
+        logging.getLogger("worker").error("refusing to start: %s", refusal)
+        return 2
     from worker.celery_app import create_celery
     from worker.sweeper import sweep_forever, sweep_once
 
@@ -99,6 +103,57 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         registration.stop()
     return 0
+
+
+def drop_root(settings: WorkerSettings) -> str | None:
+    """A worker started as root: in production it becomes STARE_WORKER_USER (groups, gid, then uid) before
+    anything else, so nothing it does (its database and broker connections, its trainers' confinement)
+    runs as root, or it refuses to start (the reason returned, one line). In development it stays root and
+    runs its trainers as STARE_TRAINER_UID (worker/isolation.py). None: go on (issue 44, R2)."""
+    if os.geteuid() != 0:
+        return None
+    if settings.worker_user is None:
+        if settings.environment == "production":
+            return (
+                "the worker runs as root in production: run it as its own user (the images run `stare`), or "
+                "set STARE_WORKER_USER to the user it should become"
+            )
+        logging.getLogger("worker").warning(
+            "running as root (development): trainers run as uid %d; production refuses this without "
+            "STARE_WORKER_USER",
+            settings.trainer_uid,
+        )
+        return None
+    try:
+        uid, gid, name = _user(settings.worker_user)
+    except (KeyError, ValueError):
+        return f"STARE_WORKER_USER={settings.worker_user!r} is no user of this host"
+    if uid == 0:
+        return "STARE_WORKER_USER names root: the worker must become a user that is not root"
+    if name is not None:
+        os.initgroups(name, gid)
+    else:
+        os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.geteuid() == 0 or os.getuid() == 0 or (os.getegid() == 0 and gid != 0):
+        return "the worker could not leave root"
+    logging.getLogger("worker").info("running as uid %d gid %d (STARE_WORKER_USER)", uid, gid)
+    return None
+
+
+def _user(user: str) -> tuple[int, int, str | None]:
+    """(uid, gid, name or None) of a user name or a numeric uid (its own number as gid when unnamed)."""
+    import pwd
+
+    if user.isdigit():
+        try:
+            entry = pwd.getpwuid(int(user))
+        except KeyError:
+            return int(user), int(user), None
+        return entry.pw_uid, entry.pw_gid, entry.pw_name
+    entry = pwd.getpwnam(user)
+    return entry.pw_uid, entry.pw_gid, entry.pw_name
 
 
 def _can_confine(settings: WorkerSettings) -> bool:

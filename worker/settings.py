@@ -27,6 +27,12 @@ class WorkerSettings(Settings):
     # own job. Without bwrap the worker refuses to start; false (STARE_TRAINER_ISOLATION=false) turns the
     # confinement off, for a host where the operator isolates each worker otherwise (one VM per tenant).
     trainer_isolation: bool = True
+    # A root worker's trainers switch to this uid (and gid) inside their confinement (worker/isolation.py):
+    # a trainer must never be uid 0, whose /proc/sys and root-only files no capability check guards.
+    trainer_uid: Annotated[int, Field(ge=1, le=2**32 - 2)] = 65534
+    # In production a worker started as root drops to this user (a name or a uid) before anything else, or
+    # refuses to start without it (worker/__main__.py). The images run it as `stare` already.
+    worker_user: str | None = None
     # interpreter for a job with rollout.engine vllm (vLLM pins its own transformers: `make install` builds
     # .venv-vllm for it); empty: `python`
     vllm_python: str = ""

@@ -54,7 +54,7 @@ from typing import Any, BinaryIO, Protocol
 
 from contract.protocol import ERROR_FILE_ENV, ExitCode, ExitReport, parse_event_line, read_exit_report
 from contract.storage import storage_writes
-from worker.isolation import Confinement, confined_command, read_child_pid
+from worker.isolation import Confinement, confined_command, filter_fd, prepare, read_child_pid
 
 logger = logging.getLogger(__name__)
 
@@ -295,16 +295,19 @@ class TrainerProcess:
             # checked here, it is the same OSError as an unconfined start (the worker's "cannot start").
             _check_executable(command[0])
         info_read, info_write = os.pipe() if confinement is not None else (-1, -1)
+        seccomp = -1
         try:
             if confinement is not None:
-                command = confined_command(command, confinement, child_env, info_write)
+                prepare(confinement, child_env)  # a root worker's trainer runs as its own uid: its folders
+                seccomp = filter_fd()  # a private keyring (docs/SECURITY.md)
+                command = confined_command(command, confinement, child_env, info_write, seccomp)
             self.proc = subprocess.Popen(
                 command,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
                 env=child_env,
-                pass_fds=(info_write,) if confinement is not None else (),
+                pass_fds=(info_write, seccomp) if confinement is not None else (),
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         except BaseException:
@@ -313,6 +316,9 @@ class TrainerProcess:
                 if fd >= 0:
                     os.close(fd)
             raise
+        finally:
+            if seccomp >= 0:
+                os.close(seccomp)
         # Confined: the trainer is the init of its PID namespace, and the leader of its process group.
         self._init_pid: int | None = None
         self._init_fd: int | None = None

@@ -17,7 +17,7 @@ How the run ends, by the trainer's exit code (contract.protocol.ExitCode):
   heartbeating (lost_workers / max_lost_workers); anything else (a crash, 75 from a shutdown we did not ask
   for) → `trainer_crashed`, on the job's crash budget (failures / max_attempts). Either way the job is
   recovering and re-sent, resuming from its latest checkpoint, until its budget is spent, or until it failed
-  twice in a row without getting past a step (`crash_loop`, after 2 attempts): then failed (system). The
+  twice in a row, the second time without completing a step (`crash_loop`): then failed (system). The
   budget arithmetic is repository.retry_job's. A crash message quotes the trainer's last stderr lines (kept
   in memory by the supervisor), never an empty string.
 Under torchrun (a one-node job over several processes) these are the trainer's codes too: torchrun's own
@@ -334,6 +334,7 @@ def job_confinement(
         read_only=read_only,
         network=ray,
         own_pids=not ray,
+        run_as=settings.trainer_uid if os.geteuid() == 0 else None,  # never root in the trainer
     )
 
 

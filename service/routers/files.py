@@ -84,7 +84,7 @@ async def upload_file(
         if problems:
             raise invalid_file(problems)
         problems = await check_reasoning_gym_configs(
-            staged, services.offload, max_line_bytes=settings.max_line_bytes
+            staged, services.offload, max_line_bytes=settings.max_line_bytes, tenant=tenant.id
         )
         if problems:
             raise invalid_file(problems)

@@ -78,7 +78,7 @@ async def _validated(
         training_file = await repository.get_file(services.db.async_pool, tenant.id, body.training_file)
     # Validation is CPU work (pydantic, the task catalogue's import): off the loop; generation in a child.
     spec = await run_in_threadpool(_checked_spec, body, training_file, services)
-    await job_specs.check_generation(spec, services.offload)
+    await job_specs.check_generation(spec, services.offload, tenant=tenant.id)
     args = (spec, body.spec, services.fleet, services.storage)
     placement = (
         await run_in_threadpool(place_job, *args) if blocks(spec, services.fleet) else place_job(*args)

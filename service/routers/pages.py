@@ -241,7 +241,7 @@ async def sign_in(
     never grants)."""
     if marker != "1":
         raise BadRequest(f"sign in from the sign-in page (header {SIGN_IN_HEADER}: 1)", param=SIGN_IN_HEADER)
-    principal = await key_principal(services, body.api_key.strip())
+    principal = await key_principal(services, body.api_key.strip())  # (its address token: the boundary)
     await spend_rate_token(services, principal)
     signer = session_signer(request)
     cookie, session = signer.issue(principal.key.id, principal.tenant.id)

@@ -6,9 +6,11 @@ import logging
 
 from fastapi import APIRouter
 
+from service import job_specs
 from service.dependencies import CurrentTenant, ServicesDep
 from service.errors import Unprocessable
-from service.offload import BudgetExceeded, CallError, ChildFailed
+from service.offload import BudgetExceeded, CallError, ChildFailed, QueueBusy
+from service.offload import Unavailable as PoolUnavailable
 from service.schemas import (
     AUTHENTICATED_ERRORS,
     VerifierList,
@@ -37,7 +39,9 @@ def list_verifiers(_: CurrentTenant) -> VerifierList:
 
 
 @router.post("/test", summary="Dry-run a verifier", response_model=VerifierTestResult)
-async def test_verifier(body: VerifierTest, _: CurrentTenant, services: ServicesDep) -> VerifierTestResult:
+async def test_verifier(
+    body: VerifierTest, tenant: CurrentTenant, services: ServicesDep
+) -> VerifierTestResult:
     """Score one completion against one example, exactly as training would, in a child process within a
     time and memory budget (422 `budget_exceeded` naming the field past it). An example the verifier cannot
     score (e.g. a non-numeric reference for `numeric`) is reported in `error`, not as a reward of 0. A
@@ -63,8 +67,10 @@ async def test_verifier(body: VerifierTest, _: CurrentTenant, services: Services
     example = {"prompt": body.example.prompt, "answer": body.example.answer, "meta": meta}
     try:
         outcome = await services.offload.run(
-            "score", name, body.completion, example, params, phase="completion"
+            "score", name, body.completion, example, params, phase="completion", tenant=tenant.id
         )
+    except (QueueBusy, PoolUnavailable) as err:
+        raise job_specs.pool_refusal(err) from None
     except (BudgetExceeded, ChildFailed) as err:
         raise Unprocessable(
             f"{err.phase}: scoring stopped: {err}", param=err.phase, code="budget_exceeded"

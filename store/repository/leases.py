@@ -305,11 +305,11 @@ def retry_job(
     """After a system error: `recovering` (re-send it; it resumes from the latest checkpoint) while the job's
     budgets last, else `failed`. Returns the new status, or None when the lease is lost.
 
-    A trainer crash spends the crash budget (failures; the job fails at the max_attempts-th). An
-    infrastructure failure (`infrastructure`: the trainer killed from outside) spends the lost-worker budget
-    (lost_workers; fails at the max_lost_workers-th). Both extend the crash streak when the job got no
-    further than at its previous failure; a streak of CRASH_LOOP_STREAK fails the job at once, code
-    `crash_loop`, naming the step and quoting `error.message` (the trainer's last error lines).
+    A trainer crash spends the crash budget (failures; fails at the max_attempts-th), an infrastructure
+    failure (`infrastructure`: the trainer killed from outside) the lost-worker budget (lost_workers).
+    Both extend the crash streak when the failed attempt completed no step, else start a new one (N15: a
+    resume redoes the steps after its checkpoint, so an attempt killed at 12 after resuming from 10 was
+    progressing); a streak of CRASH_LOOP_STREAK fails the job at once, code `crash_loop`.
     User errors are never retried: call finish_job(..., "failed", error=...) for those."""
     if error.category != "system":
         raise ValueError("only system errors are retried")
@@ -323,25 +323,20 @@ def retry_job(
             Job.crash_streak,
             Job.crash_step,
             Job.current_step,
+            Job.attempt,
         ).where(Job.id == job_id, Job.lease_token == lease_token)
     ).one_or_none()
     if job is None:
         return None
     furthest = furthest_step(session, job_id, job.current_step)
-    streak = crash_streak_after(job.crash_streak, job.crash_step, furthest)
+    streak = crash_streak_after(job.crash_streak, completed_a_step(session, job_id, job.attempt))
     if infrastructure:
         spent: dict[str, Any] = {"lost_workers": Job.lost_workers + 1}
         left = job.max_lost_workers - job.lost_workers - 1
     else:
         spent = {"failures": Job.failures + 1}
         left = job.max_attempts - job.failures - 1
-    final = error
-    if streak >= CRASH_LOOP_STREAK:
-        final = JobError(
-            FailureCode.CRASH_LOOP,
-            crash_loop_message(streak, furthest, job.current_step, error.message),
-            "system",
-        )
+    final = _crash_loop(session, job_id, streak, furthest, error)
     exhausted = left <= 0 or final is not error
     values: dict[str, Any] = {
         "status": "failed" if exhausted else "recovering",
@@ -382,17 +377,40 @@ def furthest_step(session: Session, job_id: str, current_step: int) -> int:
     return max(current_step, recorded or 0)
 
 
-def crash_streak_after(streak: int, crash_step: int | None, furthest: int) -> int:
-    """The crash streak after one more failure, `furthest` being the furthest step any attempt has reached:
-    one more when no attempt got further than at the previous failure (crash_step), else 1 (progress: a new
-    streak)."""
-    return streak + 1 if crash_step is not None and furthest <= crash_step else 1
+def _crash_loop(session: Session, job_id: str, streak: int, furthest: int, error: JobError) -> JobError:
+    """The crash_loop error a streak of CRASH_LOOP_STREAK becomes, else `error` itself."""
+    if streak < CRASH_LOOP_STREAK:
+        return error
+    message = crash_loop_message(streak, resumed_from(session, job_id), furthest, error.message)
+    return JobError(FailureCode.CRASH_LOOP, message, "system")
 
 
-def crash_loop_message(streak: int, furthest: int, current_step: int, last_error: str) -> str:
+def completed_a_step(session: Session, job_id: str, attempt: int) -> bool:
+    """Whether `attempt` recorded a step: a resumed attempt redoes only the steps after its checkpoint, so
+    any row it wrote is a step past the one it started from."""
+    row = session.scalar(
+        sa.select(JobMetric.step).where(JobMetric.job_id == job_id, JobMetric.attempt == attempt).limit(1)
+    )
+    return row is not None
+
+
+def resumed_from(session: Session, job_id: str) -> int:
+    """The step an attempt that completed no step resumed from: the latest checkpoint's, or 0."""
+    latest = latest_checkpoint(session, job_id)
+    return latest.step if latest is not None else 0
+
+
+def crash_streak_after(streak: int, progressed: bool) -> int:
+    """The crash streak after one more failure: 1 when the failed attempt completed a step (progress: a
+    new streak), else one more."""
+    return 1 if progressed else streak + 1
+
+
+def crash_loop_message(streak: int, resumed: int, furthest: int, last_error: str) -> str:
     return (
-        f"the trainer failed {streak} times in a row without getting past step {furthest}, the furthest "
-        f"step any attempt reached (the last attempt failed at step {current_step + 1}); last: {last_error}"
+        f"the trainer failed {streak} times in a row and the last attempt completed no step: it resumed from "
+        f"step {resumed} and failed before finishing step {resumed + 1} (the furthest step any attempt "
+        f"reached: {furthest}); last: {last_error}"
     )[:1000]
 
 

@@ -171,6 +171,8 @@ def test_the_api_and_the_workers_run_as_a_user_that_is_not_root() -> None:
         assert not service.get("privileged") and not service.get("cap_add"), name
         if "worker" in name:
             assert set(service.get("security_opt", [])) == bwrap, name
+        elif name == "api":  # its task-check children's bubblewrap: user namespaces, no /proc mount
+            assert set(service.get("security_opt", [])) == bwrap - {"systempaths=unconfined"}, name
         else:
             assert not service.get("security_opt"), name
 

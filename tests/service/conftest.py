@@ -105,6 +105,7 @@ def settings_for(database_url: str, artifact_root: Path, **overrides: Any) -> Se
         "broker_url": REDIS_URL,
         "rate_limit_per_second": 0.0,
         "tenant_rate_limit_per_second": 0.0,
+        "address_rate_limit_per_second": 0.0,
         "max_active_jobs_per_tenant": 0,
         "sse_poll_interval_s": 0.05,
         "task_check_prewarm": False,  # children start on first use: most tests never generate a task

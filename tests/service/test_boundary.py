@@ -134,9 +134,13 @@ def test_non_finite_numbers_get_the_same_answer_from_estimate_and_create(
 
 def test_deep_or_huge_json_bodies_are_refused(client: TestClient, tenant: TenantKey) -> None:
     headers = {**tenant.headers, "Content-Type": "application/json"}
-    deep = '{"spec": {}, "metadata": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    deep = '{"spec": {}, "metadata": {"a": ' + "[" * 5_000 + "]" * 5_000 + "}}"
     error = _error(client.post("/v1/jobs", content=deep, headers=headers), 422)
     assert error["code"] == "too_deep"
+    # past max_json_values (10,000) a body is refused before its nesting is even measured (issue 44, R3)
+    deeper = '{"spec": {}, "metadata": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    error = _error(client.post("/v1/jobs", content=deeper, headers=headers), 422)
+    assert (error["code"], error["param"]) == ("too_many_values", None)
     shallow_but_past_limit = '{"spec": {}, "metadata": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}"
     error = _error(client.post("/v1/jobs", content=shallow_but_past_limit, headers=headers), 422)
     assert error["code"] == "too_deep"
@@ -150,8 +154,13 @@ def test_deep_or_huge_json_bodies_are_refused(client: TestClient, tenant: Tenant
     ("line", "code", "field"),
     [
         (
-            b'{"prompt": "1+1=", "answer": "2", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            b'{"prompt": "1+1=", "answer": "2", "meta": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
             "too_deep",
+            None,  # past Python's own recursion limit: refused without its place
+        ),
+        (
+            b'{"prompt": "1+1=", "answer": "2", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "too_many_values",
             None,
         ),
         (

@@ -77,9 +77,15 @@ def test_a_rebuilt_entry_still_scores_through_the_dry_run(client: TestClient, te
     right = _dry_run(client, tenant, f"<answer>{example.answer}</answer>", meta)
     assert right.status_code == 200, right.text
     assert right.json()["score"] == 1.0 and right.json()["error"] is None
-    # a config the generator refuses is the example's error, as in training
-    broken = _dry_run(client, tenant, "1", {**meta, "config": {"difficulty": "x"}})
+    # a config the allow-list refuses is a 422 naming the field (issue 44, trainer/tasks/rg_config.py)...
+    wrong = _dry_run(client, tenant, "1", {**meta, "config": {"difficulty": "x"}})
+    assert_error(wrong, 422, "invalid_config", "example.meta.reasoning_gym.config.difficulty")
+    # ...one it allows but the generator refuses is the example's error, as in training, in our words
+    broken = _dry_run(client, tenant, "1", {**meta, "config": {"difficulty": 0}})
     assert broken.status_code == 200 and broken.json()["error"]["code"] == "example_not_scorable"
+    assert broken.json()["error"]["message"] == (
+        "reasoning-gym task 'bitwise_arithmetic' cannot generate with this config"
+    )
 
 
 def test_a_job_scoring_a_refused_task_is_a_422_naming_the_task(client: TestClient, tenant: TenantKey) -> None:
@@ -138,11 +144,16 @@ def test_an_uploaded_config_that_does_not_generate_is_a_line_error(
     response = upload(client, tenant.headers, content)
     assert response.status_code == 422, response.text
     errors = {(e["line"], e["code"], e["param"]) for e in response.json()["error"]["details"]}
+    # the allow-list (trainer/tasks/rg_config.py) answers first, naming the field, before anything generates
     assert errors == {
-        (2, "invalid_meta", "meta.reasoning_gym.config"),
-        (3, "invalid_meta", "meta.reasoning_gym.config"),
+        (3, "invalid_config", "meta.reasoning_gym.config.max_n"),
         (4, "invalid_meta", "meta.reasoning_gym.task"),
     }
+    content = "\n".join(json.dumps(item) for item in lines[:2]).encode()
+    response = upload(client, tenant.headers, content)
+    assert response.status_code == 422, response.text
+    errors = {(e["line"], e["code"], e["param"]) for e in response.json()["error"]["details"]}
+    assert errors == {(2, "invalid_meta", "meta.reasoning_gym.config")}
     good = "\n".join(json.dumps(item) for item in (lines[0], lines[4])).encode()
     assert upload(client, tenant.headers, good).status_code == 201
 
@@ -182,18 +193,29 @@ def test_n6_a_task_that_never_generates_stalls_no_one_and_ends_in_a_422(
 
 
 @pytest.mark.parametrize(
-    ("name", "params"),
+    ("name", "params", "code", "param"),
     [
-        ("composite", {"datasets": "x"}),  # AttributeError
-        ("word_ladder", {"min_chain_length": 200, "max_chain_length": 200}),  # IndexError
-        ("count_primes", {"max_n": 10_000_000_000}),  # MemoryError (or the budget)
+        # refused by the allow-list (issue 44, trainer/tasks/rg_config.py), naming the field
+        ("composite", {"datasets": "x"}, "forbidden_field", "spec.task.params.datasets"),
+        ("count_primes", {"max_n": 10_000_000_000}, "invalid_config", "spec.task.params.max_n"),
+        # allowed, and the generator raises (IndexError) in its child
+        (
+            "word_ladder",
+            {"min_chain_length": 200, "max_chain_length": 200},
+            "invalid_spec",
+            "spec.task.params",
+        ),
     ],
 )
 def test_n7_every_generation_failure_is_a_4xx_naming_the_params(
-    make_client: Callable[..., TestClient], tenant: TenantKey, name: str, params: dict[str, Any]
+    make_client: Callable[..., TestClient],
+    tenant: TenantKey,
+    name: str,
+    params: dict[str, Any],
+    code: str,
+    param: str,
 ) -> None:
     client = make_client(task_check_seconds=BUDGET_S, task_check_memory_mb=512)
     response = _estimate(client, tenant, name, params)
-    assert response.status_code == 422, response.text
-    assert response.json()["error"]["param"] == "spec.task.params"
-    assert response.json()["error"]["code"] in {"invalid_spec", "budget_exceeded"}
+    assert_error(response, 422, code, param)
+    assert "Error" not in response.json()["error"]["message"]  # our words, not the generator's

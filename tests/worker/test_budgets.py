@@ -3,7 +3,8 @@ sweeper call, and the worker's own storage faults after a claim (run_claimed, no
 
 Budgets (service/models.py): trainer crashes spend `failures` (the job fails at the max_attempts-th); lost
 workers and trainers SIGKILLed from outside spend `lost_workers` (fails at the max_lost_workers-th, 10);
-two failures in a row that get no further than the same step fail the job at once with `crash_loop`.
+a failure whose attempt completed no step, right after another failure, fails the job at once with
+`crash_loop` (issue 44, N15: progress is counted per attempt, from the checkpoint it resumed from).
 """
 
 from __future__ import annotations
@@ -95,11 +96,17 @@ def _job(db: Database, job_id: str) -> Any:  # noqa: F811
         return job
 
 
-def test_the_streak_counts_failures_that_get_no_further() -> None:
-    assert repository.crash_streak_after(0, None, 0) == 1  # the first failure
-    assert repository.crash_streak_after(1, 7, 7) == 2  # no progress since
-    assert repository.crash_streak_after(1, 7, 5) == 2  # not even as far (a resume redid steps)
-    assert repository.crash_streak_after(1, 7, 8) == 1  # progress: a new streak
+def _checkpoint(db: Database, claim: repository.Claim, step: int) -> None:  # noqa: F811
+    with db.transaction() as session:
+        relative = f"{claim.run_dir}/checkpoints/step-{step:06d}"
+        assert repository.add_checkpoint(session, claim.job_id, claim.lease_token, step, relative) is not None
+
+
+def test_the_streak_counts_failures_whose_attempt_completed_no_step() -> None:
+    assert repository.crash_streak_after(0, False) == 1  # the first failure, nothing done
+    assert repository.crash_streak_after(1, False) == 2  # again nothing: a loop
+    assert repository.crash_streak_after(1, True) == 1  # the attempt completed a step: a new streak
+    assert repository.crash_streak_after(0, True) == 1
     assert CRASH_LOOP_STREAK == 2 and DEFAULT_MAX_LOST_WORKERS == 10
 
 
@@ -123,15 +130,16 @@ def test_crashes_that_make_progress_spend_the_crash_budget(db: Database, job_id:
 def test_two_crashes_at_one_step_are_a_crash_loop(db: Database, job_id: str) -> None:  # noqa: F811
     first = _claim(db, job_id)
     _steps(db, first, 2)
+    _checkpoint(db, first, 2)
     assert _retry(db, first) == "recovering"
-    second = _claim(db, job_id)
-    _steps(db, second, 2)  # resumed from a checkpoint at 0..2, crashed again before completing step 3
+    second = _claim(db, job_id)  # resumed from the checkpoint at 2, crashed again before completing step 3
     assert _retry(db, second) == "failed"
     job = _job(db, job_id)
     assert (job.error_code, job.error_category) == ("crash_loop", "system")
     assert job.error_message == (
-        "the trainer failed 2 times in a row without getting past step 2, the furthest step any attempt "
-        "reached (the last attempt failed at step 3); last: trainer exited with code 1: RuntimeError: boom"
+        "the trainer failed 2 times in a row and the last attempt completed no step: it resumed from step 2 "
+        "and failed before finishing step 3 (the furthest step any attempt reached: 2); last: trainer exited "
+        "with code 1: RuntimeError: boom"
     )
     assert (job.attempt, job.failures, job.crash_streak) == (2, 2, 2)
     failed = _events(db, job_id, "job.failed")
@@ -175,43 +183,78 @@ def _steps_from(db: Database, claim: repository.Claim, first: int, last: int) ->
             )
 
 
-def test_the_crash_loop_counts_the_furthest_step_any_attempt_reached(
+def test_n15_two_kills_within_one_checkpoint_interval_are_progress_not_a_loop(
     db: Database,  # noqa: F811
     job_id: str,
 ) -> None:
-    """Two kills within one checkpoint interval (every 10): at step 15, then at step 12 of the re-run that
-    resumed from 10. The message names 15, the furthest any attempt reached, not the re-run's 12."""
+    """The finding: 40 steps, checkpoints every 10, killed at 15, then at 12 of the re-run that resumed from
+    10. The re-run completed steps 11 and 12: it was progressing, though no attempt passed 15. Before, the
+    job ended crash_loop with lost_workers 2 of 10."""
     first = _claim(db, job_id)
     _steps_from(db, first, 1, 15)
+    _checkpoint(db, first, 10)
     assert _retry(db, first, KILLED, infrastructure=True) == "recovering"
     second = _claim(db, job_id)
     _steps_from(db, second, 11, 12)  # resumed from the checkpoint at 10
-    assert _retry(db, second, KILLED, infrastructure=True) == "failed"
+    assert _retry(db, second, KILLED, infrastructure=True) == "recovering"
     job = _job(db, job_id)
-    assert job.error_code == "crash_loop" and job.crash_step == 15
+    assert (job.status, job.lost_workers, job.crash_streak, job.crash_step) == ("recovering", 2, 1, 15)
+    third = _claim(db, job_id)  # and the job goes on to finish its steps
+    _steps_from(db, third, 11, 40)
+    assert _job(db, job_id).current_step == 40
+
+
+def test_n15_attempts_that_never_pass_step_0_are_a_loop(db: Database, job_id: str) -> None:  # noqa: F811
+    """Killed right after each start, before a step: no attempt makes progress. Before, three such kills
+    succeeded with lost_workers 3; now the second is a crash loop (the third is never spent)."""
+    for attempt, expected in ((1, "recovering"), (2, "failed")):
+        claim = _claim(db, job_id)
+        assert claim.attempt == attempt
+        assert _retry(db, claim, KILLED, infrastructure=True) == expected
+    job = _job(db, job_id)
+    assert (job.error_code, job.lost_workers, job.crash_streak) == ("crash_loop", 2, 2)
     assert job.error_message.startswith(
-        "the trainer failed 2 times in a row without getting past step 15, the furthest step any attempt "
-        "reached (the last attempt failed at step 13); last: trainer was killed by SIGKILL"
+        "the trainer failed 2 times in a row and the last attempt completed no step: it resumed from step 0 "
+        "and failed before finishing step 1 (the furthest step any attempt reached: 0); last: trainer was "
+        "killed by SIGKILL"
     ), job.error_message
 
 
-def test_progress_past_an_earlier_attempt_starts_a_new_streak_however_the_attempt_ended(
+def test_a_job_whose_furthest_step_keeps_rising_is_not_a_loop(db: Database, job_id: str) -> None:  # noqa: F811
+    """Each attempt resumes from the last checkpoint and gets further before it is killed: never a loop,
+    whatever the kills cost; only the lost-worker budget ends it."""
+    resumed = 0
+    for kill in range(3, 3 + 2 * (DEFAULT_MAX_LOST_WORKERS - 1), 2):
+        claim = _claim(db, job_id)
+        _steps_from(db, claim, resumed + 1, kill)
+        _checkpoint(db, claim, kill - 1)
+        resumed = kill - 1
+        assert _retry(db, claim, KILLED, infrastructure=True) == "recovering"
+    claim = _claim(db, job_id)
+    _steps_from(db, claim, resumed + 1, resumed + 2)
+    assert _retry(db, claim, KILLED, infrastructure=True) == "failed"
+    job = _job(db, job_id)
+    assert (job.error_code, job.lost_workers, job.crash_streak) == ("trainer_killed", 10, 1)
+
+
+def test_progress_after_a_lost_worker_starts_a_new_streak(
     db: Database,  # noqa: F811
     job_id: str,
 ) -> None:
-    """Attempt 1 reaches 15 and its worker is lost (no crash); attempt 2 resumes at 10 and crashes at 12;
-    attempt 3 resumes at 10 and crashes at 14: no attempt got past 15, so that is a loop (the rule reads
-    the furthest step, not the last failure's)."""
+    """Attempt 1 reaches 15 and its worker is lost (no crash); attempts 2 and 3 each resume at 10 and
+    crash at 12 and at 14: each completed steps, so neither is a loop (the crash budget still runs out)."""
     first = _claim(db, job_id)
     _steps_from(db, first, 1, 15)
+    _checkpoint(db, first, 10)
     assert _lose_worker(db, job_id, repository.utcnow() + timedelta(minutes=5)) == "recovering"
     second = _claim(db, job_id)
     _steps_from(db, second, 11, 12)
     assert _retry(db, second) == "recovering"
     third = _claim(db, job_id)
     _steps_from(db, third, 11, 14)
-    assert _retry(db, third) == "failed"
-    assert _job(db, job_id).error_code == "crash_loop"
+    assert _retry(db, third) == "recovering"
+    job = _job(db, job_id)
+    assert (job.failures, job.crash_streak, job.error_code) == (2, 1, None)
 
 
 def test_a_lost_worker_between_two_crashes_at_one_step_does_not_hide_the_loop(
@@ -220,11 +263,11 @@ def test_a_lost_worker_between_two_crashes_at_one_step_does_not_hide_the_loop(
 ) -> None:
     claim = _claim(db, job_id)
     _steps(db, claim, 4)
+    _checkpoint(db, claim, 4)
     assert _retry(db, claim) == "recovering"
     _claim(db, job_id)
     assert _lose_worker(db, job_id, repository.utcnow() + timedelta(minutes=5)) == "recovering"
-    claim = _claim(db, job_id)
-    _steps(db, claim, 4)
+    claim = _claim(db, job_id)  # resumed from 4, crashed before completing 5
     assert _retry(db, claim) == "failed"
     assert _job(db, job_id).error_code == "crash_loop"
 
@@ -232,12 +275,12 @@ def test_a_lost_worker_between_two_crashes_at_one_step_does_not_hide_the_loop(
 def test_a_trainer_killed_from_outside_spends_the_lost_worker_budget(db: Database, job_id: str) -> None:  # noqa: F811
     for step in (3, 5, 7, 9):  # four kills, with progress: more than max_attempts, well within 10
         claim = _claim(db, job_id)
-        _steps(db, claim, step)
+        _steps_from(db, claim, step - 2 if step > 3 else 1, step)
+        _checkpoint(db, claim, step)
         assert _retry(db, claim, KILLED, infrastructure=True) == "recovering"
     job = _job(db, job_id)
     assert (job.lost_workers, job.failures, job.crash_streak) == (4, 0, 1)
-    claim = _claim(db, job_id)  # killed again before getting past step 9: the OOM killer's signature
-    _steps(db, claim, 9)
+    claim = _claim(db, job_id)  # killed again before completing a step: the OOM killer's signature
     assert _retry(db, claim, KILLED, infrastructure=True) == "failed"
     job = _job(db, job_id)
     assert job.error_code == "crash_loop" and "SIGKILL" in job.error_message

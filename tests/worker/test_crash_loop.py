@@ -30,9 +30,11 @@ def test_a_crash_at_the_same_step_fails_the_job_after_two_attempts(harness: Harn
     error = job["error"]
     assert (error["code"], error["category"]) == ("crash_loop", "system"), context
     message = error["message"]
+    resumed = CRASH_STEP - 1
     assert message.startswith(
-        f"the trainer failed 2 times in a row without getting past step {CRASH_STEP - 1}, the furthest step "
-        f"any attempt reached (the last attempt failed at step {CRASH_STEP})"
+        f"the trainer failed 2 times in a row and the last attempt completed no step: it resumed from step "
+        f"{resumed} and failed before finishing step {CRASH_STEP} (the furthest step any attempt reached: "
+        f"{resumed})"
     ), message
     assert INJECTED in message, f"the trainer's last error lines are quoted\n{message}"
     assert (job["attempt"], job["failures"], job["lost_workers"]) == (2, 2, 0), context

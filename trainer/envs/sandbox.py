@@ -17,10 +17,16 @@ what it promises and the tests that hold it to that):
   mounts, bpf, perf, keys, userfaultfd, SysV and POSIX IPC, memfd and the host-administration calls fail
   with EPERM; clone3 and calls newer than the table fail with ENOSYS; a foreign ABI kills the process;
 - rlimits set by prlimit (util-linux), which then execs bwrap, so every process in the sandbox inherits
-  them: RLIMIT_CPU (cpu_seconds), RLIMIT_AS (memory_mb), RLIMIT_NPROC (processes), RLIMIT_FSIZE
-  (memory_mb), RLIMIT_NOFILE, RLIMIT_CORE, RLIMIT_MEMLOCK and RLIMIT_MSGQUEUE 0.
-  RLIMIT_NPROC is per real user and never applies to root, so a root parent runs the sandbox as an
-  unprivileged user (STARE_TOOL_UID, default 65534 "nobody");
+  them: RLIMIT_CPU (cpu_seconds), RLIMIT_AS (memory_mb), RLIMIT_FSIZE (memory_mb), RLIMIT_NOFILE,
+  RLIMIT_CORE, RLIMIT_MEMLOCK and RLIMIT_MSGQUEUE 0;
+- the process cap, per call (issue 44, R5): RLIMIT_NPROC counts a user's tasks in each user namespace
+  (Linux 5.14+), checked against the task's own limit in its namespace and against its creator's limit
+  in the namespaces above. So bwrap starts with the highest limit this process may set, and inside, in the
+  call's own user namespace, prlimit (bound read-only) lowers it to `processes` as pid 1 before it execs
+  the interpreter: the count is this call's processes and threads only, whatever runs beside it (before,
+  one limit over every task of the user: a call could fork more than its cap, or none at all). RLIMIT_NPROC
+  never applies to root, so a root parent runs the sandbox as an unprivileged user (STARE_TOOL_UID,
+  default 65534 "nobody");
 - one call's CPU budget: the parent sums the CPU time of every process in the sandbox's PID namespace (the
   descendants of its init, sampled every CPU_SAMPLE_S; a reaped child's time is in its parent's) and
   kills the namespace when the sum reaches cpu_seconds; RLIMIT_CPU stays as each process's own backstop;
@@ -41,6 +47,7 @@ import json
 import math
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -134,6 +141,7 @@ def _linked_libraries(binaries: list[str]) -> set[str]:
 @dataclasses.dataclass(frozen=True)
 class Runtime:
     interpreter: str
+    launcher: str  # prlimit, bound too: pid 1 sets the call's process cap, then execs the interpreter
     binds: tuple[tuple[str, str], ...]  # read-only: (path in the sandbox, path on the host)
     hidden: tuple[str, ...]  # directories covered by an empty tmpfs (site-packages)
     symlinks: tuple[tuple[str, str], ...]  # (target, link) as on the host (/lib -> usr/lib)
@@ -166,8 +174,9 @@ def _runtime_of(exe: str) -> Runtime:
     stdlib = str(Path(probe.stdout.strip()).resolve())
     dynload = Path(stdlib) / "lib-dynload"
     modules = sorted(str(p) for p in dynload.glob("*.so")) if dynload.is_dir() else []
-    binds: dict[str, str] = {exe: exe, stdlib: stdlib}  # destination -> source
-    for lib in _linked_libraries([exe, *modules]):
+    launcher = str(Path(shutil.which("prlimit") or "/usr/bin/prlimit").resolve())
+    binds: dict[str, str] = {exe: exe, stdlib: stdlib, launcher: launcher}  # destination -> source
+    for lib in _linked_libraries([exe, launcher, *modules]):
         dest = str(Path(lib).parent.resolve() / Path(lib).name)
         if not dest.startswith(stdlib + "/"):
             binds[dest] = str(Path(lib).resolve())
@@ -181,8 +190,9 @@ def _runtime_of(exe: str) -> Runtime:
         for top in ("/lib", "/lib64", "/lib32", "/libx32", "/bin")
         if os.path.islink(top)
     )
-    library_path = ":".join(sorted({str(Path(dest).parent) for dest in binds if dest not in (exe, stdlib)}))
-    return Runtime(exe, tuple(sorted(binds.items())), hidden, symlinks, library_path)
+    libraries = {str(Path(dest).parent) for dest in binds if dest not in (exe, stdlib, launcher)}
+    library_path = ":".join(sorted(libraries))
+    return Runtime(exe, launcher, tuple(sorted(binds.items())), hidden, symlinks, library_path)
 
 
 def _sandbox_uid() -> int | None:
@@ -190,20 +200,6 @@ def _sandbox_uid() -> int | None:
     if os.geteuid() != 0:
         return None
     return int(os.environ.get(UID_ENV, NOBODY))
-
-
-def _user_tasks(uid: int) -> int:
-    """Threads and processes the user owns now (what RLIMIT_NPROC counts)."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.stat(entry.path).st_uid == uid:
-                count += len(os.listdir(f"{entry.path}/task"))
-        except OSError:
-            continue
-    return count
 
 
 def bwrap_command(
@@ -236,13 +232,18 @@ def bwrap_command(
     cmd += ["--setenv", "LD_LIBRARY_PATH", runtime.library_path]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
+    # prlimit, as pid 1 in the call's user namespace: the process cap counts this call's tasks only. Then
     # -I: isolated (no user site, no PYTHON* variables, no script dir on sys.path); -S: no site module.
-    return [*cmd, "--", runtime.interpreter, "-I", "-S", "-"]
+    cap = f"--nproc={limits.processes}:{limits.processes}"
+    return [*cmd, "--", runtime.launcher, cap, "--", runtime.interpreter, "-I", "-S", "-"]
 
 
-def _prlimit_prefix(prlimit: str, limits: ToolLimitsSpec, uid: int | None) -> tuple[list[str], int]:
-    """(the prlimit argv that prefixes bwrap, the CPU seconds it sets) for one call under `limits`."""
-    nproc = limits.processes + 1 + _user_tasks(os.getuid() if uid is None else uid)
+def _prlimit_prefix(prlimit: str, limits: ToolLimitsSpec) -> tuple[list[str], int]:
+    """(the prlimit argv that prefixes bwrap, the CPU seconds it sets) for one call under `limits`. Its
+    RLIMIT_NPROC is the highest this process may set: the call's user namespace records it as the limit
+    of the namespaces above, where every task of the user counts; the call's own cap is set inside."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    nproc = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     memory = limits.memory_mb * 2**20
     cpu = max(1, math.ceil(limits.cpu_seconds))
     # prlimit sets the limits on itself, then execs bwrap, so everything in the sandbox inherits them. The
@@ -278,9 +279,7 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     os.close(write_fd)
     info_read, info_write = os.pipe()
     uid = _sandbox_uid()
-    # The user's tasks now count against the limit too (a non-root parent's own threads; sandboxes still
-    # exiting), plus bwrap's monitor (outside the namespace; inside, the program itself is pid 1).
-    limited, cpu = _prlimit_prefix(prlimit, limits, uid)
+    limited, cpu = _prlimit_prefix(prlimit, limits)
     cmd = limited + bwrap_command(runtime, limits, read_fd, info_write)
     start = time.monotonic()
     try:
@@ -588,7 +587,7 @@ def launch(
     os.close(write_fd)
     info_read, info_write = os.pipe()
     uid = _sandbox_uid()
-    limited, _ = _prlimit_prefix(shutil.which("prlimit") or "prlimit", limits, uid)
+    limited, _ = _prlimit_prefix(shutil.which("prlimit") or "prlimit", limits)
     scratch = limits.model_copy(update={"memory_mb": max(32, scratch_mb)})
     command = limited + bwrap_command(runtime, scratch, program_fd, info_write)
     assert command[-1] == "-", command[-1]

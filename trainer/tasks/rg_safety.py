@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainer.tasks import rg_config
+
 __all__ = [
     "AUDITED_SITES",
     "META_FIELDS",
@@ -115,7 +117,8 @@ class MetaError(ValueError):
     def __init__(self, message: str, field: str, code: str = "invalid_meta") -> None:
         super().__init__(message)
         self.field = field
-        self.code = code  # invalid_meta | forbidden_field (an entry) | unsafe_task (REFUSED_SCORERS)
+        # invalid_meta | invalid_config | forbidden_field (an entry, a file name) | unsafe_task (REFUSED_SCORERS)
+        self.code = code
 
 
 def refusal(task: str) -> str | None:
@@ -164,6 +167,12 @@ def check_meta(meta: Any, where: str = "meta.reasoning_gym") -> dict[str, Any]:
         raise MetaError(
             f"{where}.config must be an object of the task's params (not size or seed)", f"{where}.config"
         )
+    if task not in rg_config.task_names():
+        raise MetaError(f"{where}.task: unknown reasoning-gym task", f"{where}.task")
+    try:  # the allow-list: no path, URL or free text reaches the generator (trainer/tasks/rg_config.py)
+        config = rg_config.check_config(task, config, f"{where}.config")
+    except rg_config.ConfigError as err:
+        raise MetaError(str(err), err.field, err.code) from None
     seed, size, index = meta["seed"], meta["size"], meta["index"]
     if not _is_int(seed) or not 0 <= seed < 2**63:
         raise MetaError(f"{where}.seed must be an integer in [0, 2^63)", f"{where}.seed")
@@ -178,7 +187,8 @@ def check_meta(meta: Any, where: str = "meta.reasoning_gym") -> dict[str, Any]:
 def _dataset(task: str, config_json: str, seed: int, size: int) -> Any:
     import reasoning_gym
 
-    return reasoning_gym.create_dataset(task, size=size, seed=seed, **json.loads(config_json))
+    config = rg_config.check_config(task, json.loads(config_json), "config")  # (enums back from strings)
+    return reasoning_gym.create_dataset(task, size=size, seed=seed, **config)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -194,7 +204,8 @@ def rebuild_entry(meta: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     try:
         dataset, entry = _entry(task, config_json, meta["seed"], meta["size"], meta["index"])
     except Exception as exc:  # reasoning-gym raises all kinds on bad configs (N7): the tenant's params
-        raise ValueError(f"cannot rebuild reasoning-gym task {task!r}: {type(exc).__name__}: {exc}") from exc
+        # A stable message: what the generator said may name files or paths (issue 44, R1).
+        raise ValueError(f"reasoning-gym task {task!r} cannot generate with this config") from exc
     return dataset, copy.deepcopy(entry)  # a scorer that changes its entry changes no cached one
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import safejson
-from trainer.tasks import rg_safety
+from trainer.tasks import rg_config, rg_safety
 
 __all__ = [
     "ARITHMETIC_OPERATIONS",
@@ -128,6 +128,7 @@ def _arithmetic_from_params(size: int, seed: int, params: dict[str, Any]) -> lis
 
 
 def reasoning_gym_task_names() -> list[str]:
+    import reasoning_gym  # noqa: F401 - the whole package first: another thread may be importing it
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)
@@ -155,6 +156,7 @@ def generate_reasoning_gym(
     reserved = sorted({"size", "seed"} & set(config))
     if reserved:
         raise ValueError(f"reasoning-gym params may not set {reserved}; use the task's size and seed")
+    config = rg_config.check_config(name, config, "task.params")  # the allow-list (issue 44, R1)
     examples = []
     try:  # reasoning-gym raises all kinds on bad params (AttributeError, IndexError, MemoryError, ...)
         dataset = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
@@ -168,8 +170,8 @@ def generate_reasoning_gym(
                     meta={REASONING_GYM_META_KEY: meta},
                 )
             )
-    except Exception as exc:
-        raise ValueError(f"bad params for reasoning-gym task {name!r}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # a stable message: the generator's own may name files (issue 44, R1)
+        raise ValueError(f"reasoning-gym task {name!r} cannot generate with these params") from exc
     return examples
 
 
