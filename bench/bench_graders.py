@@ -36,7 +36,9 @@ def _grader() -> Any:
 
 
 def _samples(count: int) -> tuple[list[str], list[dict[str, Any]]]:
-    rows = [json.loads(line) for line in (ROOT / "examples" / "graders" / "rows.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (ROOT / "examples" / "graders" / "rows.jsonl").read_text().splitlines()
+    ]
     texts, items = [], []
     for index in range(count):
         row = rows[index % len(rows)]
@@ -133,7 +135,9 @@ def step_share(steps: int, sft_steps: int) -> dict[str, Any]:
             out[name]["median_step_share"] = statistics.median(m["grader/step_share"] for m in metrics)
             out[name]["max_step_share"] = max(m["grader/step_share"] for m in metrics)
             out[name]["samples_per_step"] = metrics[-1]["grader/samples"]
-    out["step_time_ratio_grader_over_verifier"] = out["grader"]["median_step_s"] / out["verifier"]["median_step_s"]
+    out["step_time_ratio_grader_over_verifier"] = (
+        out["grader"]["median_step_s"] / out["verifier"]["median_step_s"]
+    )
     return out
 
 

@@ -37,7 +37,9 @@ class GraderValidate(_Request):
         default_factory=list,
         description="Dataset rows for the loophole check (at most 8); none: one example row.",
     )
-    limits: GraderLimitsSpec | None = Field(default=None, description="Per-process limits (default: the spec's).")
+    limits: GraderLimitsSpec | None = Field(
+        default=None, description="Per-process limits (default: the spec's)."
+    )
 
 
 class GraderRun(_Request):

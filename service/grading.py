@@ -107,7 +107,9 @@ def start(grader: AnyGrader, limits: GraderLimitsSpec, workers: int, where: str 
         return Grader.start(grader, limits, workers)
     except GraderSetupError as err:
         message = str(err) + (f"\n{err.traceback[-2000:]}" if err.traceback else "")
-        raise Unprocessable(message, param=_source_field(grader, err.name, where), code="grader_error") from None
+        raise Unprocessable(
+            message, param=_source_field(grader, err.name, where), code="grader_error"
+        ) from None
     except GraderUnavailable as err:
         raise Unavailable(f"graders cannot run on this server: {err}", code="graders_unavailable") from None
 
@@ -121,7 +123,9 @@ def outcome_view(outcome: Outcome, threshold: float) -> dict[str, Any]:
             "seconds": outcome.seconds}  # fmt: skip
 
 
-def validate_blocking(grader: AnyGrader, items: Sequence[dict[str, Any]], limits: GraderLimitsSpec) -> list[Any]:
+def validate_blocking(
+    grader: AnyGrader, items: Sequence[dict[str, Any]], limits: GraderLimitsSpec
+) -> list[Any]:
     """Loads the grader in its sandbox and runs the loophole check on `items` (blocking)."""
     started = start(grader, limits, 1)
     try:
@@ -156,9 +160,14 @@ def job_items(spec: TrainSpec, lines: Sequence[bytes]) -> list[dict[str, Any]]:
             record = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("prompt"), str) and isinstance(record.get("answer"), str):
-            meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
-            items.append({**meta, "prompt": record["prompt"], "answer": record["answer"]})
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("prompt"), str)
+            and isinstance(record.get("answer"), str)
+        ):
+            meta = record.get("meta")
+            fields = dict(meta) if isinstance(meta, dict) else {}
+            items.append({**fields, "prompt": record["prompt"], "answer": record["answer"]})
     return items
 
 
@@ -172,7 +181,7 @@ async def job_findings(spec: TrainSpec, storage_key: str | None, tenant_id: str,
     else:
         task = spec.task
         args = (task.source, task.name, spec.seed, dict(task.params), LOOPHOLE_ITEMS)
-        items = await services.offload.run("items", *args, phase="spec.task.params")
+        items = await services.offload.run("items", *args, phase="spec.task.params", tenant=tenant_id)
     return list(await services.graders.run(tenant_id, check_job_blocking, spec, items))
 
 

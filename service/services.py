@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from service.body_checks import BodyChecks
 from service.fleet import Fleet
-from service.job_specs import model_catalogue
 from service.grading import GraderGate
+from service.job_specs import model_catalogue
 from service.offload import ChildPool
 from service.principals import PrincipalCache
 from service.queue import CeleryJobQueue, JobQueue, RecordingJobQueue

@@ -31,7 +31,9 @@ def _limits(given: GraderLimitsSpec | None, services: Any) -> GraderLimitsSpec:
 
 
 @router.post("/validate", summary="Validate a grader", response_model=GraderValidation)
-async def validate_grader(body: GraderValidate, tenant: CurrentTenant, services: ServicesDep) -> GraderValidation:
+async def validate_grader(
+    body: GraderValidate, tenant: CurrentTenant, services: ServicesDep
+) -> GraderValidation:
     """The grader's schema and size (422 naming the field), then, in the sandbox: its source loads and
     defines grade(sample, item) with two parameters (422 `grader_error` with the traceback otherwise).
     Then the loophole check on `items` (or one example row): adversarial samples (empty, whitespace, the

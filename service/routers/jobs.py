@@ -10,8 +10,8 @@ from starlette.concurrency import run_in_threadpool
 
 from contract.estimate import estimate
 from contract.fleet import JobPlacement
-from contract.spec import TrainSpec
 from contract.graders import GradingSpec
+from contract.spec import TrainSpec
 from service import grading, job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable

@@ -11,7 +11,9 @@ from rich.table import Table
 
 from stare_client.cli.common import Output, OutputOpt, app, client, emit_json, fail, fmt, out
 
-graders_app = typer.Typer(help="Validate a grader and run it on samples, before training with it.", no_args_is_help=True)
+graders_app = typer.Typer(
+    help="Validate a grader and run it on samples, before training with it.", no_args_is_help=True
+)
 app.add_typer(graders_app, name="graders")
 
 
@@ -74,7 +76,9 @@ def graders_validate(
 @graders_app.command("run")
 def graders_run(
     grader: Annotated[Path, typer.Argument(help="A grader object (JSON), as a job spec's `grader`.")],
-    data: Annotated[Path, typer.Option("--data", help='JSONL: {"sample": {"output_text": ...}, "item": {...}} per line.')],
+    data: Annotated[
+        Path, typer.Option("--data", help='JSONL: {"sample": {"output_text": ...}, "item": {...}} per line.')
+    ],
     workers: Annotated[int, typer.Option(help="Sandboxed grader processes.")] = 1,
     output: OutputOpt = Output.table,
 ) -> None:
@@ -89,7 +93,9 @@ def graders_run(
     table = Table("row", "score", "passed", "error", "seconds")
     for number, row in enumerate(result.results, start=1):
         error = f"{row.error.kind}: {row.error.message}" if row.error else ""
-        table.add_row(str(number), fmt(row.score), "yes" if row.passed else "no", error[:80], fmt(row.seconds))
+        table.add_row(
+            str(number), fmt(row.score), "yes" if row.passed else "no", error[:80], fmt(row.seconds)
+        )
     out.print(table)
     failed = [row for row in result.results if row.error is not None]
     if failed and failed[0].error is not None and failed[0].error.traceback:

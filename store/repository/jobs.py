@@ -90,7 +90,8 @@ def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
         "seq": 1,
         "type": "job.created",
         "level": "warning" if new.grader_warnings else "info",
-        "message": "Job created and queued" + (" (the grader has loophole warnings)" if new.grader_warnings else ""),
+        "message": "Job created and queued"
+        + (" (the grader has loophole warnings)" if new.grader_warnings else ""),
         "data": {
             "queue": new.queue,
             "total_steps": new.total_steps,

@@ -46,7 +46,9 @@ def test_precedence_and_functions_follow_the_grammar() -> None:
     assert gf.names_used(gf.parse("min(a, b) + 2", NAMES)) == {"a", "b"}
 
 
-@pytest.mark.parametrize("text", ["a / email", "log(email)", "sqrt(-b)", "b ^ 2000", "exp(1000)", "(-b) ^ 0.5"])
+@pytest.mark.parametrize(
+    "text", ["a / email", "log(email)", "sqrt(-b)", "b ^ 2000", "exp(1000)", "(-b) ^ 0.5"]
+)
 def test_a_formula_without_a_finite_value_is_an_eval_error_not_a_score(text: str) -> None:
     with pytest.raises(gf.FormulaEvalError):
         gf.evaluate(gf.parse(text, NAMES), SCORES)
@@ -84,7 +86,16 @@ def fuzz_formulas(count: int, seed: int = 7) -> list[str]:
 class _Watch:
     """An audit hook that records compiles, execs and process or file starts while armed."""
 
-    EVENTS = ("compile", "exec", "os.system", "os.exec", "os.posix_spawn", "subprocess.Popen", "open", "import")
+    EVENTS = (
+        "compile",
+        "exec",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "subprocess.Popen",
+        "open",
+        "import",
+    )
 
     def __init__(self) -> None:
         self.armed = False

@@ -15,7 +15,9 @@ from trainer.graders.health import TRACEBACK_CHARS, GraderFailed, GraderHealth, 
 
 OK = Outcome(1.0)
 ZERO = Outcome(0.0)
-RAISED = Outcome(None, "exception", "KeyError: 'x'", "Traceback (most recent call last):\n" + "  line\n" * 2000)
+RAISED = Outcome(
+    None, "exception", "KeyError: 'x'", "Traceback (most recent call last):\n" + "  line\n" * 2000
+)
 TIMED_OUT = Outcome(None, "timeout", "grading ran past its budget of 2 s")
 
 
@@ -47,7 +49,9 @@ def test_past_the_error_budget_the_job_ends_naming_the_first_failure_with_its_tr
     with pytest.raises(GraderFailed) as failed:
         health.record([TIMED_OUT] + [OK] * 4, [1.0] * 5, group_size=5, seconds=0.1)
     message = str(failed.value)
-    assert "failed on 6 of the last 30 samples" in message and "at step 1: exception: KeyError: 'x'" in message
+    assert (
+        "failed on 6 of the last 30 samples" in message and "at step 1: exception: KeyError: 'x'" in message
+    )
     assert "[traceback cut]" in message and len(message) < TRACEBACK_CHARS + 600
     event = check_event({**failed.value.event(2), "time": "t"})
     assert event["type"] == EventType.ERROR and event["code"] == ErrorCode.GRADER_FAILED

@@ -43,13 +43,17 @@ def _events(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 
 
-def test_a_grader_that_always_raises_ends_the_job_grader_failed(grader_environment: None, tmp_path: Path) -> None:
+def test_a_grader_that_always_raises_ends_the_job_grader_failed(
+    grader_environment: None, tmp_path: Path
+) -> None:
     code = Engine(_spec(RAISES), tmp_path, progress=False).run()
     assert code == ExitCode.GRADER_FAILED
     error = [e for e in _events(tmp_path) if e["type"] == "error"][-1]
     assert error["code"] == "grader_failed" and error["step"] == 1
     assert "the first failure, at step 1: exception: KeyError: 'missing'" in error["message"]
-    assert "Traceback (most recent call last)" in error["message"] and "return {}['missing']" in error["message"]
+    assert (
+        "Traceback (most recent call last)" in error["message"] and "return {}['missing']" in error["message"]
+    )
     assert not [e for e in _events(tmp_path) if e["type"] == "step"]  # no update on a batch of failures
 
 

@@ -66,7 +66,7 @@ HOSTILE: dict[str, str] = {
     "signal_pause": "signal.pause(); return 0.0",
     "survivor_child": "if os.fork() == 0:\n    time.sleep(3600)\n    os._exit(0)\nreturn 0.0",
     "daemon_thread_writer": (
-        "def spam():\n    while True:\n        os.write(1, b'{\"id\": 999, \"results\": []}\\n'); time.sleep(0.01)\n"
+        'def spam():\n    while True:\n        os.write(1, b\'{"id": 999, "results": []}\\n\'); time.sleep(0.01)\n'
         "threading.Thread(target=spam, daemon=True).start(); return 0.0"
     ),
     # --- dying, exiting, signals ----------------------------------------------------------------------------
@@ -102,7 +102,7 @@ HOSTILE: dict[str, str] = {
     # --- changing later calls -------------------------------------------------------------------------------
     "patch_builtin_float": "builtins.float = lambda *a: 1.0; builtins.isinstance = lambda *a: True; return 0.0",
     "patch_builtin_len_print": "builtins.len = lambda *a: 0; builtins.print = None; return 0.0",
-    "patch_json": "import json\njson.dumps = lambda *a, **k: '{\"id\": 1, \"results\": [{\"score\": 1.0}]}'\njson.loads = None\nreturn 0.0",
+    "patch_json": 'import json\njson.dumps = lambda *a, **k: \'{"id": 1, "results": [{"score": 1.0}]}\'\njson.loads = None\nreturn 0.0',
     "delete_builtins": "for name in list(vars(builtins)):\n    delattr(builtins, name)\nreturn 0.0",
     "patch_sys_modules": "sys.modules['math'] = None; sys.modules['json'] = None; return 0.0",
     "steal_next_request": "sys.stdin = open(0); return float(len(sys.stdin.readline()) > 0)",

@@ -59,7 +59,9 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def bystander(grader_environment: None) -> Iterator[Grader]:  # noqa: F811
     """Another job's pool, grading while the hostile ones run."""
-    grader = Grader.start(parse_grader({"type": "python", "source": TEMPLATE.format(body="    return 0.0")}), LIMITS, 1)
+    grader = Grader.start(
+        parse_grader({"type": "python", "source": TEMPLATE.format(body="    return 0.0")}), LIMITS, 1
+    )
     yield grader
     grader.close()
 

@@ -91,11 +91,15 @@ def test_openai_example_graders_are_accepted_as_written_and_run(
     kind: str,
 ) -> None:
     grader = OPENAI_EXAMPLES[kind]
-    validated = client.post("/v1/graders/validate", json={"grader": grader, "limits": FAST}, headers=tenant.headers)
+    validated = client.post(
+        "/v1/graders/validate", json={"grader": grader, "limits": FAST}, headers=tenant.headers
+    )
     assert validated.status_code == 200, validated.text
     assert validated.json()["grader"]["type"] == kind
     rows = [{"sample": sample, "item": item} for sample, item in EXAMPLE_ROWS[kind]]
-    ran = client.post("/v1/graders/run", json={"grader": grader, "data": rows, "limits": FAST}, headers=tenant.headers)
+    ran = client.post(
+        "/v1/graders/run", json={"grader": grader, "data": rows, "limits": FAST}, headers=tenant.headers
+    )
     assert ran.status_code == 200, ran.text
     right, wrong = ran.json()["results"]
     assert right["error"] is None and wrong["error"] is None, ran.text
@@ -121,7 +125,10 @@ def test_a_grader_error_comes_back_with_its_traceback_and_never_as_a_zero(
         "        import time; time.sleep(60)\n"
         "    return 0.25\n"
     )
-    data = [{"sample": {"output_text": text}, "item": {"answer": "x"}} for text in ("ok", "boom", "nan", "text", "slow", "ok")]
+    data = [
+        {"sample": {"output_text": text}, "item": {"answer": "x"}}
+        for text in ("ok", "boom", "nan", "text", "slow", "ok")
+    ]
     body = {"grader": {"type": "python", "source": source}, "data": data, "limits": {"timeout_s": 3}}
     start = time.monotonic()
     response = client.post("/v1/graders/run", json=body, headers=tenant.headers)
@@ -159,7 +166,9 @@ def test_a_grader_that_does_not_load_is_a_422_naming_the_field(
     grader: dict[str, Any],
     param: str,
 ) -> None:
-    response = client.post("/v1/graders/validate", json={"grader": grader, "limits": FAST}, headers=tenant.headers)
+    response = client.post(
+        "/v1/graders/validate", json={"grader": grader, "limits": FAST}, headers=tenant.headers
+    )
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == param, response.text
 
@@ -169,7 +178,12 @@ def test_validate_warns_of_a_substring_check_an_empty_answer_passes(
     client: TestClient,
     tenant: TenantKey,
 ) -> None:
-    loose = {"type": "string_check", "input": "{{item.answer}}", "reference": "{{sample.output_text}}", "operation": "like"}
+    loose = {
+        "type": "string_check",
+        "input": "{{item.answer}}",
+        "reference": "{{sample.output_text}}",
+        "operation": "like",
+    }
     body = {"grader": loose, "items": [{"prompt": "2+2=", "answer": "4"}, {"prompt": "3+3=", "answer": "6"}]}
     response = client.post("/v1/graders/validate", json=body, headers=tenant.headers)
     assert response.status_code == 200, response.text
@@ -194,7 +208,11 @@ def test_one_tenant_past_its_bound_gets_a_429_and_another_tenant_is_served(
         "source": "import time\ndef grade(s, i):\n    if s['output_text'] == 'x':\n        time.sleep(8)\n    return 1.0\n",
     }
     item = {"prompt": "p", "answer": "a"}
-    body = {"grader": slow, "data": [{"sample": {"output_text": "x"}, "item": item}], "limits": {"timeout_s": 20}}
+    body = {
+        "grader": slow,
+        "data": [{"sample": {"output_text": "x"}, "item": item}],
+        "limits": {"timeout_s": 20},
+    }
     quick = {**body, "grader": {**slow, "source": "def grade(s, i):\n    return 1.0\n"}}
 
     async def three_at_once() -> list[httpx.Response]:

@@ -172,10 +172,8 @@ class Grader:
         """Each text graded against its item (same order)."""
         pending = [self._prepare(text, item) for text, item in zip(texts, items)]
         asks = [p.tasks if p.failed is None else [] for p in pending]
-        if self.pool is not None and any(asks):
-            replies = self.pool.grade(asks)
-        else:
-            replies = [Reply([]) for _ in asks]
+        asked = self.pool is not None and any(asks)
+        replies = self.pool.grade(asks) if self.pool is not None and asked else [Reply([]) for _ in asks]
         return [self._finish(p, reply) for p, reply in zip(pending, replies)]
 
     def grade_examples(

@@ -23,10 +23,13 @@ import builtins
 import json
 import linecache
 import math
+import numbers
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 OUTPUT_FILE = "/work/.grader-output"
 WORDNET = "/grader/wordnet"  # WordNet 3.0's database files and lexnames, bound read-only when present
@@ -34,10 +37,9 @@ TRACEBACK_CHARS = 4000
 MESSAGE_CHARS = 1000
 _dumps, _loads, _isfinite, _float = json.dumps, json.loads, math.isfinite, float
 _BUILTINS = builtins.__dict__
-_is_real = None  # numbers.Real, set at start
 
 
-def _channels():
+def _channels() -> tuple[BinaryIO, BinaryIO]:
     """(protocol in, protocol out); fds 0, 1 and 2 handed over to the grader's code."""
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -53,7 +55,7 @@ def _channels():
     return proto_in, proto_out
 
 
-def _taken_output(limit):
+def _taken_output(limit: int) -> str:
     """The first `limit` bytes written to fds 1 and 2 since the last call; the file emptied."""
     try:
         sys.stdout.flush()
@@ -71,7 +73,7 @@ def _taken_output(limit):
     return text + ("\n[output truncated]" if len(data) > limit else "")
 
 
-def _failure(kind, err, skip=0):
+def _failure(kind: str, err: BaseException, skip: int = 0) -> dict[str, Any]:
     """The error as the protocol reports it; `skip` leading frames (the harness's own) left out."""
     trace = err.__traceback__
     for _ in range(skip):
@@ -84,9 +86,9 @@ def _failure(kind, err, skip=0):
     }
 
 
-def _checked(value):
+def _checked(value: object) -> dict[str, Any]:
     """{"score": x} for a real number other than a bool, else the error it is."""
-    if isinstance(value, bool) or not isinstance(value, _is_real):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return {"error": "not_a_number", "message": f"grade returned {type(value).__name__}, not a number"}
     number = _float(value)
     if not _isfinite(number):
@@ -94,7 +96,7 @@ def _checked(value):
     return {"score": number}
 
 
-def _load(name, source):
+def _load(name: str, source: str) -> Callable[..., object]:
     namespace = {"__name__": "grader", "__builtins__": builtins}
     filename = f"<grader {name or 'python'}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for tracebacks
@@ -113,13 +115,13 @@ def _load(name, source):
     return grade
 
 
-def _wordnet():
+def _wordnet() -> Any:
     """nltk's WordNet reader over the database files the sandbox binds (Debian's wordnet-base)."""
     import nltk
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
     class WordNet30(WordNetCorpusReader):
-        def map_wn(self, version="wordnet"):
+        def map_wn(self, version: str = "wordnet") -> None:
             return None  # nltk maps its own "wordnet" corpus onto this one; this one is WordNet 3.0 itself
 
     nltk.data.path.append(WORDNET)  # nltk reads corpora only under its data paths
@@ -130,12 +132,12 @@ class Similarity:
     """The text_similarity metrics, each from its library (docs/GRADERS.md); a library is imported only
     for the metrics the grader uses."""
 
-    def __init__(self, metrics):
+    def __init__(self, metrics: list[str]) -> None:
         self.scorers = {}
         for metric in metrics:
             self.scorers[metric] = self._scorer(metric)
 
-    def _scorer(self, metric):
+    def _scorer(self, metric: str) -> Callable[[str, str], float]:
         if metric == "fuzzy_match":
             from rapidfuzz import fuzz, utils
 
@@ -164,11 +166,11 @@ class Similarity:
             return lambda hyp, ref: scorer.score(ref, hyp)[key].fmeasure
         raise ValueError(f"unknown metric {metric!r}")
 
-    def score(self, metric, hypothesis, reference):
+    def score(self, metric: str, hypothesis: str, reference: str) -> float:
         return self.scorers[metric](hypothesis, reference)
 
 
-def _setup(message):
+def _setup(message: dict[str, Any]) -> tuple[Any, Any, dict[str, Any] | None]:
     graders = {}
     for name, source in message.get("python", {}).items():
         try:
@@ -184,7 +186,9 @@ def _setup(message):
     return graders, similarity, None
 
 
-def _run_task(task, graders, similarity, saved):
+def _run_task(
+    task: dict[str, Any], graders: dict[str, Any], similarity: Any, saved: dict[str, Any]
+) -> dict[str, Any]:
     """One task's result. Builtins are put back as they were before the value is even looked at, so a
     grader that patched them (isinstance, float) changes neither this check nor any later call."""
     try:
@@ -202,16 +206,12 @@ def _run_task(task, graders, similarity, saved):
         return _failure("exception", err)
 
 
-def _restore(saved):
+def _restore(saved: dict[str, Any]) -> None:
     _BUILTINS.clear()  # module globals and dict methods only: a grader may have deleted every builtin
     _BUILTINS.update(saved)
 
 
-def main():
-    global _is_real
-    import numbers
-
-    _is_real = numbers.Real
+def main() -> None:
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         os.environ[name] = "1"
     sys.path.append("/grader/site-packages")

@@ -227,9 +227,16 @@ class GraderProcess:
                 break
             results = reply.get("results")
             expected = len(samples[len(replies)])
-            if reply.get("id") != ident or reply.get("index") != len(replies) or not isinstance(results, list) or len(results) != expected:
+            if (
+                reply.get("id") != ident
+                or reply.get("index") != len(replies)
+                or not isinstance(results, list)
+                or len(results) != expected
+            ):
                 self.kill()
-                replies.append(Reply([], seconds=seconds, failure="crashed", message=self._crash_message(reply)))
+                replies.append(
+                    Reply([], seconds=seconds, failure="crashed", message=self._crash_message(reply))
+                )
                 break
             output = reply.get("output")
             replies.append(Reply(results, output if isinstance(output, str) else "", seconds))
@@ -403,7 +410,9 @@ class GraderPool:
                     slot.kill()
                     try:
                         slot.start()
-                    except GraderSetupError as err:  # it loaded before: a failure of this start, this sample's
+                    except (
+                        GraderSetupError
+                    ) as err:  # it loaded before: a failure of this start, this sample's
                         replies.append(Reply([], failure="crashed", message=str(err)))
                         continue
                     with self._lock:
@@ -422,7 +431,9 @@ class GraderPool:
         replies = [Reply([]) for _ in samples]
         size = -(-len(asked) // len(self._slots)) if asked else 0
         runs = [asked[start : start + size] for start in range(0, len(asked), size)] if size else []
-        for run, graded in zip(runs, self._executor.map(self._grade_chunk, [[samples[i] for i in r] for r in runs])):
+        for run, graded in zip(
+            runs, self._executor.map(self._grade_chunk, [[samples[i] for i in r] for r in runs])
+        ):
             for index, reply in zip(run, graded):
                 replies[index] = reply
         return replies
