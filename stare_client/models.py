@@ -227,6 +227,16 @@ class JobError(APIObject):
     category: Literal["user", "system"] | None
 
 
+class GraderStatus(APIObject):
+    """A job's grader (docs/GRADERS.md): its type and name, the latest step's grader/* metrics and the
+    loophole warnings of its submission (GET of one job only)."""
+
+    type: str
+    name: str | None
+    health: dict[str, float | None]
+    warnings: list[dict[str, Any]] | None = None
+
+
 class Job(APIObject):
     id: str
     object: Literal["job"] = "job"
@@ -252,6 +262,7 @@ class Job(APIObject):
     latest_metrics: LatestMetrics | None
     error: JobError | None
     spec: dict[str, Any]
+    grader: GraderStatus | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -47,7 +47,7 @@ class NewJob:
     request_hash: str | None = None
     max_lost_workers: int = DEFAULT_MAX_LOST_WORKERS
     # A job with a grader: its loophole check's warnings at submission (docs/GRADERS.md), kept in the
-    # job's first event (level warning when there are any).
+    # job's first event (level warn when there are any).
     grader_warnings: list[dict[str, Any]] | None = None
 
 
@@ -89,7 +89,7 @@ def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
         "job_id": job_id,
         "seq": 1,
         "type": "job.created",
-        "level": "warning" if new.grader_warnings else "info",
+        "level": "warn" if new.grader_warnings else "info",
         "message": "Job created and queued"
         + (" (the grader has loophole warnings)" if new.grader_warnings else ""),
         "data": {

@@ -240,3 +240,74 @@ def test_limits_above_the_operators_are_refused_naming_the_field(
         "/v1/graders/validate", json={"grader": grader, "limits": {"timeout_s": 121}}, headers=tenant.headers
     )
     assert response.status_code == 422 and response.json()["error"]["param"] == "limits.timeout_s"
+
+
+def _job_spec(grader: dict[str, Any], **grading: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": "tiny-arith"},
+        "task": {"source": "arithmetic", "train_size": 64, "eval_size": 8},
+        "grader": grader,
+        "optim": {"steps": 2, "prompts_per_step": 2},
+    }
+    if grading:
+        spec["grading"] = grading
+    return spec
+
+
+LOOSE = {
+    "type": "string_check",
+    "input": "{{item.answer}}",
+    "reference": "{{sample.output_text}}",
+    "operation": "like",
+}
+
+
+def test_a_job_with_a_grader_keeps_its_loophole_warnings_in_the_job_view(
+    client: TestClient, tenant: TenantKey
+) -> None:
+    created = client.post("/v1/jobs", json={"spec": _job_spec(LOOSE)}, headers=tenant.headers)
+    assert created.status_code == 201, created.text
+    grader = created.json()["grader"]
+    assert grader["type"] == "string_check" and grader["health"] == {}
+    assert any(
+        w["message"].startswith("scores 1 for an empty output (4 of 4 items") for w in grader["warnings"]
+    )
+    job = client.get(f"/v1/jobs/{created.json()['id']}", headers=tenant.headers)
+    assert job.status_code == 200, job.text
+    assert job.json()["grader"]["warnings"] == grader["warnings"]
+    events = client.get(f"/v1/jobs/{created.json()['id']}/events", headers=tenant.headers).json()["data"]
+    assert events[0]["level"] == "warn" and events[0]["data"]["grader_warnings"] == grader["warnings"]
+    plain = client.post("/v1/jobs", json={"spec": {"optim": {"steps": 1}}}, headers=tenant.headers).json()
+    assert plain["grader"] is None
+
+
+def test_a_job_is_refused_on_its_loophole_warnings_only_when_its_spec_asks(
+    client: TestClient, tenant: TenantKey
+) -> None:
+    body = {"spec": _job_spec(LOOSE, refuse_loopholes=True)}
+    refused = client.post("/v1/jobs", json=body, headers=tenant.headers)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "grader_loophole" and error["param"] == "spec.grader"
+    strict = {**LOOSE, "input": "{{sample.output_text}}", "reference": "{{item.answer}}", "operation": "eq"}
+    accepted = client.post(
+        "/v1/jobs", json={"spec": _job_spec(strict, refuse_loopholes=True)}, headers=tenant.headers
+    )
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["grader"]["warnings"] == []
+
+
+def test_a_job_whose_grader_does_not_load_is_a_422_naming_its_source(
+    grader_environment: None,  # noqa: F811
+    client: TestClient,
+    tenant: TenantKey,
+) -> None:
+    broken = {"type": "python", "source": "def grade(sample):\n    return 1.0\n"}
+    refused = client.post("/v1/jobs", json={"spec": _job_spec(broken)}, headers=tenant.headers)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == "spec.grader.source"
+    assert refused.json()["error"]["code"] == "grader_error"
+    too_long = client.post(
+        "/v1/jobs", json={"spec": _job_spec(LOOSE, limits={"timeout_s": 120})}, headers=tenant.headers
+    )
+    assert too_long.status_code == 201  # at the default ceiling: accepted
