@@ -194,20 +194,25 @@ def chart_groups() -> list[dict[str, Any]]:
             ],
         },
         {"id": "tool", "title": "Tool use", "y": "per response / rate", "series": tools},
-        {
-            "id": "grader",
-            "title": "Grader health",
-            "y": "rate / score / share",
-            "series": [
-                _series("grader/error_rate", "failed samples (step)"),
-                _series("grader/window_error_rate", "failed samples (error window)", dash=True),
-                _series("grader/score_mean", "score mean"),
-                _series("grader/score_std", "score spread"),
-                _series("grader/all_equal_groups", "all-equal groups"),
-                _series("grader/step_share", "share of step time"),
-            ],
-        },
+        _grader_chart(),
     ]
+
+
+def _grader_chart() -> dict[str, Any]:
+    """A job with a grader: its failures, scores and time (docs/GRADERS.md)."""
+    return {
+        "id": "grader",
+        "title": "Grader health",
+        "y": "rate / score / share",
+        "series": [
+            _series("grader/error_rate", "failed samples (step)"),
+            _series("grader/window_error_rate", "failed samples (error window)", dash=True),
+            _series("grader/score_mean", "score mean"),
+            _series("grader/score_std", "score spread"),
+            _series("grader/all_equal_groups", "all-equal groups"),
+            _series("grader/step_share", "share of step time"),
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ sessions
