@@ -152,6 +152,16 @@ def _linked_by_packages(venv: Path, site: Path) -> list[str]:
     return libraries
 
 
+def library_list() -> list[str]:
+    """The grader environment's linked libraries, worked out and kept now (scripts/build-grader-venv and
+    the images call it once, where no sandbox may start)."""
+    venv = venv_path().resolve()
+    site = _site_packages(venv)
+    if site is None:
+        raise GraderUnavailable(f"the grader environment {venv} has no site-packages")
+    return _linked_by_packages(venv, site)
+
+
 def runtime() -> sandbox.Runtime:
     problem = unavailable()
     if problem is not None:
