@@ -5,6 +5,7 @@ does, in the sandbox."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -45,3 +46,19 @@ def test_the_example_grader_scores_the_samples_as_the_numeric_verifier(grader_en
     ]
     assert [o.score for o in outcomes] == expected
     assert expected == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_the_docs_list_exactly_the_grader_environments_packages() -> None:
+    docs = (EXAMPLES.parents[1] / "docs" / "GRADERS.md").read_text()
+    pins = [
+        line
+        for line in (EXAMPLES.parents[1] / "scripts" / "grader-requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    table = dict(re.findall(r"^\| ([a-z0-9-]+) \| ([0-9.]+) \|$", docs, re.MULTILINE))
+    listed = set(re.findall(r"`([A-Za-z0-9_.-]+==[0-9.a-z]+)`", docs))
+    for pin in pins:
+        name, version = pin.split("==")
+        in_table = table.get(name.lower().replace("_", "-")) == version
+        assert in_table or pin in listed, pin
+    assert len(table) + len(listed) == len(pins)
