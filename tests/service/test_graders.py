@@ -311,3 +311,35 @@ def test_a_job_whose_grader_does_not_load_is_a_422_naming_its_source(
         "/v1/jobs", json={"spec": _job_spec(LOOSE, limits={"timeout_s": 120})}, headers=tenant.headers
     )
     assert too_long.status_code == 201  # at the default ceiling: accepted
+
+
+def test_fuzzed_formulas_through_the_route_are_a_200_or_a_422_naming_calculate_output(
+    client: TestClient, tenant: TenantKey
+) -> None:
+    """A share of tests/contract/test_grader_formula.py's fuzz (every code-like string and 300 generated
+    formulas) through POST /v1/graders/validate: nothing but a 200 or a 422 on grader.calculate_output.
+    Each multi grader has the graders its formula names (it must use every one of its own)."""
+    from contract import grader_formula
+    from tests.contract.test_grader_formula import NAMES, fuzz_formulas
+
+    leaf = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "x", "operation": "eq"}
+    statuses: dict[int, int] = {}
+    for formula in fuzz_formulas(300, seed=11):
+        try:
+            names = grader_formula.names_used(grader_formula.parse(formula, NAMES)) or NAMES
+        except grader_formula.FormulaError:
+            names = NAMES
+        body = {
+            "grader": {
+                "type": "multi",
+                "graders": dict.fromkeys(sorted(names), leaf),
+                "calculate_output": formula,
+            }
+        }
+        response = client.post("/v1/graders/validate", json=body, headers=tenant.headers)
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        if response.status_code == 422:
+            assert response.json()["error"]["param"] == "grader.calculate_output", (formula, response.text)
+        else:
+            assert response.status_code == 200, (formula, response.text)
+    assert statuses.get(200, 0) > 20 and statuses.get(422, 0) > 100, statuses
