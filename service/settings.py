@@ -99,6 +99,25 @@ class Settings(SharedSettings):
     task_check_isolation: bool = True
     task_check_prewarm: bool = True
 
+    # Tenant graders (docs/GRADERS.md): the most one sandboxed grader process may use here (OpenAI's python
+    # grader limits are the defaults and the ceilings; an operator may lower them), the pool size a job may
+    # ask, and how many grader runs (validate, run, a job's loophole check) one tenant and the API may have
+    # in flight at once (one more from a tenant is a 429).
+    grader_max_timeout_s: Annotated[float, Field(gt=0, le=120)] = 120.0
+    grader_max_memory_mb: Annotated[int, Field(ge=128, le=2048)] = 2048
+    grader_max_disk_mb: Annotated[int, Field(ge=32, le=1024)] = 1024
+    grader_max_workers: Annotated[int, Field(ge=1, le=32)] = 4
+    grader_runs_per_tenant: Annotated[int, Field(ge=1, le=64)] = 2
+    grader_runs_total: Annotated[int, Field(ge=1, le=256)] = 4
+
+    def grader_limits(self) -> dict[str, float]:
+        """grader limit field (under spec.grading.limits) -> the most this deployment allows."""
+        return {
+            "timeout_s": self.grader_max_timeout_s,
+            "memory_mb": self.grader_max_memory_mb,
+            "disk_mb": self.grader_max_disk_mb,
+        }
+
     def tool_limits(self) -> dict[str, float]:
         """environment field (dotted after spec.environment) -> the most this deployment allows."""
         return {

@@ -143,8 +143,25 @@ def waiting(job: JobLike, served_queues: Collection[str] | None) -> schemas.JobW
     )
 
 
-def job_view(job: JobLike, served_queues: Collection[str] | None = None) -> schemas.JobObject:
-    """The API's job object; with the queues live workers serve, a waiting job also says why it waits."""
+def grader_status(job: JobLike, warnings: list[dict[str, Any]] | None = None) -> schemas.GraderStatus | None:
+    """A job with a grader: what it is, the latest step's grader/* metrics and the warnings given."""
+    spec = job.resolved_spec if isinstance(job.resolved_spec, dict) else {}
+    grader = spec.get("grader")
+    if not isinstance(grader, dict):
+        return None
+    health = {k: v for k, v in metric_values(job.last_metrics).items() if k.startswith("grader/")}
+    return schemas.GraderStatus(
+        type=str(grader.get("type")), name=grader.get("name"), health=health, warnings=warnings
+    )
+
+
+def job_view(
+    job: JobLike,
+    served_queues: Collection[str] | None = None,
+    grader_warnings: list[dict[str, Any]] | None = None,
+) -> schemas.JobObject:
+    """The API's job object; with the queues live workers serve, a waiting job also says why it waits; a
+    job with a grader carries its health and, where given, its loophole warnings."""
     error = None
     if job.error_code is not None or job.error_message is not None:
         error = schemas.JobError(
@@ -183,6 +200,7 @@ def job_view(job: JobLike, served_queues: Collection[str] | None = None) -> sche
         error=error,
         waiting=waiting(job, served_queues),
         spec=job.resolved_spec,
+        grader=grader_status(job, grader_warnings),
     )
 
 

@@ -235,6 +235,16 @@ class JobWaiting(APIObject):
     message: str  # "no live worker serves queue 'training'"
 
 
+class GraderStatus(APIObject):
+    """A job's grader (docs/GRADERS.md): its type and name, the latest step's grader/* metrics and the
+    loophole warnings of its submission (GET of one job only)."""
+
+    type: str
+    name: str | None
+    health: dict[str, float | None]
+    warnings: list[dict[str, Any]] | None = None
+
+
 class Job(APIObject):
     id: str
     object: Literal["job"] = "job"
@@ -261,6 +271,7 @@ class Job(APIObject):
     error: JobError | None
     waiting: JobWaiting | None = None  # set while no live worker serves the job's queue
     spec: dict[str, Any]
+    grader: GraderStatus | None = None
 
     @property
     def is_terminal(self) -> bool:

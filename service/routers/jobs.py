@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
@@ -9,8 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from contract.estimate import estimate
 from contract.fleet import JobPlacement
+from contract.graders import GradingSpec
 from contract.spec import TrainSpec
-from service import job_specs, views
+from service import grading, job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
 from service.fleet import blocks, place_job, served_queues
@@ -181,11 +183,19 @@ async def create_job(
     if settings.max_active_jobs_per_tenant:
         _check_active_job_limit(settings, await repository.count_active_jobs(pool, tenant.id))
     new = _new_job(body, tenant, spec, placement.queue, settings, idempotency_key, request_hash)
+    if spec.grader is not None:  # its source loads in the sandbox, and the loophole check's warnings are kept
+        grading.limits_within(
+            (spec.grading or GradingSpec()).limits, settings.grader_limits(), "spec.grading.limits"
+        )
+        key = spec.task.path if spec.task.source == "jsonl" else None
+        findings = await grading.job_findings(spec, key, tenant.id, services)
+        new = dataclasses.replace(new, grader_warnings=findings)
     job, created = await repository.create_job(pool, new)
     if created:  # committed, durably, by now
         await services.enqueue_async(job.id, job.queue)
     queues = await served_queues(services.fleet)
-    return model_response(views.job_view(job, queues), 201, headers=None if created else REPLAYED)
+    view = views.job_view(job, queues, new.grader_warnings)
+    return model_response(view, 201, headers=None if created else REPLAYED)
 
 
 @router.get("", summary="List jobs", response_model=JobList)
@@ -213,9 +223,13 @@ def list_jobs(
 @router.get("/{job_id}", summary="Get a job", response_model=JobObject, responses=errors(404))
 async def get_job(job: VisibleJob, services: ServicesDep) -> Response:
     """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
-    in_band | below | above, steps out of band), for a failed job the error with its category, and for a
-    queued job that no live worker can take, why it waits (`waiting`)."""
-    return model_response(views.job_view(job, await served_queues(services.fleet)))
+    in_band | below | above, steps out of band), for a job with a grader its health and loophole warnings,
+    for a failed job the error with its category, and for a queued job that no live worker can take, why it
+    waits (`waiting`)."""
+    warnings = None
+    if isinstance(job.resolved_spec, dict) and job.resolved_spec.get("grader") is not None:
+        warnings = await repository.grader_warnings(services.db.async_pool, job.id)
+    return model_response(views.job_view(job, await served_queues(services.fleet), warnings))
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", response_model=JobObject, responses=errors(404, 409))

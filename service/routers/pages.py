@@ -117,7 +117,8 @@ def _series(key: str, label: str, **style: Any) -> dict[str, Any]:
 
 
 def chart_groups() -> list[dict[str, Any]]:
-    """The page's charts, as the report draws them (trainer/report/page.py) plus throughput and tool use.
+    """The page's charts, as the report draws them (trainer/report/page.py) plus throughput, tool use and a
+    grader's health.
     The page draws a chart only when the job logged at least one of its series."""
     quadrants = [_series(f"quadrant/{q}_fraction", label) for q, label in QUADRANT_LABELS.items()]
     tools = [_series(m.key, m.key.removeprefix("tool/").replace("_", " ")) for m in catalogue.CATALOGUE]
@@ -193,7 +194,25 @@ def chart_groups() -> list[dict[str, Any]]:
             ],
         },
         {"id": "tool", "title": "Tool use", "y": "per response / rate", "series": tools},
+        _grader_chart(),
     ]
+
+
+def _grader_chart() -> dict[str, Any]:
+    """A job with a grader: its failures, scores and time (docs/GRADERS.md)."""
+    return {
+        "id": "grader",
+        "title": "Grader health",
+        "y": "rate / score / share",
+        "series": [
+            _series("grader/error_rate", "failed samples (step)"),
+            _series("grader/window_error_rate", "failed samples (error window)", dash=True),
+            _series("grader/score_mean", "score mean"),
+            _series("grader/score_std", "score spread"),
+            _series("grader/all_equal_groups", "all-equal groups"),
+            _series("grader/step_share", "share of step time"),
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ sessions

@@ -43,7 +43,7 @@ from store.repository.checkpoints import (
     list_checkpoints,
     set_checkpoint_archive,
 )
-from store.repository.events import append_event, list_events
+from store.repository.events import append_event, grader_warnings, list_events
 from store.repository.files import create_file, delete_file, get_file, list_files
 from store.repository.jobs import (
     NewJob,
@@ -141,6 +141,7 @@ __all__ = [
     "get_job",
     "get_tenant",
     "get_tenant_by_name",
+    "grader_warnings",
     "heartbeat",
     "job_status_counts",
     "jobs_without_worker",

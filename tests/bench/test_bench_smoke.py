@@ -48,6 +48,7 @@ SMOKES = (
     Smoke("bench_engine.py", "--json", ("machine", "vs_trl", "stare_vs_grpo_ds", "markdown"), ("trl",)),
     Smoke("bench_event_loop.py", "--json", ("healthz_ms", "answers", "idle_healthz_ms_p99", "machine")),
     Smoke("bench_fsdp.py", "--json", ("rounds", "fsdp2_over_ddp_median", "cpu")),
+    Smoke("bench_graders.py", "--json", ("machine", "throughput", "step_share")),
     Smoke("bench_gpu.py", "--out", ("machine", "matmul", "kernels", "stare_overhead", "engine", "finished")),
     Smoke("bench_kernels.py", "--json", ("machine", "settings", "correctness", "rows", "markdown")),
     Smoke("bench_memory_estimate.py", "--json", ("machine", "load_average")),
