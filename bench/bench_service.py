@@ -203,24 +203,10 @@ def _load(
     return result
 
 
-def _setup_database() -> tuple[str, str, Any]:
-    import psycopg
-    from psycopg import sql
-
+def _setup_database(admin_url: str) -> tuple[str, str, Any]:
     from store import migrate
 
-    name = f"stare_svc_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = None
-    for user in (None, "postgres"):
-        try:
-            admin = psycopg.connect(host="127.0.0.1", dbname="postgres", user=user, autocommit=True)
-            break
-        except psycopg.OperationalError:
-            continue
-    if admin is None:
-        raise RuntimeError("cannot reach PostgreSQL on 127.0.0.1:5432")
-    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://{admin.info.user}@127.0.0.1:5432/{name}"
+    name, url, admin = _common.create_database(admin_url, "stare_svc_bench")
     migrate.upgrade(url)
     return name, url, admin
 
@@ -322,7 +308,7 @@ def main_bench(args: argparse.Namespace) -> None:
     from store import repository
     from store.database import Database
 
-    name, url, admin = _setup_database()
+    name, url, admin = _setup_database(args.postgres_url)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     artifacts = tempfile.mkdtemp(prefix="stare-bench-")
     env = _service_env(args, url, queue, artifacts)
@@ -410,6 +396,9 @@ def main() -> None:
         help="the service's rate limiter: on with a limit never reached, so every request pays for it",
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--postgres-url", default=_common.DEFAULT_POSTGRES_URL, help=_common.POSTGRES_URL_HELP
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
     args = parser.parse_args()

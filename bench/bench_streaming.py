@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import _common
-import psycopg
 import yaml
 from psycopg import sql
 
@@ -118,14 +117,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "streaming.json"))
     parser.add_argument("--smoke", action="store_true", help=_common.SMOKE_HELP)
+    parser.add_argument(
+        "--postgres-url", default=_common.DEFAULT_POSTGRES_URL, help=_common.POSTGRES_URL_HELP
+    )
     args = parser.parse_args()
     _common.apply_smoke(args, rounds=1, steps=WARMUP_STEPS + 2)
 
-    name = f"stare_bench_stream_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(host="127.0.0.1", dbname="postgres", autocommit=True) as conn:
-        user = conn.info.user
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://{user}@127.0.0.1:5432/{name}"
+    name, url, admin = _common.create_database(args.postgres_url, "stare_bench_stream")
     results: dict[str, list[float]] = {"standalone": [], "supervised": []}
     try:
         migrate.upgrade(url)
@@ -145,8 +143,8 @@ def main() -> int:
                 print(f"round {r + 1}/{args.rounds} done in {time.time() - t0:.0f} s", flush=True)
         db.dispose()
     finally:
-        with psycopg.connect(host="127.0.0.1", dbname="postgres", autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        with admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     a = statistics.median(results["standalone"])
     b = statistics.median(results["supervised"])
     summary = {

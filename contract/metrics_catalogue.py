@@ -1,11 +1,12 @@
 """The whole metric catalogue, in its documented order: what every step logs (contract/metrics_training.py),
 the controllers' own metrics (each declared with its controller, contract/control; an entry two laws share is
-listed once), what the methods' losses and the runtime log (contract/metrics_methods.py), then the holding
-statistics. contract/metrics.py indexes it."""
+listed once), what the methods' losses and the runtime log (contract/metrics_methods.py), a tenant grader's
+health (contract/metrics_graders.py), then the holding statistics. contract/metrics.py indexes it."""
 
 from __future__ import annotations
 
 from contract import control as controllers
+from contract.metrics_graders import GRADERS
 from contract.metrics_methods import METHODS
 from contract.metrics_training import HOLDING, TRAINING
 from contract.metrics_types import Metric
@@ -22,7 +23,7 @@ def controller_metrics() -> tuple[Metric, ...]:
 
 def catalogue() -> tuple[Metric, ...]:
     """The catalogue as the registries hold it now (a law registered after import joins it here)."""
-    return (*TRAINING, *controller_metrics(), *METHODS, *HOLDING)
+    return (*TRAINING, *controller_metrics(), *METHODS, *GRADERS, *HOLDING)
 
 
 CATALOGUE: tuple[Metric, ...] = catalogue()

@@ -30,6 +30,12 @@ FLEET_SERIES: tuple[FleetSeries, ...] = (
         ("code", "queue"),
     ),
     FleetSeries("stare_queue_messages", "Messages waiting on the broker, by queue.", ("queue",)),
+    FleetSeries(
+        "stare_jobs_without_worker",
+        "Jobs waiting (queued, recovering) in a queue that no live worker serves: no worker of the queue has "
+        "beaten within STARE_WORKER_STALE_AFTER_S, so nothing will take them (the training queue, 0 too).",
+        ("queue",),
+    ),
     FleetSeries("stare_fleet_scrape_ok", "1 when the last scrape read the database.", ()),
 )
 

@@ -37,6 +37,9 @@ class ExitCode(IntEnum):
     FAILED = 1  # anything else: a crash (the traceback is on stderr)
     USER_ERROR = 2  # invalid spec or data
     NON_FINITE = 3  # non-finite loss or entropy; the `error` event names the step
+    GRADER_FAILED = (
+        4  # the job's grader failed past its error budget; the `error` event names the first failure
+    )
     STORAGE = 74  # EX_IOERR: a write to the run folder failed; the `error` event has code, errno and path
     INTERRUPTED = 75  # stopped by SIGTERM/SIGINT after writing a checkpoint (resume with --resume)
     # The Ray driver (`python -m trainer.launch.ray_driver`, docs/DISTRIBUTED.md) only:
@@ -61,9 +64,10 @@ class EventType(StrEnum):
 
 
 class ErrorCode(StrEnum):
-    """The `code` of an `error` event: non_finite, or one of contract.storage.STORAGE_CODES."""
+    """The `code` of an `error` event: non_finite, grader_failed, or one of contract.storage.STORAGE_CODES."""
 
     NON_FINITE = "non_finite"
+    GRADER_FAILED = "grader_failed"  # a user error: the tenant's grader (docs/GRADERS.md)
     STORAGE_FULL = storage.STORAGE_FULL
     STORAGE_READ_ONLY = storage.STORAGE_READ_ONLY
     STORAGE_IO_ERROR = storage.STORAGE_IO_ERROR

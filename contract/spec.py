@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from contract import algorithms, safejson, verifiers
+from contract import algorithms, graders, safejson, verifiers
 from contract import control as controllers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
@@ -425,6 +425,9 @@ class TrainSpec(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     task: TaskSpec = Field(default_factory=TaskSpec)
     verifier: VerifierSpec = Field(default_factory=VerifierSpec)
+    # A tenant's grader in place of the verifier, and how it runs (contract.graders, docs/GRADERS.md).
+    grader: graders.Grader | None = None
+    grading: graders.GradingSpec | None = None
     reward: RewardSpec = Field(default_factory=RewardSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
@@ -470,6 +473,13 @@ class TrainSpec(_Strict):
         ):
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
         _check_verifier(self.verifier)
+        # A resolved spec writes the default verifier out: only another one is a second reward.
+        graders.check_job(
+            self.grader,
+            self.grading,
+            verifier_set=self.verifier != VerifierSpec(),
+            style=self.reward.style,
+        )
         if self.rollout.tis_cap is not None and self.rollout.engine != "vllm":
             raise ValueError(
                 "rollout.tis_cap needs rollout.engine vllm (HF generate samples from the trainer)"

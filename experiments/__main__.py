@@ -3,6 +3,10 @@
 
 `run` runs every run of the plan that has not finished (finished runs are skipped, interrupted ones resumed),
 then writes the page; `page` only rebuilds the page from what is on disk; `list` prints the plan.
+`python -m experiments compact DIR` compresses the events of the finished runs under DIR that are still kept
+plain (experiments/rundata.py: what results/ keeps in git). `python -m experiments pages` (`make pages`)
+rebuilds the pages whose run data is in git, from results/ alone: docs/RESULTS-smollm2.md and
+docs/RESULTS-control.md, their figures in build/results-smollm2.html and build/results-control.html.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import time
 from pathlib import Path
 
 from contract.protocol import ExitCode
+from experiments import control_suite
 from experiments.page import write_page
 from experiments.plan import OPTIONAL_SUITES, all_runs, build_plan
+from experiments.rundata import compact_tree
 from experiments.runner import Runner, is_finished, run_dir
 from experiments.system import cpu_label
 
@@ -23,6 +29,26 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / "runs" / "experiments"
 HEADER = REPO / "experiments" / "RESULTS_HEADER.md"
 FOOTER = REPO / "experiments" / "RESULTS_FOOTER.md"
+
+
+def committed_pages() -> list[list[str]]:
+    """The `page` commands of the pages built from results/ (paths relative to the repository: they are
+    written into the pages as they are given)."""
+    smollm2 = ["--suite", "smollm2-add-lr2e-5", "--suite", "smollm2-add-lr3e-6", "--root", "results/smollm2"]
+    cells = [arg for cell in control_suite.CELLS for arg in ("--suite", cell)]
+    control = [*cells, "--root", "results/control", "--baseline-root", "results/smollm2"]
+    return [
+        ["page", *smollm2, *_page_files("smollm2", "SMOLLM2")],
+        ["page", *control, *_page_files("control", "CONTROL")],
+    ]
+
+
+def _page_files(name: str, prefix: str) -> list[str]:
+    return [
+        *("--md", f"docs/RESULTS-{name}.md", "--html", f"build/results-{name}.html"),
+        *("--header", f"experiments/RESULTS_{prefix}_HEADER.md"),
+        *("--footer", f"experiments/RESULTS_{prefix}_FOOTER.md"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: cores)"
             )
+    compact = sub.add_parser("compact", help="gzip the events of the finished runs under a folder")
+    compact.add_argument("folder", type=Path)
+    sub.add_parser("pages", help="rebuild the pages whose run data is in results/ (no run is started)")
     args = parser.parse_args(argv)
+    if args.command == "pages":
+        os.chdir(REPO)
+        return max(main(command) for command in committed_pages())
+    if args.command == "compact":
+        folders = compact_tree(args.folder)
+        print(f"compacted {len(folders)} finished run(s) under {args.folder}")
+        return 0
     plan = build_plan(quick=args.quick, suites=tuple(args.suite) if args.suite else None)
     root = args.root or Path(str(DEFAULT_ROOT) + ("-quick" if args.quick else ""))
     runs = [

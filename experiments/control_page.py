@@ -34,7 +34,7 @@ HELD_MAX_DEVIATION = 0.12
 NOISE_REACH = 0.8
 # Noise floors measured (`python -m experiments.noise_floor`, seed 0; docs/ALGORITHMS.md §11.8): relative sd of
 # H̄ for one fixed policy at the cell's batch. A file NOISE_FILE in the cell's run folder (that command's
-# output) takes precedence. SmolLM2 on a+b: 30 re-samples (results/control/noise-floor-control-tune.json; an
+# output) takes precedence. SmolLM2 on a+b: 30 re-samples (experiments/noise-floor-control-tune.json; an
 # earlier 8 gave 0.060).
 SMOLLM2_AB_FLOOR = (0.127, "the pretrained SmolLM2 policy on a+b at 4 × 8, 30 re-samples")
 MEASURED_FLOORS: dict[str, tuple[float, str]] = {

@@ -19,20 +19,22 @@ The window is steps [first, last] (default 3–40: after the first steps' fast f
 floor where ln H̄ is mostly noise); steps whose H̄ is below `floor` nats on either side are skipped.
 
 Usage: python -m experiments.plant RUNS_DIR [--first 3 --last 40 --floor 0.02]
-RUNS_DIR holds one folder per learning rate, each with METHOD/seedN/events.jsonl (the SmolLM2 suite's
-layout); it is an argument because the run data may move.
+RUNS_DIR holds one folder per learning rate, each with METHOD/seedN/ run folders (the SmolLM2 suite's
+layout, events plain or compressed: experiments/rundata.py); it is an argument because the run data may
+move.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from experiments.rundata import events_path, read_events
 
 ENTROPY = "entropy/mean"
 BONUS = "entropy_bonus/coef"
@@ -55,14 +57,9 @@ class Estimate:
     seeds: int
 
 
-def read_steps(path: Path) -> list[dict[str, float]]:
-    """The step events' metrics of one run, in step order."""
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            event = json.loads(line)
-            if event.get("type") == "step":
-                rows.append((int(event["step"]), event["metrics"]))
+def read_steps(folder: Path) -> list[dict[str, float]]:
+    """The step events' metrics of one run (its folder, read through experiments/rundata.py), in step order."""
+    rows = [(int(e["step"]), e["metrics"]) for e in read_events(folder) if e.get("type") == "step"]
     return [m for _s, m in sorted(rows, key=lambda r: r[0])]
 
 
@@ -87,7 +84,8 @@ def log_steps(
 
 
 def _seeds(folder: Path) -> dict[str, Path]:
-    return {p.parent.name: p for p in sorted(folder.glob("seed*/events.jsonl"))}
+    """seedN → its run folder, for the seeds that have events."""
+    return {p.name: p for p in sorted(folder.glob("seed*")) if events_path(p) is not None}
 
 
 def _estimate(name: str, values: Sequence[float]) -> Estimate:

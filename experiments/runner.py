@@ -1,7 +1,9 @@
 """Runs a plan's jobs as `python -m trainer run SPEC --out DIR` processes, several at a time.
 
 - Each run lives in ROOT/runs/<run id>/ with the spec it was given (spec.yaml), the engine's events.jsonl,
-  checkpoints and report, and, once it has ended, result.json (exit code, wall time, threads, CPU).
+  checkpoints and report, and, once it has ended, result.json (exit code, wall time, threads, CPU). A run
+  that finished is compacted: its events gzipped (events.jsonl.gz), its checkpoints removed unless the run
+  keeps them (experiments/rundata.py, which every reader of run folders goes through).
 - A run whose events end with `finished` is skipped. A run with a checkpoint but no `finished` (an
   interrupted or crashed run) is continued with --resume; anything else starts afresh.
 - Runs whose spec depends on another run's output (a shared SFT warm-start) wait for it.
@@ -28,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from contract.protocol import CHECKPOINT_GLOB, CHECKPOINTS_DIR, EVENTS_FILE, EventType, ExitCode
+from contract.protocol import CHECKPOINT_GLOB, CHECKPOINTS_DIR, EventType, ExitCode
+from experiments import rundata
 from experiments.plan import Run
 from experiments.system import cpu_info
 
@@ -41,17 +44,9 @@ def run_dir(root: Path, run: Run) -> Path:
 
 
 def events_of(path: Path) -> list[dict[str, Any]]:
-    """The events of a run folder (lines that do not parse are skipped: a crash can cut the last one)."""
-    file = path / EVENTS_FILE
-    if not file.exists():
-        return []
-    out = []
-    for line in file.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    """The events of a run folder, plain or compressed (experiments/rundata.py; lines that do not parse are
+    skipped: a crash can cut the last one)."""
+    return rundata.read_events(path)
 
 
 def is_finished(path: Path) -> bool:
@@ -115,7 +110,8 @@ class Runner:
             # The plan changed under an unfinished run: its checkpoints belong to another spec.
             resumed = False
         if not resumed:
-            for child in (CHECKPOINTS_DIR, "reference", EVENTS_FILE, RESULT_FILE):
+            rundata.remove_events(path)
+            for child in (CHECKPOINTS_DIR, "reference", RESULT_FILE):
                 target = path / child
                 if target.is_dir():
                     _rmtree(target)
@@ -152,10 +148,12 @@ class Runner:
             "cpu": cpu_info(),
         }
         _write_atomic(path / RESULT_FILE, json.dumps(result, indent=2, sort_keys=True))
-        if code == ExitCode.OK and not active.run.keep_checkpoints and is_finished(path):
-            for child in (CHECKPOINTS_DIR, "reference"):
-                if (path / child).is_dir():
-                    _rmtree(path / child)
+        if code == ExitCode.OK and is_finished(path):
+            rundata.compress_events(path)
+            if not active.run.keep_checkpoints:
+                for child in (CHECKPOINTS_DIR, "reference"):
+                    if (path / child).is_dir():
+                        _rmtree(path / child)
         verdicts: dict[int, str] = {ExitCode.OK: "done", ExitCode.INTERRUPTED: "stopped"}
         verdict = verdicts.get(code, f"failed (exit {code})")
         self.log(f"{verdict:<6} {active.run.id} in {wall:.0f} s")
@@ -232,12 +230,7 @@ class Runner:
         return all(is_finished(run_dir(self.root, self._by_id(d))) for d in run.needs)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+read_json = rundata.read_json
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -328,6 +328,49 @@ JOB_DASHBOARD = Dashboard(
             ),
             requires="tool-use",
         ),
+        Row(
+            "Grader",
+            (
+                Panel(
+                    "Grader failures",
+                    (
+                        _q("grader/errors", "failed samples", E.COUNT),
+                        _q("grader/timeouts", "timeouts", E.COUNT),
+                        _q("grader/non_finite", "non-finite", E.COUNT),
+                    ),
+                    width=6,
+                    description="Samples whose grading failed in the step; past grading.max_error_rate of "
+                    "the error window the job ends grader_failed (docs/GRADERS.md).",
+                ),
+                Panel(
+                    "Grader error rates",
+                    (
+                        _q("grader/error_rate", "this step", E.FRACTION),
+                        _q("grader/window_error_rate", "error window", E.FRACTION),
+                    ),
+                    unit="percentunit",
+                    width=6,
+                ),
+                Panel(
+                    "Grader scores",
+                    (
+                        _q("grader/score_mean", "mean", E.FINITE),
+                        _q("grader/score_std", "spread", E.NONNEGATIVE),
+                        _q("grader/all_equal_groups", "all-equal groups", E.FRACTION),
+                    ),
+                    width=6,
+                ),
+                Panel(
+                    "Grading time",
+                    (
+                        _q("grader/seconds", "seconds", E.NONNEGATIVE),
+                        _q("grader/step_share", "share of the step", E.FRACTION),
+                    ),
+                    width=6,
+                ),
+            ),
+            requires="a grader",
+        ),
     ),
 )
 
@@ -382,18 +425,25 @@ FLEET_DASHBOARD = Dashboard(
                 Panel(
                     "Jobs by state",
                     (Query(f"sum by (status) (stare_jobs{QUEUE})", "{{status}}", E.COUNT),),
-                    width=8,
+                    width=6,
+                ),
+                Panel(
+                    "Jobs no live worker can take",
+                    (Query(f"sum by (queue) (stare_jobs_without_worker{QUEUE})", "{{queue}}", E.ZERO),),
+                    width=6,
+                    description="Queued or recovering jobs in a queue that no live worker serves (alert "
+                    "JobsWithoutWorker). Start a worker of that queue; a worker without bubblewrap refuses to start.",
                 ),
                 Panel(
                     "Failures by code",
                     (Query(f"sum by (code) (stare_failed_jobs{QUEUE})", "{{code}}", E.COUNT),),
-                    width=8,
+                    width=6,
                 ),
                 Panel(
                     "Heartbeat ages",
                     (Query(f"stare_job_heartbeat_age_seconds{QUEUE}", "{{job_id}}", E.NONNEGATIVE),),
                     unit="s",
-                    width=8,
+                    width=6,
                 ),
             ),
         ),

@@ -2,7 +2,8 @@
 
 `Fleet.offers` is the declared classes (Settings.declared_offers) plus every live worker of the registry
 (store.repository.workers: rows that beat within worker_stale_after_s), read at most every
-worker_registry_cache_s. `place_job` asks contract.fleet.place_job (memory per device, the class, why not)
+worker_registry_cache_s; `Fleet.served_queues` is the queues of those live workers, from the same read
+(the job view's "waiting: no live worker serves queue X"). `place_job` asks contract.fleet.place_job (memory per device, the class, why not)
 once, with the offers and the longest prompt's bound (`prompt_tokens`, read off the task: its JSONL file or
 generated examples); a CapacityError becomes a 422 `exceeds_capacity` naming the field. A registry row
 whose capabilities no longer validate (a worker of another version) is skipped and logged, never a 500.
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from contract import fleet as placement
 from contract.catalog import PROMPT_OVERHEAD_TOKENS
@@ -43,13 +45,14 @@ class Fleet:
         self.settings = settings
         self.db = db
         self._lock = threading.Lock()
-        self._live: tuple[float, list[Offer]] | None = None
+        # (when read, the live workers' offers, the queues some live worker serves)
+        self._live: tuple[float, list[Offer], frozenset[str]] | None = None
 
     def offers(self) -> list[Offer]:
         return self.settings.declared_offers() + self.live_offers()
 
     def fresh(self) -> bool:
-        """Whether live_offers would answer from its cache (no database read)."""
+        """Whether live_offers and served_queues would answer from the cache (no database read)."""
         with self._lock:
             return (
                 self._live is not None
@@ -57,15 +60,23 @@ class Fleet:
             )
 
     def live_offers(self) -> list[Offer]:
+        return self._registry()[1]
+
+    def served_queues(self) -> frozenset[str]:
+        """The queues at least one live worker consumes (whether or not this service can read its
+        capabilities): a waiting job in any other queue waits for a worker that is not there."""
+        return self._registry()[2]
+
+    def _registry(self) -> tuple[float, list[Offer], frozenset[str]]:
         ttl = self.settings.worker_registry_cache_s
         with self._lock:
             if self._live is not None and time.monotonic() - self._live[0] < ttl:
-                return self._live[1]
+                return self._live
         stale_after_s = self.settings.worker_stale_after_s
         with self.db.transaction() as session:  # compared on the database's clock (store.repository.workers)
-            rows = [(w.id, w.capabilities) for w in repository.live_workers(session, stale_after_s)]
+            rows = [(w.id, w.queue, w.capabilities) for w in repository.live_workers(session, stale_after_s)]
         live = []
-        for worker_id, capabilities in rows:
+        for worker_id, _queue, capabilities in rows:
             try:
                 worker_class = WorkerClass.model_validate(capabilities)
             except ValidationError as err:
@@ -75,9 +86,15 @@ class Fleet:
                 continue
             # The label reaches tenants (estimates, capacity errors): no worker id, host name or pid.
             live.append(Offer(f"a live worker on queue {worker_class.queue!r}", worker_class, True))
+        read = (time.monotonic(), live, frozenset(queue for _, queue, _ in rows))
         with self._lock:
-            self._live = (time.monotonic(), live)
-        return live
+            self._live = read
+        return read
+
+
+async def served_queues(fleet: Fleet) -> frozenset[str]:
+    """Fleet.served_queues for an async route: from the cache inline, else the registry read in a thread."""
+    return fleet.served_queues() if fleet.fresh() else await run_in_threadpool(fleet.served_queues)
 
 
 def blocks(spec: TrainSpec, fleet: Fleet) -> bool:

@@ -65,4 +65,13 @@ def score(
     return {"score": value, "error": error, "latency_ms": (time.perf_counter() - start) * 1000}
 
 
-FUNCTIONS: dict[str, Callable[..., Any]] = {"generate": generate, "score": score}
+def items(
+    report: Report, source: str, name: str | None, seed: int, params: dict[str, Any], size: int
+) -> list[dict[str, Any]]:
+    """The task's first `size` examples as graders see them (prompt, answer, the meta's fields): the
+    items of a job's loophole check (service/grading.py)."""
+    examples = sources.make_examples(source, name=name, size=size, seed=seed, params=params)
+    return [{**example.meta, "prompt": example.prompt, "answer": example.answer} for example in examples]
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {"generate": generate, "score": score, "items": items}

@@ -350,6 +350,26 @@ class JobError(BaseModel):
     )
 
 
+class JobWaiting(BaseModel):
+    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+
+    code: Literal["no_live_worker"]
+    queue: str
+    message: str = Field(description="e.g. \"no live worker serves queue 'training'\"")
+
+
+class GraderStatus(BaseModel):
+    type: str
+    name: str | None
+    health: dict[str, float | None] = Field(
+        description="The latest step's grader/* metrics: samples, errors, timeouts, non_finite, error rates, "
+        "score mean and spread, the share of all-equal groups, seconds and share of the step."
+    )
+    warnings: list[dict[str, Any]] | None = Field(
+        default=None, description="The loophole check's warnings at submission (GET /v1/jobs/{id} only)."
+    )
+
+
 class JobObject(BaseModel):
     id: str
     object: Literal["job"] = "job"
@@ -385,7 +405,18 @@ class JobObject(BaseModel):
     )
     latest_metrics: LatestMetrics | None
     error: JobError | None
+    waiting: JobWaiting | None = Field(
+        default=None,
+        description="For a queued or recovering job that no live worker can take (no worker of its queue "
+        "has beaten within the registry's stale time): why it waits. Null otherwise; it goes once a worker "
+        "of the queue starts.",
+    )
     spec: dict[str, Any] = Field(description="The resolved spec the trainer runs.")
+    grader: GraderStatus | None = Field(
+        default=None,
+        description="A job with a grader (docs/GRADERS.md): its type and name, its health from the latest "
+        "step's grader/* metrics, and (GET /v1/jobs/{id}) the loophole check's warnings at submission.",
+    )
 
 
 class JobList(BaseModel):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from service.body_checks import BodyChecks
 from service.fleet import Fleet
+from service.grading import GraderGate
 from service.job_specs import model_catalogue
 from service.offload import ChildPool
 from service.principals import PrincipalCache
@@ -36,6 +37,7 @@ class Services:
     fleet: Fleet  # the worker classes placement chooses from (service/fleet.py)
     offload: ChildPool  # task generation and verifier dry runs, off the event loop and out of this process
     body_checks: BodyChecks  # large JSON bodies' checks, in other processes (service/body_checks.py)
+    graders: GraderGate  # tenant graders' runs: off the event loop, bounded per tenant (service/grading.py)
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -82,6 +84,7 @@ class Services:
             body_checks=BodyChecks(
                 processes=settings.body_check_processes, max_values=settings.max_json_values
             ),
+            graders=GraderGate(settings.grader_runs_per_tenant, settings.grader_runs_total),
         )
 
     def enqueue(self, job_id: str, queue: str) -> bool:

@@ -46,7 +46,7 @@ class Settings(SharedSettings):
     # class: the training queue, one node, max_processes_per_job processes, memory not stated.
     max_processes_per_job: Annotated[int, Field(ge=1, le=4096)] = 8
     worker_classes: list[WorkerClass] | None = None
-    worker_stale_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0  # a silent worker stops counting
+    # worker_stale_after_s (a silent worker stops counting) is shared with the exporter: store.settings.
     worker_registry_cache_s: Annotated[float, Field(ge=0, le=60)] = 2.0  # 0: read the registry every time
     rate_limit_per_second: Annotated[float, Field(ge=0)] = 20.0  # per API key; 0 disables rate limiting
     rate_limit_burst: Annotated[int, Field(ge=1)] = 100
@@ -98,6 +98,25 @@ class Settings(SharedSettings):
     task_check_queue_per_tenant: Annotated[int, Field(ge=0, le=1000)] = 4
     task_check_isolation: bool = True
     task_check_prewarm: bool = True
+
+    # Tenant graders (docs/GRADERS.md): the most one sandboxed grader process may use here (OpenAI's python
+    # grader limits are the defaults and the ceilings; an operator may lower them), the pool size a job may
+    # ask, and how many grader runs (validate, run, a job's loophole check) one tenant and the API may have
+    # in flight at once (one more from a tenant is a 429).
+    grader_max_timeout_s: Annotated[float, Field(gt=0, le=120)] = 120.0
+    grader_max_memory_mb: Annotated[int, Field(ge=128, le=2048)] = 2048
+    grader_max_disk_mb: Annotated[int, Field(ge=32, le=1024)] = 1024
+    grader_max_workers: Annotated[int, Field(ge=1, le=32)] = 4
+    grader_runs_per_tenant: Annotated[int, Field(ge=1, le=64)] = 2
+    grader_runs_total: Annotated[int, Field(ge=1, le=256)] = 4
+
+    def grader_limits(self) -> dict[str, float]:
+        """grader limit field (under spec.grading.limits) -> the most this deployment allows."""
+        return {
+            "timeout_s": self.grader_max_timeout_s,
+            "memory_mb": self.grader_max_memory_mb,
+            "disk_mb": self.grader_max_disk_mb,
+        }
 
     def tool_limits(self) -> dict[str, float]:
         """environment field (dotted after spec.environment) -> the most this deployment allows."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -27,7 +27,7 @@ from contract.metrics import (
 from contract.numbers import finite
 from service import schemas
 from service.principals import KeyRef, TenantRef
-from store.models import TERMINAL_STATUSES, ApiKey, Checkpoint, File, Job, JobEvent, Tenant
+from store.models import TERMINAL_STATUSES, WAITING_STATUSES, ApiKey, Checkpoint, File, Job, JobEvent, Tenant
 
 # A Job, or a read-only row of the same columns under the same names (store.repository.read_job).
 JobLike = Job | Row[Any] | SimpleNamespace
@@ -133,7 +133,35 @@ def progress(job: JobLike) -> schemas.Progress:
     )
 
 
-def job_view(job: JobLike) -> schemas.JobObject:
+def waiting(job: JobLike, served_queues: Collection[str] | None) -> schemas.JobWaiting | None:
+    """Why the job waits, when it waits for a worker (queued, recovering) and no live worker serves its
+    queue (`served_queues`: service.fleet.Fleet.served_queues; None: not known, nothing said)."""
+    if served_queues is None or job.status not in WAITING_STATUSES or job.queue in served_queues:
+        return None
+    return schemas.JobWaiting(
+        code="no_live_worker", queue=job.queue, message=f"no live worker serves queue '{job.queue}'"
+    )
+
+
+def grader_status(job: JobLike, warnings: list[dict[str, Any]] | None = None) -> schemas.GraderStatus | None:
+    """A job with a grader: what it is, the latest step's grader/* metrics and the warnings given."""
+    spec = job.resolved_spec if isinstance(job.resolved_spec, dict) else {}
+    grader = spec.get("grader")
+    if not isinstance(grader, dict):
+        return None
+    health = {k: v for k, v in metric_values(job.last_metrics).items() if k.startswith("grader/")}
+    return schemas.GraderStatus(
+        type=str(grader.get("type")), name=grader.get("name"), health=health, warnings=warnings
+    )
+
+
+def job_view(
+    job: JobLike,
+    served_queues: Collection[str] | None = None,
+    grader_warnings: list[dict[str, Any]] | None = None,
+) -> schemas.JobObject:
+    """The API's job object; with the queues live workers serve, a waiting job also says why it waits; a
+    job with a grader carries its health and, where given, its loophole warnings."""
     error = None
     if job.error_code is not None or job.error_message is not None:
         error = schemas.JobError(
@@ -170,7 +198,9 @@ def job_view(job: JobLike) -> schemas.JobObject:
         control=control_status(job),
         latest_metrics=latest,
         error=error,
+        waiting=waiting(job, served_queues),
         spec=job.resolved_spec,
+        grader=grader_status(job, grader_warnings),
     )
 
 

@@ -25,6 +25,7 @@ import httpx
 from stare_client import models, transport
 from stare_client.config import resolve
 from stare_client.driver import Bindable, Close, M, Op, ReadBody, Send, Sleep, Sync, SyncDriver, operation
+from stare_client.graders import Graders
 from stare_client.resources import (
     DEFAULT_TIMEOUT_S,
     RECONNECT_FOR_S,
@@ -103,6 +104,7 @@ class BaseClient(Bindable[M]):
         self.checkpoints: Checkpoints[M] = Checkpoints(self)
         self.reports: Reports[M] = Reports(self)
         self.keys: Keys[M] = Keys(self)
+        self.graders: Graders[M] = Graders(self)
 
     def _connect(self, **http_options: Any) -> None:
         """Open `self.http` and set `self._driver` (each client's own kind)."""

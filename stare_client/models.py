@@ -227,6 +227,24 @@ class JobError(APIObject):
     category: Literal["user", "system"] | None
 
 
+class JobWaiting(APIObject):
+    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+
+    code: Literal["no_live_worker"]
+    queue: str
+    message: str  # "no live worker serves queue 'training'"
+
+
+class GraderStatus(APIObject):
+    """A job's grader (docs/GRADERS.md): its type and name, the latest step's grader/* metrics and the
+    loophole warnings of its submission (GET of one job only)."""
+
+    type: str
+    name: str | None
+    health: dict[str, float | None]
+    warnings: list[dict[str, Any]] | None = None
+
+
 class Job(APIObject):
     id: str
     object: Literal["job"] = "job"
@@ -251,7 +269,9 @@ class Job(APIObject):
     control: ControlStatus | None = None
     latest_metrics: LatestMetrics | None
     error: JobError | None
+    waiting: JobWaiting | None = None  # set while no live worker serves the job's queue
     spec: dict[str, Any]
+    grader: GraderStatus | None = None
 
     @property
     def is_terminal(self) -> bool:

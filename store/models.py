@@ -53,6 +53,8 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # States in which a worker holds (or held) the lease and writes to the job.
 LEASED_STATUSES = ("running", "pausing", "cancelling")
 ACTIVE_STATUSES = tuple(s for s in JOB_STATUSES if s not in TERMINAL_STATUSES)
+# States in which a job waits for a worker of its queue to take it (first run, or again after a lost worker).
+WAITING_STATUSES = ("queued", "recovering")
 
 FILE_PURPOSES = ("rl_train", "rl_eval")
 ERROR_CATEGORIES = ("user", "system")

@@ -45,6 +45,11 @@ class SharedSettings(BaseSettings):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     max_lost_workers: Annotated[int, Field(ge=1, le=1000)] = 10
 
+    # The worker registry (store.repository.workers): a worker whose last beat is older than this no longer
+    # counts as live, for placement (the API) and for "no live worker serves this queue" (the job view, the
+    # exporter's stare_jobs_without_worker). Keep the workers' STARE_REGISTRY_HEARTBEAT_S well under it.
+    worker_stale_after_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+
     @model_validator(mode="after")
     def _no_placeholder_secrets(self) -> SharedSettings:
         if self.environment == "development":

@@ -1,5 +1,9 @@
 """Suite-wide rules.
 
+PostgreSQL and Redis: every test reaches them through tests/services.py (the `test_postgres` and
+`test_redis_url` fixtures, or its functions): the servers $STARE_TEST_POSTGRES_URL and $STARE_TEST_REDIS_URL
+name, else throwaway ones the session starts itself under build/test-services/ and stops at its end.
+
 Real components: a test that needs a real Prometheus, promtool, chromium or bubblewrap marks itself with
 `requires_binary(...)`; one that runs a trainer under vLLM's interpreter with `requires_vllm_python()`
 (tests needing vLLM in-process are marked `vllm`); a test that finds at run time that its real part cannot
@@ -16,12 +20,16 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.services import PostgresServer
 
 REAL_COMPONENT_MISSING = "real component missing:"
 
@@ -39,6 +47,20 @@ def skip_missing_component(reason: str) -> NoReturn:
     """Skip (or, under STARE_REQUIRE_REAL_COMPONENTS=1, fail): a real component this test needs cannot run
     here, for `reason`."""
     pytest.skip(f"{REAL_COMPONENT_MISSING} {reason}")
+
+
+def path_without(folder: Path, programs: set[str]) -> str:
+    """A PATH (one folder of symlinks, made in `folder`) with every program of this machine's PATH but
+    `programs`: a machine that lacks them, for a test's subprocess."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if not entry or not Path(entry).is_dir():
+            continue
+        for program in Path(entry).iterdir():
+            target = folder / program.name
+            if program.name not in programs and not target.exists() and os.access(program, os.X_OK):
+                target.symlink_to(program)
+    return str(folder)
 
 
 def vllm_python() -> str:
@@ -61,6 +83,37 @@ def requires_vllm_python() -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not _has_vllm(python), reason=f"{REAL_COMPONENT_MISSING} vllm in {python} (make install builds it)"
     )
+
+
+@pytest.fixture(scope="session")
+def test_postgres() -> PostgresServer:
+    """The PostgreSQL server of this test process (tests/services.py: $STARE_TEST_POSTGRES_URL, else one
+    started for the session); skipped as a missing real component where neither exists."""
+    from tests import services
+
+    try:
+        return services.postgres()
+    except services.ServiceUnavailable as err:
+        skip_missing_component(str(err))
+
+
+@pytest.fixture(scope="session")
+def test_redis_url() -> str:
+    """The Redis of this test process (tests/services.py: $STARE_TEST_REDIS_URL, else one started for the
+    session), database 0; skipped as a missing real component where neither exists."""
+    from tests import services
+
+    try:
+        return services.redis_url()
+    except services.ServiceUnavailable as err:
+        skip_missing_component(str(err))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's throwaway PostgreSQL and Redis (if it started any) stop with it."""
+    services = sys.modules.get("tests.services")  # imported only by sessions that used a server
+    if services is not None:
+        services.stop_all()
 
 
 @pytest.hookimpl(hookwrapper=True)

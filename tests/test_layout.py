@@ -1,5 +1,6 @@
 """Code and data apart: no run data inside a Python package (run folders live in results/), and the
-results pages in docs/ link the report's one stylesheet instead of carrying a copy of it."""
+results pages in docs/ link the report's one stylesheet instead of carrying a copy of it. What results/
+keeps in git is checked in tests/experiments/test_rundata.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from trainer.report import CSS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("contract", "trainer", "service", "worker", "experiments", "store", "monitoring", "stare_client")
-RUN_FILES = ("events.jsonl", "result.json")
+RUN_FILES = ("events.jsonl", "events.jsonl.gz", "result.json")
 
 
 def test_no_python_package_holds_run_data() -> None:
@@ -22,7 +23,7 @@ def test_no_python_package_holds_run_data() -> None:
     ]
     assert found == []
     # the run folders of the SmolLM2 page are where its script reads them
-    assert any((ROOT / "results" / "smollm2" / "runs").rglob("events.jsonl"))
+    assert any((ROOT / "results" / "smollm2" / "runs").rglob("events.jsonl.gz"))
     assert "--root results/smollm2" in (ROOT / "experiments" / "run-smollm2.sh").read_text()
 
 

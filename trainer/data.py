@@ -11,6 +11,7 @@ from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos import informative_groups
 from trainer.distributed.runtime import Reduce
+from trainer.graders.job import JobGrading
 from trainer.rollout.batch import Rollout, concat_rollouts, rollout
 from trainer.rollout.generation import RolloutEngine
 from trainer.rollout.sampling import SampleStreams
@@ -73,6 +74,7 @@ def collect(
     reduce: Reduce,
     step: int,
     engine: RolloutEngine,
+    grading: JobGrading | None = None,
 ) -> tuple[Rollout, int]:
     """This process's rollouts for step `step` (the model in eval mode): the next prompts_per_step prompts,
     this process's share of them; with dynamic sampling, batches are generated until enough informative
@@ -103,6 +105,7 @@ def collect(
             sample_stats=sample_stats,
             engine=engine,
             seeds=streams.prompt_seeds(mine),
+            grading=grading,
         )
         batches += 1
         if ds.enabled:

@@ -54,6 +54,8 @@ from trainer.distributed.runtime import Runtime
 from trainer.envs import sandbox
 from trainer.envs.tool_use import reduced_tool_metrics
 from trainer.evaluation import evaluate
+from trainer.graders.health import GraderFailed
+from trainer.graders.job import JobGrading
 from trainer.policy import placement
 from trainer.policy.scoring import forward_is_deterministic
 from trainer.policy.update import (
@@ -105,6 +107,7 @@ class Engine:
 
     prompts: PromptOrder  # set by setup()
     eval_examples: list[Example]
+    grading: JobGrading | None = None  # a job with a grader: its pool, started by setup()
 
     def __init__(
         self,
@@ -174,6 +177,7 @@ class Engine:
         run) and the optimiser: what `run` does before the first step."""
         self.prompts, self.eval_examples = load_examples(self.spec)
         self._check_environment()
+        self.grading = JobGrading.start(self.spec)
         self._load_model(checkpoint)
 
     def _check_environment(self) -> None:
@@ -235,8 +239,9 @@ class Engine:
         examples = [self.eval_examples[i] for i in share]
         with self.rollouts.rollout_mode() as (model, eng):  # shares differ by a prompt: no collectives
             return evaluate(
-                model, self.tokenizer, self.spec, examples, self.runtime.reduce, engine=eng, seeds=seeds
-            )
+                model, self.tokenizer, self.spec, examples, self.runtime.reduce, engine=eng, seeds=seeds,
+                grading=self.grading,
+            )  # fmt: skip
 
     def _run_eval(self) -> dict[str, float]:
         if not self.eval_examples:
@@ -254,7 +259,7 @@ class Engine:
             return collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
                 sample_stats=self.record_sample_stats, reduce=self.runtime.reduce, engine=engine,
-                step=self.step + 1 if step is None else step,
+                step=self.step + 1 if step is None else step, grading=self.grading,
             )  # fmt: skip
 
     def train_step(self) -> dict[str, float]:
@@ -444,6 +449,8 @@ class Engine:
         if batch.tool_counts is not None:
             metrics.update(reduced_tool_metrics(batch.tool_counts, self.runtime.reduce))
         metrics.update(self.controllers.metrics(StepStatistics(batch_entropy=h_bar)))
+        if self.grading is not None:
+            metrics.update(self.grading.step_metrics(elapsed))
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -515,6 +522,9 @@ class Engine:
                 {"type": EventType.ERROR, "step": err.step, "code": ErrorCode.NON_FINITE, "message": str(err)}
             )
             return ExitCode.NON_FINITE
+        except GraderFailed as err:  # a user error naming the first failure (trainer.graders.health)
+            self.emit(err.event(self.step + 1))
+            return ExitCode.GRADER_FAILED
         except Interrupted:
             return ExitCode.INTERRUPTED
         except StorageError as err:
@@ -525,6 +535,8 @@ class Engine:
                 raise
             return self._storage_failed(StorageError(err.errno, err.filename, err.strerror or str(err)))
         finally:
+            if self.grading is not None:
+                self.grading.close()
             if self.events.is_open:
                 self.events.close()
                 self._write_report()

@@ -10,6 +10,7 @@ import torch
 
 from contract.spec import TrainSpec
 from trainer.distributed.runtime import Reduce
+from trainer.graders.job import JobGrading
 from trainer.rollout.batch import run_episodes
 from trainer.rollout.generation import RolloutEngine
 from trainer.tasks.sources import Example, render_prompt
@@ -28,8 +29,10 @@ def evaluate(
     *,
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
+    grading: JobGrading | None = None,
 ) -> dict[str, float]:
-    """The eval/ metrics over `examples` (this process's share); `reduce` sums host numbers over the
+    """The eval/ metrics over `examples` (this process's share), scored by the verifier or the job's
+    grader (`grading`: a sample passes when its score reaches the pass threshold); `reduce` sums host numbers over the
     processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.rollout.sampling:
     (job seed, "eval", step, its index in the evaluation set); None: drawn from torch's global RNG). The
     model is left in train mode."""
@@ -42,13 +45,13 @@ def evaluate(
         chunk_seeds = seeds[s : s + CHUNK_PROMPTS] if seeds is not None else None
         if spec.environment is not None:
             chunk_correct, chunk_pass, chunk_length = eval_episodes(
-                model, tokenizer, spec, chunk, k, engine, chunk_seeds
+                model, tokenizer, spec, chunk, k, engine, chunk_seeds, grading
             )
             correct_sum, pass_sum = correct_sum + chunk_correct, pass_sum + chunk_pass
             length_sum, n_prompts = length_sum + chunk_length, n_prompts + len(chunk)
             continue
         for mean_score, passed, lengths in eval_responses(
-            model, tokenizer, spec, chunk, k, engine, chunk_seeds
+            model, tokenizer, spec, chunk, k, engine, chunk_seeds, grading
         ):
             for n in lengths:  # summed in this order, sample by sample, as the totals always were
                 length_sum += n
@@ -75,6 +78,7 @@ def eval_responses(
     k: int,
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
+    grading: JobGrading | None = None,
 ) -> list[tuple[float, float, list[float]]]:
     """k single-turn responses per example: per example (mean score, 1.0 if a sample scores 1, the
     samples' response lengths)."""
@@ -91,17 +95,26 @@ def eval_responses(
         max_new_tokens=spec.sampling.max_new_tokens, greedy=ev.greedy, seeds=seeds,
     )  # fmt: skip
     ids, resp_mask, p_len = generated.input_ids, generated.response_mask, generated.prompt_length
+    lengths = [float(resp_mask[row].sum()) for row in range(len(chunk) * k)]
+    texts = [
+        str(tokenizer.decode(ids[row, p_len : p_len + int(n)], skip_special_tokens=True))
+        for row, n in enumerate(lengths)
+    ]
+    scores = _scores(spec, texts, [chunk[row // k] for row in range(len(texts))], grading)
     out = []
-    for j, ex in enumerate(chunk):
-        scores, lengths = [], []
-        for t in range(k):
-            row = j * k + t
-            n = int(resp_mask[row].sum())
-            text = str(tokenizer.decode(ids[row, p_len : p_len + n], skip_special_tokens=True))
-            scores.append(score(spec.verifier.name, text, ex, spec.verifier.params))
-            lengths.append(float(n))
-        out.append((sum(scores) / k, float(max(scores) >= 1.0), lengths))
+    for j in range(len(chunk)):
+        mine = scores[j * k : (j + 1) * k]
+        out.append((sum(mine) / k, float(max(mine) >= 1.0), lengths[j * k : (j + 1) * k]))
     return out
+
+
+def _scores(
+    spec: TrainSpec, texts: list[str], examples: list[Example], grading: JobGrading | None
+) -> list[float]:
+    """Each sample's score: the verifier's, or its pass (0 or 1) under the job's grader."""
+    if grading is not None:
+        return grading.eval_passes(texts, examples)
+    return [score(spec.verifier.name, text, ex, spec.verifier.params) for text, ex in zip(texts, examples)]
 
 
 def eval_episodes(
@@ -112,6 +125,7 @@ def eval_episodes(
     k: int,
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
+    grading: JobGrading | None = None,
 ) -> tuple[float, float, float]:
     """k tool-use episodes per example, scored on their answers: (sum over the examples of the mean
     score, examples with a sample scoring 1, model tokens of every episode)."""
@@ -121,10 +135,9 @@ def eval_episodes(
         greedy=ev.greedy, engine=engine, seeds=seeds,
     )  # fmt: skip
     model_tokens = sum(len(ids) for row in episodes.pieces for ids, is_model in row if is_model)
-    scores = [
-        score(spec.verifier.name, text, chunk[row // k], spec.verifier.params)
-        for row, text in enumerate(episodes.answers)
-    ]
+    scores = _scores(
+        spec, episodes.answers, [chunk[row // k] for row in range(len(episodes.answers))], grading
+    )
     per_example = [scores[j * k : (j + 1) * k] for j in range(len(chunk))]
     return (
         sum(sum(s) / k for s in per_example),

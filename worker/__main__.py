@@ -50,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "embedded":
+        for noisy in ("httpx", "alembic"):  # the launcher's screen: progress lines, not each request
+            logging.getLogger(noisy).setLevel(logging.WARNING)
         from worker.embedded import main as embedded_main
         from worker.embedded import serve as embedded_serve
 
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         if args.serve:
             return embedded_serve(args.home, args.port)
         return embedded_main(args.spec, args.home, args.port)
@@ -197,7 +198,13 @@ def _serve_exporter(db: object, settings: WorkerSettings, addr: str, port: int) 
     from worker.metrics import FleetCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(db, settings.broker_url, (settings.training_queue,)))  # type: ignore[arg-type]
+    collector = FleetCollector(
+        db,  # type: ignore[arg-type]
+        settings.broker_url,
+        (settings.training_queue,),
+        stale_after_s=settings.worker_stale_after_s,
+    )
+    registry.register(collector)
     start_http_server(port, addr=addr, registry=registry)
     logging.getLogger(__name__).info("exporter on http://%s:%d/metrics", addr, port)
     while True:

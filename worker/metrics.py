@@ -3,7 +3,8 @@ active jobs, failed jobs by error code, and queue and worker gauges.
 
 The collector keeps no state: at each scrape it reads the active jobs (running, pausing, cancelling), their
 latest metric snapshot and latest evaluation from the database, the failed jobs' error codes, the queue
-depth from the broker, and (Redis broker) the idle workers of each queue, by a Celery ping. A finished
+depth from the broker, the jobs that wait in a queue no live worker serves (the worker registry), and
+(Redis broker) the idle workers of each queue, by a Celery ping. A finished
 job is no longer active, so its series vanish from the next scrape. Labels are job_id, algorithm and queue
 only (never step, tenant or prompt: bounded cardinality); the failed-jobs series adds the error code, a
 closed set (JOB_FAILURE_CODES, each published with 0 too, so alerts and panels always have a series).
@@ -28,7 +29,7 @@ from contract.numbers import finite
 from contract.protocol import JOB_FAILURE_CODES, EventType
 from store.database import Database
 from store.models import LEASED_STATUSES, Job
-from store.repository import db_now
+from store.repository import db_now, jobs_without_worker
 from store.repository.monitoring import failed_job_counts, latest_evals
 from worker.broker import REDIS_SCHEMES, queue_depth_reader
 
@@ -49,9 +50,14 @@ def _gauge(name: str) -> GaugeMetricFamily:
 
 class FleetCollector(Collector):
     def __init__(
-        self, db: Database, broker_url: str | None = None, queues: tuple[str, ...] = ("training",)
+        self,
+        db: Database,
+        broker_url: str | None = None,
+        queues: tuple[str, ...] = ("training",),
+        stale_after_s: float = 60.0,
     ) -> None:
         self.db, self.broker_url, self.queues = db, broker_url, queues
+        self.stale_after_s = stale_after_s  # the registry's: a worker silent this long is not live
         self._depth = queue_depth_reader(broker_url, timeout_s=1.0)
         self._celery: Any = None
 
@@ -68,6 +74,7 @@ class FleetCollector(Collector):
         depth = _gauge("stare_queue_messages")
         up = _gauge("stare_fleet_scrape_ok")
         failed = _gauge("stare_failed_jobs")
+        orphans = _gauge("stare_jobs_without_worker")
         try:
             with self.db.sessions() as session:
                 now = db_now(session)  # heartbeats are the database's time: their age is measured on it
@@ -85,6 +92,7 @@ class FleetCollector(Collector):
                 ).all()
                 evals = latest_evals(session, [row.id for row in rows])
                 failures = failed_job_counts(session)
+                without_worker = jobs_without_worker(session, self.stale_after_s)
         except Exception:
             logger.warning("fleet scrape could not read the database", exc_info=True)
             up.add_metric([], 0)
@@ -110,7 +118,10 @@ class FleetCollector(Collector):
         counts = {(code, queue): count for code, queue, count in failures}
         for code, queue in sorted(set(counts) | {(c, q) for c in JOB_FAILURE_CODES for q in self.queues}):
             failed.add_metric([code, queue], float(counts.get((code, queue), 0)))
+        for queue in sorted(set(self.queues) | set(without_worker)):
+            orphans.add_metric([queue], float(without_worker.get(queue, 0)))
         yield from families.values()
+        yield orphans
         yield step
         yield total
         yield heartbeat_age

@@ -489,9 +489,10 @@ def _conclude(
                 JobError(FailureCode.INVALID_JOB, _last_line(tail) or "the trainer rejected the job", "user"),
             )
             return "failed"
-        if code == ExitCode.NON_FINITE:
-            message = recorder.last_error or _non_finite_message(tail)
-            recorder.finish("failed", JobError(ErrorCode.NON_FINITE, message, "user"))
+        if code in (ExitCode.NON_FINITE, ExitCode.GRADER_FAILED):  # user errors its `error` event explains
+            fallback = _non_finite_message(tail) if code == ExitCode.NON_FINITE else _last_line(tail)
+            message = recorder.last_error or fallback or "the job's grader failed"
+            recorder.finish("failed", JobError(ErrorCode[ExitCode(code).name], message, "user"))
             return "failed"
         if code == ExitCode.STORAGE or _is_storage_fault(recorder.last_error_event):
             # Also without exit 74: under torchrun a process that failed because another one's disk was full

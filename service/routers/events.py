@@ -218,7 +218,9 @@ def _poll(services: Services, job_id: str, cursor: Cursor) -> _Batch:
             frames,
             Cursor(seq, step),
             job.status if job is not None else None,
-            views.job_view(job).model_dump_json() if live and job is not None else None,
+            views.job_view(job, services.fleet.served_queues()).model_dump_json()
+            if live and job is not None
+            else None,
             STREAM_BATCH in (len(rows), len(points)),
         )
 

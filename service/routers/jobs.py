@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
@@ -9,11 +10,12 @@ from starlette.concurrency import run_in_threadpool
 
 from contract.estimate import estimate
 from contract.fleet import JobPlacement
+from contract.graders import GradingSpec
 from contract.spec import TrainSpec
-from service import job_specs, views
+from service import grading, job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
-from service.fleet import blocks, place_job
+from service.fleet import blocks, place_job, served_queues
 from service.principals import TenantRef
 from service.responses import model_response
 from service.schemas import (
@@ -174,22 +176,33 @@ async def create_job(
             pool, tenant.id, idempotency_key, request_hash
         )
         if existing is not None:
-            return model_response(views.job_view(existing), 201, headers=REPLAYED)
+            queues = await served_queues(services.fleet)
+            return model_response(views.job_view(existing, queues), 201, headers=REPLAYED)
     spec, placement = await _validated(body, tenant, services)
     settings = services.settings
     if settings.max_active_jobs_per_tenant:
         _check_active_job_limit(settings, await repository.count_active_jobs(pool, tenant.id))
     new = _new_job(body, tenant, spec, placement.queue, settings, idempotency_key, request_hash)
+    if spec.grader is not None:  # its source loads in the sandbox, and the loophole check's warnings are kept
+        grading.limits_within(
+            (spec.grading or GradingSpec()).limits, settings.grader_limits(), "spec.grading.limits"
+        )
+        key = spec.task.path if spec.task.source == "jsonl" else None
+        findings = await grading.job_findings(spec, key, tenant.id, services)
+        new = dataclasses.replace(new, grader_warnings=findings)
     job, created = await repository.create_job(pool, new)
     if created:  # committed, durably, by now
         await services.enqueue_async(job.id, job.queue)
-    return model_response(views.job_view(job), 201, headers=None if created else REPLAYED)
+    queues = await served_queues(services.fleet)
+    view = views.job_view(job, queues, new.grader_warnings)
+    return model_response(view, 201, headers=None if created else REPLAYED)
 
 
 @router.get("", summary="List jobs", response_model=JobList)
 def list_jobs(
     tenant: CurrentTenant,
     session: SessionDep,
+    services: ServicesDep,
     after: Annotated[
         str | None, Query(description="The last job id of the previous page.", max_length=64)
     ] = None,
@@ -198,8 +211,9 @@ def list_jobs(
 ) -> JobList:
     """This tenant's jobs, newest first. Pass `last_id` of a page as `after` for the next one."""
     rows, has_more = repository.list_jobs(session, tenant.id, after=after, limit=limit, status=status)
+    queues = services.fleet.served_queues()
     return JobList(
-        data=[views.job_view(j) for j in rows],
+        data=[views.job_view(j, queues) for j in rows],
         has_more=has_more,
         first_id=rows[0].id if rows else None,
         last_id=rows[-1].id if rows else None,
@@ -207,29 +221,34 @@ def list_jobs(
 
 
 @router.get("/{job_id}", summary="Get a job", response_model=JobObject, responses=errors(404))
-async def get_job(job: VisibleJob) -> Response:
+async def get_job(job: VisibleJob, services: ServicesDep) -> Response:
     """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
-    in_band | below | above, steps out of band) and, for a failed job, the error with its category."""
-    return model_response(views.job_view(job))
+    in_band | below | above, steps out of band), for a job with a grader its health and loophole warnings,
+    for a failed job the error with its category, and for a queued job that no live worker can take, why it
+    waits (`waiting`)."""
+    warnings = None
+    if isinstance(job.resolved_spec, dict) and job.resolved_spec.get("grader") is not None:
+        warnings = await repository.grader_warnings(services.db.async_pool, job.id)
+    return model_response(views.job_view(job, await served_queues(services.fleet), warnings))
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", response_model=JobObject, responses=errors(404, 409))
-def cancel_job(job: OwnedJob, session: SessionDep) -> JobObject:
+def cancel_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobObject:
     """A job that is not running is cancelled at once (a queued job never starts). A running job becomes
     `cancelling`: its worker stops at the next step and the job ends `cancelled`. 409 if it already
     succeeded or failed."""
     repository.request_cancel(session, job)
     session.commit()
-    return views.job_view(job)
+    return views.job_view(job, services.fleet.served_queues())
 
 
 @router.post("/{job_id}/pause", summary="Pause a job", response_model=JobObject, responses=errors(404, 409))
-def pause_job(job: OwnedJob, session: SessionDep) -> JobObject:
+def pause_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> JobObject:
     """A queued job is paused at once. A running job becomes `pausing`: its worker writes a checkpoint and
     releases the job, which then is `paused`. Resume continues from that checkpoint."""
     repository.request_pause(session, job)
     session.commit()
-    return views.job_view(job)
+    return views.job_view(job, services.fleet.served_queues())
 
 
 @router.post(
@@ -249,7 +268,7 @@ def resume_job(job: OwnedJob, session: SessionDep, services: ServicesDep) -> Job
         services.enqueue(job.id, job.queue)
     else:
         session.commit()
-    return views.job_view(job)
+    return views.job_view(job, services.fleet.served_queues())
 
 
 @router.delete(

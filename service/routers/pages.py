@@ -117,7 +117,8 @@ def _series(key: str, label: str, **style: Any) -> dict[str, Any]:
 
 
 def chart_groups() -> list[dict[str, Any]]:
-    """The page's charts, as the report draws them (trainer/report/page.py) plus throughput and tool use.
+    """The page's charts, as the report draws them (trainer/report/page.py) plus throughput, tool use and a
+    grader's health.
     The page draws a chart only when the job logged at least one of its series."""
     quadrants = [_series(f"quadrant/{q}_fraction", label) for q, label in QUADRANT_LABELS.items()]
     tools = [_series(m.key, m.key.removeprefix("tool/").replace("_", " ")) for m in catalogue.CATALOGUE]
@@ -193,7 +194,25 @@ def chart_groups() -> list[dict[str, Any]]:
             ],
         },
         {"id": "tool", "title": "Tool use", "y": "per response / rate", "series": tools},
+        _grader_chart(),
     ]
+
+
+def _grader_chart() -> dict[str, Any]:
+    """A job with a grader: its failures, scores and time (docs/GRADERS.md)."""
+    return {
+        "id": "grader",
+        "title": "Grader health",
+        "y": "rate / score / share",
+        "series": [
+            _series("grader/error_rate", "failed samples (step)"),
+            _series("grader/window_error_rate", "failed samples (error window)", dash=True),
+            _series("grader/score_mean", "score mean"),
+            _series("grader/score_std", "score spread"),
+            _series("grader/all_equal_groups", "all-equal groups"),
+            _series("grader/step_share", "share of step time"),
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ sessions
@@ -360,7 +379,8 @@ def _job_row(job: JobObject) -> str:
         f'<tr data-job-id="{html.escape(job.id)}"><td><a href="{html.escape(link)}">{html.escape(job.id)}</a>'
         f"</td><td>{html.escape(job.name or '')}</td><td>{html.escape(job.algorithm)}</td>"
         f"<td>{html.escape(job.model)}</td>"
-        f'<td><span class="status status-{html.escape(job.status)}">{html.escape(job.status)}</span></td>'
+        f'<td><span class="status status-{html.escape(job.status)}">{html.escape(job.status)}</span>'
+        f'<span class="waiting">{_waiting_text(job)}</span></td>'
         f"<td>{job.progress.step} / {job.progress.total_steps}</td>"
         f'<td>{value} <span class="band band-{html.escape(entropy.state or "none")}">'
         f"{html.escape(entropy.state or '')}</span></td>"
@@ -368,18 +388,25 @@ def _job_row(job: JobObject) -> str:
     )
 
 
+def _waiting_text(job: JobObject) -> str:
+    """ " · waiting: no live worker serves queue 'x'" for a job no live worker can take (the job view's
+    `waiting`; job.js renders the same from each live update), else nothing."""
+    return html.escape(f" · waiting: {job.waiting.message}") if job.waiting is not None else ""
+
+
 JOBS_SHOWN = 100
 
 
 @router.get("/jobs")
-def jobs_page(request: Request, caller: PageCaller, session: SessionDep) -> Response:
+def jobs_page(request: Request, caller: PageCaller, session: SessionDep, services: ServicesDep) -> Response:
     missing = _missing_vendor(request)
     if missing is not None:
         return _not_installed(missing)
     if caller is None:
         return _sign_in_redirect("/ui/jobs")
     jobs, has_more = repository.list_jobs(session, caller.principal.tenant.id, after=None, limit=JOBS_SHOWN)
-    rows = "".join(_job_row(views.job_view(job)) for job in jobs)
+    queues = services.fleet.served_queues()
+    rows = "".join(_job_row(views.job_view(job, queues)) for job in jobs)
     table = (
         '<table id="jobs" class="list"><thead><tr><th>job</th><th>name</th><th>algorithm</th><th>model</th>'
         "<th>status</th><th>step</th><th>entropy</th><th>created (UTC)</th></tr></thead>"
@@ -392,7 +419,9 @@ def jobs_page(request: Request, caller: PageCaller, session: SessionDep) -> Resp
 
 
 @router.get("/jobs/{job_id}")
-def job_page(request: Request, job_id: JobId, caller: PageCaller, session: SessionDep) -> Response:
+def job_page(
+    request: Request, job_id: JobId, caller: PageCaller, session: SessionDep, services: ServicesDep
+) -> Response:
     missing = _missing_vendor(request)
     if missing is not None:
         return _not_installed(missing)
@@ -400,7 +429,9 @@ def job_page(request: Request, job_id: JobId, caller: PageCaller, session: Sessi
         target = f"/ui/jobs/{job_id}" if _NEXT.fullmatch(f"/ui/jobs/{job_id}") else "/ui/jobs"
         return _sign_in_redirect(target)
     try:
-        view = views.job_view(tenant_job(session, caller.principal.tenant, job_id))
+        view = views.job_view(
+            tenant_job(session, caller.principal.tenant, job_id), services.fleet.served_queues()
+        )
     except NotFound:
         return _not_found(job_id, caller)
     title = view.name or view.id
@@ -410,6 +441,7 @@ def job_page(request: Request, job_id: JobId, caller: PageCaller, session: Sessi
         f'<p class="facts"><code>{html.escape(view.id)}</code> · {html.escape(view.algorithm)} on '
         f"{html.escape(view.model)} · "
         f'<span id="status" class="status status-{html.escape(view.status)}">{html.escape(view.status)}</span>'
+        f'<span id="waiting" class="waiting" role="status">{_waiting_text(view)}</span>'
         f' · step <span id="step">{view.progress.step}</span> / {view.progress.total_steps}'
         ' · entropy <span id="entropy-value">—</span> <span id="entropy-state" class="band"></span>'
         ' <span id="entropy-stability"></span> <span id="control"></span></p>'

@@ -60,6 +60,7 @@ from stare_client.cli.common import (
     local_app,
     out,
 )
+from stare_client.cli.graders import graders_app, graders_run, graders_validate
 from stare_client.cli.jobs import (
     BAND_STYLE,
     COMPARE_ROWS,
@@ -111,6 +112,9 @@ __all__ = [
     "files_list",
     "files_upload",
     "fmt",
+    "graders_app",
+    "graders_run",
+    "graders_validate",
     "job_table",
     "jobs_app",
     "jobs_cancel",

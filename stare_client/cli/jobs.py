@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
@@ -37,7 +38,7 @@ def job_table(jobs: list[models.Job]) -> Table:
     for job in jobs:
         table.add_row(
             job.id,
-            status_text(job.status),
+            job_status_text(job),
             job.algorithm,
             job.model,
             f"{job.progress.step}/{job.progress.total_steps}",
@@ -53,6 +54,13 @@ STATUS_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "p
 def status_text(status: str) -> str:
     style = STATUS_STYLE.get(status)
     return f"[{style}]{status}[/]" if style else status
+
+
+def job_status_text(job: models.Job) -> str:
+    """The status, and for a job that no live worker can take, why it waits (never a bare `queued`)."""
+    if job.waiting is None:
+        return status_text(job.status)
+    return f"{status_text(job.status)} [red]waiting: {escape(job.waiting.message)}[/]"
 
 
 BAND_STYLE = {"in_band": "green", "below": "red", "above": "yellow"}
@@ -89,7 +97,7 @@ def show_job(job: models.Job) -> None:
     p = job.progress
     rows = [
         ("id", job.id),
-        ("status", status_text(job.status)),
+        ("status", job_status_text(job)),
         ("name", job.name or "-"),
         ("algorithm / model", f"{job.algorithm} / {job.model}"),
         ("progress", f"step {p.step}/{p.total_steps} ({p.fraction:.0%})"),
@@ -247,7 +255,7 @@ def watch_job(
             task,
             completed=job.progress.step,
             total=max(job.progress.total_steps, 1),
-            status=status_text(job.status),
+            status=job_status_text(job),
             steps=f"step {job.progress.step}/{job.progress.total_steps}",
             eta=_eta(job),
             entropy=entropy_text(job),
@@ -269,7 +277,7 @@ def watch_job(
     if quiet:
         emit_json(job)
     else:
-        line = f"{job.id}: {status_text(job.status)}"
+        line = f"{job.id}: {job_status_text(job)}"
         if job.error is not None:
             line += f" — {job.error.code}: {job.error.message}"
         out.print(line)

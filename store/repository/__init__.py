@@ -43,7 +43,7 @@ from store.repository.checkpoints import (
     list_checkpoints,
     set_checkpoint_archive,
 )
-from store.repository.events import append_event, list_events
+from store.repository.events import append_event, grader_warnings, list_events
 from store.repository.files import create_file, delete_file, get_file, list_files
 from store.repository.jobs import (
     NewJob,
@@ -99,6 +99,8 @@ from store.repository.tenants import (
 )
 from store.repository.workers import (
     forget_workers,
+    jobs_without_worker,
+    live_queues,
     live_workers,
     register_worker,
     remove_worker,
@@ -139,8 +141,10 @@ __all__ = [
     "get_job",
     "get_tenant",
     "get_tenant_by_name",
+    "grader_warnings",
     "heartbeat",
     "job_status_counts",
+    "jobs_without_worker",
     "latest_checkpoint",
     "list_api_keys",
     "list_checkpoints",
@@ -149,6 +153,7 @@ __all__ = [
     "list_files",
     "list_jobs",
     "list_metrics",
+    "live_queues",
     "live_workers",
     "load_job",
     "mark_enqueued",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,3 +74,23 @@ def list_events(session: Session, job_id: str, *, after: int, limit: int) -> tup
         )
     )
     return rows[:limit], len(rows) > limit
+
+
+# The job's first event (written with the job, store.repository.jobs.create_job); literals written into the
+# SQL, as the statement pool binds only the named parameters.
+_GRADER_WARNINGS = sa.select(JobEvent.data).where(
+    JobEvent.job_id == sa.bindparam("job_id"),
+    JobEvent.seq == sa.literal_column("1"),
+    JobEvent.type == sa.literal_column("'job.created'"),
+)
+
+
+async def grader_warnings(pool: Any, job_id: str) -> list[dict[str, Any]] | None:
+    """The loophole warnings a job with a grader got at submission (its first event's data), or None
+    for a job without a grader check."""
+    row = await pool.fetch_one(_GRADER_WARNINGS, {"job_id": job_id}, idempotent=True)
+    data = row.get("data") if row else None
+    if isinstance(data, str | bytes):  # the JSON as stored, where the driver hands it back as text
+        data = json.loads(data)
+    warnings = data.get("grader_warnings") if isinstance(data, dict) else None
+    return warnings if isinstance(warnings, list) else None

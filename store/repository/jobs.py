@@ -46,6 +46,9 @@ class NewJob:
     idempotency_key: str | None = None
     request_hash: str | None = None
     max_lost_workers: int = DEFAULT_MAX_LOST_WORKERS
+    # A job with a grader: its loophole check's warnings at submission (docs/GRADERS.md), kept in the
+    # job's first event (level warn when there are any).
+    grader_warnings: list[dict[str, Any]] | None = None
 
 
 def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -86,9 +89,14 @@ def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
         "job_id": job_id,
         "seq": 1,
         "type": "job.created",
-        "level": "info",
-        "message": "Job created and queued",
-        "data": {"queue": new.queue, "total_steps": new.total_steps},
+        "level": "warn" if new.grader_warnings else "info",
+        "message": "Job created and queued"
+        + (" (the grader has loophole warnings)" if new.grader_warnings else ""),
+        "data": {
+            "queue": new.queue,
+            "total_steps": new.total_steps,
+            **({"grader_warnings": new.grader_warnings} if new.grader_warnings is not None else {}),
+        },
         "created_at": now,
     }
     return values, first_event

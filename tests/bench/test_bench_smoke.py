@@ -29,6 +29,7 @@ class Smoke:
     keys: tuple[str, ...]  # top-level keys of that result
     needs: tuple[str, ...] = ()  # Python packages the bench measures against
     timeout_s: int = 300
+    servers: tuple[str, ...] = ()  # "postgres", "redis": the session's servers, passed by their options
 
 
 SMOKES = (
@@ -47,15 +48,19 @@ SMOKES = (
     Smoke("bench_engine.py", "--json", ("machine", "vs_trl", "stare_vs_grpo_ds", "markdown"), ("trl",)),
     Smoke("bench_event_loop.py", "--json", ("healthz_ms", "answers", "idle_healthz_ms_p99", "machine")),
     Smoke("bench_fsdp.py", "--json", ("rounds", "fsdp2_over_ddp_median", "cpu")),
+    Smoke("bench_graders.py", "--json", ("machine", "throughput", "step_share")),
     Smoke("bench_gpu.py", "--out", ("machine", "matmul", "kernels", "stare_overhead", "engine", "finished")),
     Smoke("bench_kernels.py", "--json", ("machine", "settings", "correctness", "rows", "markdown")),
     Smoke("bench_memory_estimate.py", "--json", ("machine", "load_average")),
     Smoke("bench_sample_stats.py", "--json", ("torch", "results")),
-    Smoke("bench_service.py", "--json", ("args", "closed", "open", "rounds")),
+    Smoke("bench_service.py", "--json", ("args", "closed", "open", "rounds"), servers=("postgres", "redis")),
     Smoke("bench_stare_overhead.py", "--json", ("machine", "settings")),
     Smoke("bench_start_memory.py", "--json", ("baseline", "ranks", "summary", "markdown", "cpu", "machine")),
     Smoke(
-        "bench_streaming.py", "--json", ("standalone_median_step_s", "supervised_median_step_s", "overhead")
+        "bench_streaming.py",
+        "--json",
+        ("standalone_median_step_s", "supervised_median_step_s", "overhead"),
+        servers=("postgres",),
     ),
 )
 
@@ -65,6 +70,20 @@ def test_every_bench_script_has_a_smoke_run_here() -> None:
     assert scripts == {s.script for s in SMOKES} | {"bench_rollout.py"}
 
 
+def _server_options(smoke: Smoke, request: pytest.FixtureRequest) -> list[str]:
+    """--postgres-url / --redis-url of the session's servers (tests/services.py) for a bench that needs them."""
+    options = []
+    if "postgres" in smoke.servers:
+        server = request.getfixturevalue("test_postgres")
+        options += [
+            "--postgres-url",
+            f"postgresql://{server.user or ''}@{server.host}:{server.port}/{server.admin_db}",
+        ]
+    if "redis" in smoke.servers:
+        options += ["--redis-url", request.getfixturevalue("test_redis_url")]
+    return options
+
+
 def _run(cmd: list[str], timeout_s: int) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -72,12 +91,15 @@ def _run(cmd: list[str], timeout_s: int) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("smoke", SMOKES, ids=lambda s: s.script.removesuffix(".py"))
-def test_the_bench_smoke_run_exits_0_and_writes_its_result(smoke: Smoke, tmp_path: Path) -> None:
+def test_the_bench_smoke_run_exits_0_and_writes_its_result(
+    smoke: Smoke, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     for package in smoke.needs:
         if importlib.util.find_spec(package) is None:
             skip_missing_component(f"{package} for bench/{smoke.script} (the bench extra; make install)")
     out = tmp_path / "result.json"
     cmd = [sys.executable, str(BENCH / smoke.script), "--smoke", smoke.out_flag, str(out)]
+    cmd += _server_options(smoke, request)
     done = _run(cmd, smoke.timeout_s)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(out.read_text())

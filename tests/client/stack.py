@@ -1,6 +1,6 @@
 """The real service for the client's tests: `python -m service serve` and two `python -m worker run` as
-subprocesses over a throwaway PostgreSQL database (on the machine's server) and the machine's Redis (a
-queue of the stack's own), with a tenant and a real API key. The API process can be restarted on the same
+subprocesses over a throwaway PostgreSQL database and the session's Redis (tests/services.py; a queue of the
+stack's own), with a tenant and a real API key. The API process can be restarted on the same
 port (the event-stream test drops its connection that way), and a second API process with a tight rate
 limit can be started beside it (the retry test's real 429s).
 """
@@ -21,16 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
-from psycopg import sql
 
 from store import migrate, repository
 from store.database import Database
+from tests import services
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PG_HOST = os.environ.get("STARE_TEST_PG_HOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("STARE_TEST_PG_PORT", "5432"))
-REDIS_URL = os.environ.get("STARE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 TINY_SPEC: dict[str, Any] = {
     "model": {"name": "tiny-arith"},
@@ -55,18 +51,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _admin() -> psycopg.Connection[Any]:
-    problems = []
-    for user in (None, "postgres"):
-        try:
-            return psycopg.connect(
-                host=PG_HOST, port=PG_PORT, dbname="postgres", user=user, autocommit=True, connect_timeout=5
-            )
-        except psycopg.OperationalError as err:
-            problems.append(f"{user or 'OS user'}: {err}")
-    raise RuntimeError("cannot reach PostgreSQL: " + "; ".join(problems))
 
 
 @dataclass
@@ -99,6 +83,7 @@ class Stack:
     database_url: str
     queue: str
     port: int
+    broker_url: str
     api_key: str = ""
     tenant_id: str = ""
     api: Process | None = None
@@ -121,7 +106,7 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
                 "STARE_ENVIRONMENT": "development",
                 "STARE_DATABASE_URL": self.database_url,
-                "STARE_BROKER_URL": REDIS_URL,
+                "STARE_BROKER_URL": self.broker_url,
                 "STARE_ARTIFACT_ROOT": str(self.artifact_root),
                 "STARE_TRAINING_QUEUE": self.queue,
                 "STARE_SSE_POLL_INTERVAL_S": "0.2",
@@ -199,12 +184,10 @@ def wait_healthy(url: str, process: Process, timeout: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def running_stack(workdir: Path) -> Iterator[Stack]:
-    name = f"stare_client_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with _admin() as conn:
-        user = conn.info.user
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{name}"
-    stack = Stack(workdir, url, f"client-{uuid.uuid4().hex[:8]}", free_port())
+    server = services.postgres()
+    name = server.create("stare_client_test")
+    url = server.url(name)
+    stack = Stack(workdir, url, f"client-{uuid.uuid4().hex[:8]}", free_port(), services.redis_url())
     try:
         migrate.upgrade(url)
         stack.artifact_root.mkdir(parents=True, exist_ok=True)
@@ -226,5 +209,5 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
         for process in (*stack.extra, stack.api, *stack.workers):
             if process is not None:
                 process.stop()
-        with contextlib.suppress(Exception), _admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        with contextlib.suppress(Exception):
+            server.drop(name)

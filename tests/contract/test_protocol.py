@@ -23,6 +23,7 @@ def test_exit_codes_are_the_documented_numbers() -> None:
         "FAILED": 1,
         "USER_ERROR": 2,
         "NON_FINITE": 3,
+        "GRADER_FAILED": 4,
         "STORAGE": 74,
         "INTERRUPTED": 75,
         "CLUSTER_UNAVAILABLE": 69,

@@ -17,16 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import start_http_server
-from psycopg import sql
 
 from store import migrate, repository
 from store.database import Database
 from tests.conftest import requires_binary
 from tests.service.helpers import new_job
+from tests.services import PostgresServer
 from worker.metrics import FleetCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,20 +64,16 @@ def test_config_and_rules_pass_promtool(tmp_path):
 
 
 @pytest.fixture
-def database() -> Iterator[Database]:
-    name = f"stare_prom_test_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(host="127.0.0.1", dbname="postgres", autocommit=True) as conn:
-        user = conn.info.user
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = f"postgresql+psycopg://{user}@127.0.0.1:5432/{name}"
+def database(test_postgres: PostgresServer) -> Iterator[Database]:
+    name = test_postgres.create("stare_prom_test")
+    url = test_postgres.url(name)
     migrate.upgrade(url)
     db = Database(url, pool_size=2)
     try:
         yield db
     finally:
         db.dispose()
-        with psycopg.connect(host="127.0.0.1", dbname="postgres", autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        test_postgres.drop(name)
 
 
 def _running_job(db: Database) -> tuple[str, str]:

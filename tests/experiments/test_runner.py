@@ -178,12 +178,19 @@ def test_the_table_equals_what_the_events_say(finished_root: Path, tmp_path: Pat
     assert {r["arm"] for r in summary["reduced"]} == {None, "grpo_ds", "stare_o1"}
 
 
-def test_finished_runs_are_skipped(finished_root: Path) -> None:
+def test_finished_runs_are_compacted_and_skipped(finished_root: Path) -> None:
     suite = reduced_suite()
-    before = {r.id: (run_dir(finished_root, r) / "events.jsonl").stat().st_mtime_ns for r in suite.runs}
+    # The writer side of results/ (experiments/rundata.py): a finished run keeps its events compressed and
+    # its summary; the checkpoints go unless another run needs them (the shared SFT).
+    for run in suite.runs:
+        folder = run_dir(finished_root, run)
+        assert (folder / "events.jsonl.gz").is_file() and not (folder / "events.jsonl").exists(), run.id
+        assert (folder / "result.json").is_file()
+        assert (folder / "checkpoints").is_dir() == run.keep_checkpoints, run.id
+    before = {r.id: (run_dir(finished_root, r) / "events.jsonl.gz").stat().st_mtime_ns for r in suite.runs}
     counts = Runner(finished_root, suite.runs, jobs=2, log=lambda _m: None).run()
     assert counts["skipped"] == 3 and counts["done"] == 0
-    after = {r.id: (run_dir(finished_root, r) / "events.jsonl").stat().st_mtime_ns for r in suite.runs}
+    after = {r.id: (run_dir(finished_root, r) / "events.jsonl.gz").stat().st_mtime_ns for r in suite.runs}
     assert before == after
 
 
@@ -211,7 +218,7 @@ def test_an_interrupted_plan_resumes_where_it_stopped(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 75, out
-    assert not is_finished(path)
+    assert not is_finished(path) and (path / "events.jsonl").is_file()  # unfinished: kept plain
     stopped_at = max(int(p.name.split("-")[1]) for p in (path / "checkpoints").glob("step-*"))
     assert 0 < stopped_at < 40
     again = subprocess.run(

@@ -1,7 +1,7 @@
 """The live monitoring stack of tests/monitoring: the HTTP API (served by uvicorn, so Prometheus scrapes
 its /metrics and the test's requests are counted), one real `python -m worker run`, the real
 `python -m worker exporter`, and Debian's Prometheus scraping both with the shipped config and alert rules
-(intervals shortened, targets pointed here), on the machine's PostgreSQL and Redis.
+(intervals shortened, targets pointed here), on the test session's PostgreSQL and Redis (tests/services.py).
 
 A job's queries are run while its trainer is frozen (SIGSTOP) after a few steps and an evaluation: the
 worker keeps heartbeating, so the job stays active and its series exist, and its step no longer moves, so
@@ -42,8 +42,8 @@ from monitoring.promql import metric_names, substitute
 from service.app import create_app
 from store.models import JobEval
 from tests.conftest import vllm_python
+from tests.servers import free_port
 from tests.worker.harness import Harness, WorkerProcess
-from tests.worker.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"

@@ -124,7 +124,8 @@ def test_every_exported_series_has_a_panel_and_grafana_is_shown_exactly_where() 
 def test_the_job_dashboard_has_the_issue_panels_and_variables() -> None:
     job, fleet, compare = DASHBOARDS
     assert [v.name for v in job.variables] == ["algorithm", "job_id"] and not job.variables[1].multi
-    assert [r.title for r in job.rows][-1] == "Tool use" and job.rows[-1].requires == "tool-use"
+    assert [r.title for r in job.rows][-2:] == ["Tool use", "Grader"]
+    assert job.rows[-2].requires == "tool-use" and job.rows[-1].requires == "a grader"
     compare_ids = [v for v in compare.variables if v.name == "job_id"]
     assert compare_ids and compare_ids[0].multi  # the comparison: several jobs on shared axes
     titles = {p.title for _, p in fleet.panels()}
@@ -159,6 +160,7 @@ def test_every_alert_rule_reads_catalogued_series_and_has_promtool_cases() -> No
         "JobLossNotFinite",
         "PolicyEntropyFarAboveBand",
         "NoLearningSignal",
+        "JobsWithoutWorker",
     ):
         assert new in names
     tests = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts_test.yml").read_text())
@@ -182,6 +184,7 @@ def test_every_alert_rule_reads_catalogued_series_and_has_promtool_cases() -> No
         "JobLossNotFinite",
         "PolicyEntropyFarAboveBand",
         "NoLearningSignal",
+        "JobsWithoutWorker",
     }
     assert new_rules <= firing, "each new rule has a case where it fires"
 

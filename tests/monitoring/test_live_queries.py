@@ -118,6 +118,37 @@ def test_the_tool_use_row_returns_series_for_a_tool_use_job(stack: Stack) -> Non
         stack.end(frozen)
 
 
+def test_the_grader_row_returns_series_for_a_job_with_a_grader(stack: Stack) -> None:
+    """The grader row and the GraderErrorsRising rule's selector, on a tiny job rewarded by a multi grader
+    (string checks combined by a formula). Not a python grader: this stack's worker runs as root, where the
+    grader sandbox cannot start inside the trainer's confinement (docs/GRADERS.md); the metrics are the
+    same whatever the grader's type."""
+    check = {"type": "string_check", "input": "{{sample.output_text}}", "reference": "{{item.answer}}"}
+    grader = {
+        "type": "multi",
+        "graders": {"exact": {**check, "operation": "eq"}, "contains": {**check, "operation": "like"}},
+        "calculate_output": "max(exact, 0.5 * contains)",
+    }
+    spec = tiny_spec(60, 50, grader=grader)
+    del spec["verifier"]  # a grader replaces the verifier
+    job_id = stack.submit(spec)
+    frozen = stack.freeze_after(job_id, 2)
+    try:
+        refs = dashboard_refs("a grader")
+        assert len(refs) == 10 and all(r.dashboard.uid == "stare-job" for r in refs)
+        assert {n for r in refs for n in metric_names(r.query.expr)} == {
+            m.prometheus for m in catalogue.CATALOGUE if m.key.startswith("grader/") and m.prometheus
+        }
+        results = check_dashboard_queries(stack, frozen, refs)
+        rules = [r for r in alert_rules() if r.name == "GraderErrorsRising"]
+        results |= check_alert_selectors(stack, frozen, rules)
+        assert results["stare-job/Grader failures/A"]["series"][0]["value"] == 0
+        if RECORD:
+            record(results, {"grader job": "tiny-arith, a multi grader of two string checks"})
+    finally:
+        stack.end(frozen)
+
+
 def test_the_controller_row_returns_series_for_a_pi_law_job(stack: Stack) -> None:
     """The PI law's row (entropy_pi, the default law): output, error, integral, actuator, saturation and
     the holding statistics, and the ControllerSaturated rule's selector. The target is H₀ itself

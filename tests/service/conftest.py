@@ -1,5 +1,6 @@
-"""Fixtures for the service tests: a throwaway PostgreSQL database for the session (created on the machine's
-server, migrated with Alembic, dropped at the end), the app built on it, and tenants with real API keys.
+"""Fixtures for the service tests: a throwaway PostgreSQL database for the session (created on the test
+session's server, tests/services.py; migrated with Alembic, dropped at the end), the app built on it, and
+tenants with real API keys.
 
 Nothing is mocked: the database is PostgreSQL (SQLite in the embedded-mode tests), the broker is Redis where a
 test is about the queue (elsewhere enqueueing is a recorded no-op, a settings flag), the artifact root is a
@@ -9,7 +10,6 @@ temp directory. Each test makes its own tenants, so tests share the database wit
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,58 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from psycopg import sql
 
 from service.app import create_app
 from service.sessions import COOKIE_NAME, CSRF_HEADER
 from service.settings import Settings
 from store import migrate, repository
 from store.database import Database
-
-PG_HOST = os.environ.get("STARE_TEST_PG_HOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("STARE_TEST_PG_PORT", "5432"))
-REDIS_URL = os.environ.get("STARE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def _admin_connection() -> psycopg.Connection[Any]:
-    """A connection to the `postgres` database as the OS user, else as `postgres` (trust auth)."""
-    errors = []
-    for user in (None, "postgres"):
-        try:
-            return psycopg.connect(
-                host=PG_HOST, port=PG_PORT, dbname="postgres", user=user, autocommit=True, connect_timeout=5
-            )
-        except psycopg.OperationalError as err:
-            errors.append(f"{user or 'OS user'}: {err}")
-    raise RuntimeError("cannot reach PostgreSQL for the service tests: " + "; ".join(errors))
-
-
-@dataclass(frozen=True)
-class Postgres:
-    user: str
-
-    def url(self, dbname: str) -> str:
-        return f"postgresql+psycopg://{self.user}@{PG_HOST}:{PG_PORT}/{dbname}"
-
-    def create(self, prefix: str = "stare_svc_test") -> str:
-        name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        with _admin_connection() as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return name
-
-    def drop(self, name: str) -> None:
-        with _admin_connection() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+from tests.services import PostgresServer as Postgres
+from tests.services import redis_url
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Postgres:
-    with _admin_connection() as conn:
-        user = conn.info.user
-    return Postgres(user)
+def postgres(test_postgres: Postgres) -> Postgres:
+    """The session's PostgreSQL server (tests/services.py): throwaway databases are made on it."""
+    return test_postgres
 
 
 @contextlib.contextmanager
@@ -102,7 +66,6 @@ def settings_for(database_url: str, artifact_root: Path, **overrides: Any) -> Se
         "database_pool_size": 4,
         "artifact_root": artifact_root,
         "queue_backend": "record",
-        "broker_url": REDIS_URL,
         "rate_limit_per_second": 0.0,
         "tenant_rate_limit_per_second": 0.0,
         "address_rate_limit_per_second": 0.0,
@@ -111,6 +74,10 @@ def settings_for(database_url: str, artifact_root: Path, **overrides: Any) -> Se
         "task_check_prewarm": False,  # children start on first use: most tests never generate a task
     }
     values.update(overrides)
+    # The session's Redis, for the tests that reach a broker (celery queue, redis rate limiter) and give none.
+    reaches_redis = values["queue_backend"] == "celery" or values.get("rate_limit_backend") == "redis"
+    if reaches_redis and "broker_url" not in values:
+        values["broker_url"] = redis_url()
     return Settings(**values)
 
 

@@ -1,4 +1,4 @@
-"""The API across a PostgreSQL restart, on a private cluster (tests/worker/servers.py): while the server is
+"""The API across a PostgreSQL restart, on a private cluster (tests/servers.py): while the server is
 down every request is a 503 with Retry-After (never a 500); once it is back, no request fails, on either
 read path (the event loop's psycopg pool and SQLAlchemy's pool), although every pooled connection was closed
 by the old server. Where no private cluster can be started (no initdb) it is skipped as a missing real
@@ -19,9 +19,9 @@ from service.app import create_app
 from store import migrate, repository
 from store.database import Database
 from tests.conftest import skip_missing_component
+from tests.servers import PrivatePostgres
 from tests.service.conftest import settings_for
 from tests.service.helpers import create_job
-from tests.worker.servers import PrivatePostgres
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,9 @@ from pydantic import ValidationError
 from service.settings import Settings
 from store import migrate, repository
 from store.database import Database
-from tests.service.conftest import REDIS_URL, Postgres, TenantKey, migrated_database
+from tests.service.conftest import Postgres, TenantKey, migrated_database
 from tests.service.helpers import GOOD_JSONL, TINY_SPEC, upload
+from tests.services import redis_url
 
 GIB = 1024**3
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,8 +164,8 @@ def test_jobs_are_routed_to_the_queue_of_a_class_that_can_run_them(
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     classes = [{**c, "queue": f"{c['queue']}-{tag}"} for c in CLASSES]
-    client = fleet_client(worker_classes=classes, queue_backend="celery", broker_url=REDIS_URL)
-    broker = redis.Redis.from_url(REDIS_URL)
+    client = fleet_client(worker_classes=classes, queue_backend="celery", broker_url=redis_url())
+    broker = redis.Redis.from_url(redis_url())
     cases = [
         (_spec(), f"cpu-{tag}", "cpu-small"),  # the smallest class that fits
         (_spec(processes_per_node=4), f"gpu-{tag}", "gpu-8"),
@@ -290,7 +291,7 @@ def _worker(fleet_url: str, queue: str, tmp_path: Path) -> subprocess.Popen[byte
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "STARE_DATABASE_URL": fleet_url,
-        "STARE_BROKER_URL": REDIS_URL,
+        "STARE_BROKER_URL": redis_url(),
         "STARE_TRAINING_QUEUE": queue,
         "STARE_ARTIFACT_ROOT": str(tmp_path / "artifacts"),
         "STARE_REGISTRY_HEARTBEAT_S": "0.5",

@@ -20,15 +20,16 @@ from service.queue import CeleryJobQueue
 from store import repository
 from store.database import Database
 from store.models import Job
-from tests.service.conftest import REDIS_URL, TenantKey
+from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC
+from tests.services import redis_url
 
 
 @pytest.fixture
 def queue_name() -> Iterator[str]:
     name = f"test-training-{uuid.uuid4().hex[:10]}"
     yield name
-    broker = redis.Redis.from_url(REDIS_URL)
+    broker = redis.Redis.from_url(redis_url())
     broker.delete(name)
     for key in broker.scan_iter("_kombu.binding.*"):
         for member in broker.smembers(key):
@@ -37,7 +38,7 @@ def queue_name() -> Iterator[str]:
 
 
 def pop_message(queue: str) -> dict[str, Any]:
-    raw = redis.Redis.from_url(REDIS_URL).rpop(queue)
+    raw = redis.Redis.from_url(redis_url()).rpop(queue)
     assert raw is not None, f"no message on {queue}"
     message: dict[str, Any] = json.loads(raw)
     return message
@@ -90,7 +91,7 @@ PER_MESSAGE_PROPERTIES = {"correlation_id", "delivery_tag", "reply_to"}
 def test_the_message_pushed_from_the_event_loop_is_the_one_send_task_sends(queue_name: str) -> None:
     """enqueue_async builds the message without a broker connection (Celery's task message, kombu's envelope
     from its own Producer.publish); it must stay equal to what send_task sends."""
-    queue = CeleryJobQueue(REDIS_URL, "worker.train_job")
+    queue = CeleryJobQueue(redis_url(), "worker.train_job")
     assert queue.pushes_from_the_loop
     assert queue.enqueue("job_A", queue_name)
     celery_sent = pop_message(queue_name)
@@ -125,7 +126,7 @@ def test_the_message_pushed_from_the_event_loop_is_the_one_send_task_sends(queue
 
 
 def test_kombu_consumes_the_message_pushed_from_the_event_loop(queue_name: str) -> None:
-    queue = CeleryJobQueue(REDIS_URL, "worker.train_job")
+    queue = CeleryJobQueue(redis_url(), "worker.train_job")
 
     async def push() -> bool:
         try:
@@ -134,7 +135,7 @@ def test_kombu_consumes_the_message_pushed_from_the_event_loop(queue_name: str) 
             await queue.aclose()
 
     assert asyncio.run(push())
-    with kombu.Connection(REDIS_URL) as connection:
+    with kombu.Connection(redis_url()) as connection:
         message = connection.SimpleQueue(queue_name).get(timeout=5)
         assert message.headers["task"] == "worker.train_job"
         args, kwargs, embed = message.decode()

@@ -15,8 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.ratelimit import RedisTokenBucketLimiter, TokenBucketLimiter
-from tests.service.conftest import REDIS_URL, TenantKey
+from tests.service.conftest import TenantKey
 from tests.service.test_errors import assert_error
+from tests.services import redis_url
 
 
 def assert_retry_after(response: Any, *, refill_s: float, elapsed_s: float) -> None:
@@ -54,7 +55,7 @@ def test_the_bucket_refills_at_the_rate() -> None:
 
 def redis_settings(**overrides: Any) -> dict[str, Any]:
     """An app whose buckets live in Redis, under a prefix of its own (tests share the Redis server)."""
-    return {"rate_limit_backend": "redis", "rate_limit_redis_url": REDIS_URL, **overrides}
+    return {"rate_limit_backend": "redis", "rate_limit_redis_url": redis_url(), **overrides}
 
 
 def test_with_redis_several_api_processes_share_one_bucket_per_key(
@@ -75,7 +76,7 @@ def test_with_redis_several_api_processes_share_one_bucket_per_key(
 
 
 def test_the_redis_bucket_refills_at_the_rate() -> None:
-    limiter = RedisTokenBucketLimiter(REDIS_URL, rate=50.0, burst=2, prefix=f"test:{uuid.uuid4().hex}:")
+    limiter = RedisTokenBucketLimiter(redis_url(), rate=50.0, burst=2, prefix=f"test:{uuid.uuid4().hex}:")
 
     async def take() -> list[float]:
         try:

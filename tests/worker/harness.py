@@ -31,7 +31,7 @@ from service.settings import Settings
 from store import repository
 from store.database import Database
 from store.models import TERMINAL_STATUSES, Checkpoint, Job, JobMetric
-from tests.worker.servers import PrivatePostgres, PrivateRedis
+from tests.servers import PrivatePostgres, PrivateRedis
 
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.servers import free_port
 from tests.worker.harness import Harness, WorkerProcess, record_figures, tiny_spec
-from tests.worker.servers import free_port
 
 pytestmark = pytest.mark.slow
 

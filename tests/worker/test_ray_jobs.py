@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from tests.conftest import requires_vllm_python, skip_missing_component, vllm_python
+from tests.servers import free_port
 from tests.worker.harness import (
     REPO_ROOT,
     Harness,
@@ -41,7 +42,6 @@ from tests.worker.harness import (
     record_figures,
     tiny_spec,
 )
-from tests.worker.servers import free_port
 
 # A Ray cluster, workers and several trainers: minutes, and too many processes to share the machine with
 # another test (tests/machine_lock.py).

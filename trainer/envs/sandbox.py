@@ -269,43 +269,11 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     the interpreter is missing; any failure of the code itself is a result, never an exception. When it
     returns, no process of the sandbox is left (its PID namespace was killed)."""
     runtime = python_runtime(interpreter)
-    problem = _missing_binary()
-    if problem is not None:
-        raise SandboxUnavailable(problem)
-    prlimit = shutil.which("prlimit") or "prlimit"
-    program = _filter()
-    read_fd, write_fd = os.pipe()
-    os.write(write_fd, program)  # under 2 KiB: well within the pipe's buffer
-    os.close(write_fd)
-    info_read, info_write = os.pipe()
-    uid = _sandbox_uid()
-    limited, cpu = _prlimit_prefix(prlimit, limits)
-    cmd = limited + bwrap_command(runtime, limits, read_fd, info_write)
     start = time.monotonic()
-    try:
-        proc = subprocess.Popen(  # a fixed argv, no shell
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=LAUNCH_ENV,
-            cwd="/",  # not the trainer's run folder
-            pass_fds=(read_fd, info_write),
-            close_fds=True,
-            user=uid,
-            group=uid,
-            extra_groups=[] if uid is not None else None,
-        )
-    except OSError as err:
-        os.close(info_read)
-        raise SandboxUnavailable(f"cannot start the sandbox: {err}") from None
-    finally:
-        os.close(read_fd)
-        os.close(info_write)
-    assert proc.stdin is not None and proc.stdout is not None
     deadline = start + limits.wall_seconds
-    init = NamespaceInit.of(proc, info_read, deadline)
+    proc, init = launch(runtime, limits, deadline=deadline)
+    cpu = max(1, math.ceil(limits.cpu_seconds))  # the RLIMIT_CPU prlimit set
+    assert proc.stdin is not None and proc.stdout is not None
     # From a thread: a program longer than the pipe's buffer must not block us while its output fills the
     # other pipe (the wall clock below runs meanwhile).
     feeder = threading.Thread(target=_feed, args=(proc.stdin, code.encode("utf-8", "replace")), daemon=True)
@@ -569,3 +537,47 @@ def _bwrap_version(bwrap: str) -> tuple[int, ...]:
         return ()
     match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out.stdout)
     return tuple(int(part) for part in match.groups() if part is not None) if match else ()
+
+
+def launch(
+    runtime: Runtime,
+    limits: ToolLimitsSpec,
+    *,
+    deadline: float | None = None,
+    scratch_mb: int | None = None,
+    program: list[str] | None = None,
+) -> tuple[subprocess.Popen[bytes], NamespaceInit]:
+    """Starts one sandbox (the module docstring's layers) and returns it running, with its init: its
+    stdin and stdout are pipes (stderr joins stdout). run_python feeds it a script on stdin; the grader
+    pool (trainer/graders/pool.py) talks to its program instead. `program` replaces the script argument
+    "-" after the interpreter's -I -S; `scratch_mb` sizes the /work tmpfs (default memory_mb); `deadline`
+    bounds the wait for bwrap's word of its init. The caller ends it with init.kill() (the whole PID
+    namespace) and reaps the Popen. SandboxUnavailable when bwrap or prlimit is missing or cannot start."""
+    problem = _missing_binary()
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+    program_fd, write_fd = os.pipe()
+    os.write(write_fd, _filter())  # under 2 KiB: well within the pipe's buffer
+    os.close(write_fd)
+    info_read, info_write = os.pipe()
+    uid = _sandbox_uid()
+    limited, _ = _prlimit_prefix(shutil.which("prlimit") or "prlimit", limits)
+    scratch = limits if scratch_mb is None else limits.model_copy(update={"memory_mb": max(32, scratch_mb)})
+    command = limited + bwrap_command(runtime, scratch, program_fd, info_write)
+    if program is not None:
+        assert command[-1] == "-", command[-1]
+        command = command[:-1] + program
+    try:
+        # A fixed argv, no shell; cwd "/": not the trainer's run folder.
+        proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, env=LAUNCH_ENV, cwd="/", pass_fds=(program_fd, info_write),
+            close_fds=True, user=uid, group=uid, extra_groups=[] if uid is not None else None,
+        )  # fmt: skip
+    except OSError as err:
+        os.close(info_read)
+        raise SandboxUnavailable(f"cannot start the sandbox: {err}") from None
+    finally:
+        os.close(program_fd)
+        os.close(info_write)
+    return proc, NamespaceInit.of(proc, info_read, deadline or time.monotonic() + REAP_S * 6)

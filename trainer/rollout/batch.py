@@ -22,6 +22,7 @@ from contract import algorithms
 from contract.spec import TrainSpec
 from trainer.algos.shaping import overlong_penalty
 from trainer.envs.tool_use import ToolUseEnv, episode_counts
+from trainer.graders.job import JobGrading
 from trainer.rollout.generation import (
     HFGenerate,
     RolloutEngine,
@@ -175,8 +176,10 @@ def rollout(
     sample_stats: bool = False,
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
+    grading: JobGrading | None = None,
 ) -> Rollout:
-    """Samples spec.sampling.group_size responses per example and scores them. `sample_stats`: also record
+    """Samples spec.sampling.group_size responses per example and scores them (with the job's grader when
+    it has one: `grading`). `sample_stats`: also record
     each token's log-prob, entropy and C(p) under the sampling policy (`SampledTokenStats`; not for
     multi-turn rollouts, whose update scores its tokens itself). With spec.environment, each response is
     an episode of the environment (`env_rollout`). `group_offset`: each example's group id (its global
@@ -184,7 +187,9 @@ def rollout(
     `seeds`: each example's sampling stream (trainer.rollout.sampling.SampleStreams; None: drawn from torch's global
     RNG)."""
     if spec.environment is not None:
-        return env_rollout(model, tokenizer, examples, group_offset, spec, engine=engine, seeds=seeds)
+        return env_rollout(
+            model, tokenizer, examples, group_offset, spec, engine=engine, seeds=seeds, grading=grading
+        )
     g = spec.sampling.group_size
     prompts = [
         render_prompt(ex, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
@@ -210,7 +215,7 @@ def rollout(
     texts = tokenizer.batch_decode(
         [row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True
     )
-    correct, rewards = score_responses(texts, examples, response_mask, spec)
+    correct, rewards = score_responses(texts, examples, response_mask, spec, grading)
     group_ids = group_id_rows(group_offset, len(examples), g)
     return Rollout(
         input_ids=input_ids,
@@ -438,6 +443,7 @@ def env_rollout(
     *,
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
+    grading: JobGrading | None = None,
 ) -> Rollout:
     """spec.sampling.group_size episodes of spec.environment per example, scored on their answers;
     `seeds`: each example's sampling stream (`run_episodes`)."""
@@ -453,17 +459,22 @@ def env_rollout(
         engine=engine,
         seeds=seeds,
     )
-    return episodes_rollout(episodes, examples, group_offset, spec, tokenizer.pad_token_id)
+    return episodes_rollout(episodes, examples, group_offset, spec, tokenizer.pad_token_id, grading)
 
 
 def episodes_rollout(
-    episodes: Episodes, examples: list[Example], group_offset: int | list[int], spec: TrainSpec, pad_id: int
+    episodes: Episodes,
+    examples: list[Example],
+    group_offset: int | list[int],
+    spec: TrainSpec,
+    pad_id: int,
+    grading: JobGrading | None = None,
 ) -> Rollout:
     """The training batch of `run_episodes`' episodes (spec.sampling.group_size per example), scored on
     their answers; with the engine's sampler log-probs where the episodes carry them."""
     g = spec.sampling.group_size
     input_ids, attention_mask, response_mask, p_len, counts = episodes_to_rollout(episodes, pad_id)
-    correct, rewards = score_responses(episodes.answers, examples, response_mask, spec)
+    correct, rewards = score_responses(episodes.answers, examples, response_mask, spec, grading)
     return Rollout(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -480,20 +491,32 @@ def episodes_rollout(
 
 
 def score_responses(
-    texts: list[str], examples: list[Example], response_mask: Tensor, spec: TrainSpec
+    texts: list[str],
+    examples: list[Example],
+    response_mask: Tensor,
+    spec: TrainSpec,
+    grading: JobGrading | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(verifier scores, shaped rewards) of responses laid out example-major, spec.sampling.group_size per
-    example; the rewards carry DAPO's overlong penalty when it applies (on the response's model tokens)."""
+    example; the rewards carry DAPO's overlong penalty when it applies (on the response's model tokens).
+    With a grader (`grading`): (passes, grader scores; trainer.graders.health for a failed grading)."""
     g = spec.sampling.group_size
-    scores = [
-        score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
-        for i, text in enumerate(texts)
-    ]
-    correct = torch.tensor(scores, dtype=torch.float32)
-    # From the float32 values, as before, so that a score that float32 rounds shapes the same way.
-    rewards = torch.tensor(
-        [shape_reward(c, spec.reward.style) for c in correct.tolist()], dtype=torch.float32
-    )
+    if grading is not None:
+        scored, passes = grading.score(texts, [examples[i // g] for i in range(len(texts))], g)
+        correct, rewards = (
+            torch.tensor(passes, dtype=torch.float32),
+            torch.tensor(scored, dtype=torch.float32),
+        )
+    else:
+        scores = [
+            score(spec.verifier.name, text, examples[i // g], spec.verifier.params)
+            for i, text in enumerate(texts)
+        ]
+        correct = torch.tensor(scores, dtype=torch.float32)
+        # From the float32 values, as before, so that a score that float32 rounds shapes the same way.
+        rewards = torch.tensor(
+            [shape_reward(c, spec.reward.style) for c in correct.tolist()], dtype=torch.float32
+        )
     overlong = resolved_overlong(spec)
     if overlong is not None:
         rewards = rewards + overlong_penalty(

@@ -169,6 +169,8 @@
     const status = document.getElementById("status");
     status.textContent = job.status;
     status.className = "status status-" + job.status;
+    // A queued job that no live worker can take says why (the job view's `waiting`; pages.py's _waiting_text).
+    document.getElementById("waiting").textContent = job.waiting ? " · waiting: " + job.waiting.message : "";
     document.getElementById("step").textContent = String(job.progress.step);
     const entropy = job.entropy || {};
     document.getElementById("entropy-value").textContent =
