@@ -14,8 +14,7 @@ One optimiser step k (`Engine.train_step`):
   6. one event with every metric; checkpoint / evaluation at their intervals.
 Each step reseeds the RNGs from (seed, step), each prompt samples from its own stream (trainer.rollout.sampling).
 
-The engine owns the step and the run loop; the rest is one module per concept in trainer/: update, scoring,
-sft, evaluation, data, events, distributed/strategy (ddp/fsdp2), hybrid (rollout mode), controllers, rollout.
+The engine owns the step and the run loop; the rest is one module per concept in trainer/ (its folder map).
 
 Exit codes (contract.protocol.ExitCode, re-exported here): 0 done; 2 invalid spec or data (user error);
 3 non-finite loss or entropy (the error names the step; the last checkpoint stays); 74 a write to the run
@@ -319,11 +318,11 @@ class Engine:
 
         if h_bar is None:  # π_old is the training pass's (OldPolicy.fill)
             h_bar = self._mean_entropy(step, old.entropy, batch.response_mask, global_tokens)
-        metrics.update(update_metrics)
-        metrics.update({k: float(v) for k, v in adv_metrics.items()})
-        metrics.update(
-            step_mismatch_metrics(batch, old.logprob, self.runtime.reduce, spec.rollout.tis_cap, old.entropy)
+        metrics.update({**update_metrics, **{k: float(v) for k, v in adv_metrics.items()}})
+        mismatch = step_mismatch_metrics(
+            batch, old.logprob, self.runtime.reduce, spec.rollout.tis_cap, old.entropy
         )
+        metrics.update(mismatch)
         metrics.update(
             self.step_metrics(
                 batch, advantages, old, h_bar, global_tokens, global_sequences,

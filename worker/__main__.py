@@ -23,7 +23,7 @@ from typing import Any
 from worker.settings import WorkerSettings
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m worker")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start a Celery training worker")
@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     exporter = sub.add_parser("exporter", help="serve Prometheus metrics of active jobs, workers and queues")
     exporter.add_argument("--port", type=int, default=9464)
     exporter.add_argument("--addr", default="127.0.0.1")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "embedded":
