@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from contract.protocol import ExitCode
+from experiments import control2_page
 from experiments import control_suite
 from experiments.page import write_page
 from experiments.plan import OPTIONAL_SUITES, all_runs, build_plan
@@ -29,6 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / "runs" / "experiments"
 HEADER = REPO / "experiments" / "RESULTS_HEADER.md"
 FOOTER = REPO / "experiments" / "RESULTS_FOOTER.md"
+
+
+# The second-generation law's run folders in results/ (its page: experiments/control2_page.py).
+CONTROL2_RUNS = Path("results/control2/runs")
 
 
 def committed_pages() -> list[list[str]]:
@@ -84,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "pages":
         os.chdir(REPO)
-        return max(main(command) for command in committed_pages())
+        code = max(main(command) for command in committed_pages())
+        if CONTROL2_RUNS.is_dir():  # the second-generation law's page (experiments/control2_page.py)
+            code = max(code, control2_page.main([str(CONTROL2_RUNS), "--md", "docs/RESULTS-control2.md"]))
+        return code
     if args.command == "compact":
         folders = compact_tree(args.folder)
         print(f"compacted {len(folders)} finished run(s) under {args.folder}")

@@ -96,5 +96,8 @@ def test_results_in_git_hold_only_what_a_page_reads_within_8_mb() -> None:
             read |= {run_dir(root, run) for run in OPTIONAL_SUITES[name]().runs}
             if name in control_suite.CELLS:
                 read.add(root / "runs" / name)  # its noise_floor.json
+    # the second-generation law's page reads every run of its cells (experiments/control2_page.py)
+    for name in (n for n in OPTIONAL_SUITES if n.startswith("ctl2-")):
+        read |= {run_dir(Path("results/control2"), run) for run in OPTIONAL_SUITES[name]().runs}
     stray = [str(p) for p in tracked if p.name != ".gitignore" and p.parent not in read]
     assert stray == []
