@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.algos.logits_grad import require_no_graph_for_grad_in_logits
+
 # bench/bench_kernels.py's sweep (docs/BENCHMARKS.md): 512 rows is as fast as 1,024 on CPU with half
 # the chunk memory; smaller chunks get slower.
 DEFAULT_CHUNK_ROWS = 512
@@ -279,15 +281,6 @@ class _ChunkedLogProb(torch.autograd.Function):
             if direct is None:
                 grad_logits[start:stop] = grad
         return grad_logits, None, None, None, None, None, None, None
-
-
-def require_no_graph_for_grad_in_logits() -> None:
-    """Backward with create_graph=True would record the overwrite of the logits in the new graph."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "grad_in_logits=True does not support create_graph=True (higher-order gradients): the "
-            "gradient is written over the logits; call with grad_in_logits=False"
-        )
 
 
 def triton_available() -> bool:

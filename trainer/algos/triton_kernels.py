@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from trainer.algos.kernels import require_no_graph_for_grad_in_logits
+from trainer.algos.logits_grad import require_no_graph_for_grad_in_logits
 
 MAX_BLOCK = 4096  # vocabulary entries per step of a program's loop
 NUM_WARPS = 8
