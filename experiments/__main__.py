@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 from contract.protocol import ExitCode
-from experiments import control2_page
-from experiments import control_suite
+from experiments import control2_page, control_suite
 from experiments.page import write_page
 from experiments.plan import OPTIONAL_SUITES, all_runs, build_plan
 from experiments.rundata import compact_tree

@@ -111,7 +111,9 @@ JOB_DASHBOARD = Dashboard(
                         _q("entropy/ma_hold_fraction", "5-step mean within ±25 %", E.FRACTION),
                         _q("entropy/mean_abs_deviation", "mean |H − H*| / H*", E.NONNEGATIVE),
                         _q("entropy/settling_step", "settling step (0: not yet)", E.COUNT),
-                        _q("entropy/ma_mean_abs_deviation", "mean |M − H*| / H* (5-step mean)", E.NONNEGATIVE),
+                        _q(
+                            "entropy/ma_mean_abs_deviation", "mean |M − H*| / H* (5-step mean)", E.NONNEGATIVE
+                        ),
                         _q("entropy/ma_max_excursion", "largest (M − H*) / H*", E.FINITE),
                     ),
                     width=24,

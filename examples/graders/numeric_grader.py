@@ -63,7 +63,9 @@ def grade(sample, item):
         raise ValueError(f"the item's answer {item['answer']!r} is not a number")
     text = cut_at_stop(sample["output_text"])
     boxed = last_boxed(text)
-    numbers = list(NUMBER_OR_FRACTION.finditer(LATEX_FRACTION.sub(r"\1/\2", text if boxed is None else boxed)))
+    numbers = list(
+        NUMBER_OR_FRACTION.finditer(LATEX_FRACTION.sub(r"\1/\2", text if boxed is None else boxed))
+    )
     predicted = as_number(numbers[-1].group(0)) if numbers else None
     if predicted is None:
         return 0.0
