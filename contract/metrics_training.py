@@ -78,9 +78,9 @@ TRAINING: tuple[Metric, ...] = (
     _m(
         "entropy/sampler_gap",
         "nats",
-        "The rollout engine's entropy minus the trainer's H̄ on the same tokens (its exact entropy where it "
-        "recorded one, else its mean surprisal on its own samples); absent where the sampler's numbers are "
-        "π_old's own. The laws control the trainer's H̄.",
+        "A separate rollout engine's entropy (vLLM: its mean surprisal on its own samples) minus the "
+        "trainer's H̄ on the same tokens; absent with HF generate, which samples with the trainer's own "
+        "model and weights. The laws control the trainer's H̄.",
         shown=[_R],
     ),
     _m(

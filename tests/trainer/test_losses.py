@@ -78,6 +78,7 @@ def test_the_registry_holds_every_documented_loss() -> None:
             "entropy_pi",
             "stare_pi",
             "clip_pi",
+            "entropy_split",
         ]
     )
 

@@ -9,6 +9,7 @@ import json
 import math
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,12 @@ from trainer.algos.aggregation import aggregate
 from trainer.algos.surrogate import PolicyLossInputs, clipped_surrogate
 from trainer.distributed.strategy import full_state
 from trainer.models import apply_lora, build_tiny_arith
-from trainer.rollout.mismatch import mismatch_metrics, truncated_is_weights, weighted_advantages
+from trainer.rollout.mismatch import (
+    mismatch_metrics,
+    sampler_entropy_gap,
+    truncated_is_weights,
+    weighted_advantages,
+)
 
 
 def _identity_reduce(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
@@ -78,6 +84,20 @@ def test_mismatch_metrics_by_hand() -> None:
         "rollout/mismatch_abs_max": 0.0,
         "rollout/mismatch_kl": 0.0,
     }
+
+
+def test_the_sampler_entropy_gap_by_hand() -> None:
+    """A separate engine's mean surprisal on its own tokens minus the trainer's H̄ on them, masked tokens out;
+    nothing where HF generate sampled (no engine of its own: the trainer's model)."""
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    sampler = torch.tensor([[math.log(0.5), math.log(0.25), -9.0], [math.log(0.125), -9.0, -9.0]])
+    trainer_entropy = torch.tensor([[0.5, 1.0, 5.0], [2.0, 5.0, 5.0]])
+    vllm = SimpleNamespace(sampler_logprob=sampler, sample_entropy=None, response_mask=mask)
+    gap = sampler_entropy_gap(vllm, trainer_entropy, _identity_reduce)
+    # surprisals ln 2, 2 ln 2, 3 ln 2 over 3 tokens, minus the trainer's (0.5 + 1 + 2) / 3
+    assert gap == {"entropy/sampler_gap": pytest.approx((6 * math.log(2) - 3.5) / 3)}
+    hf = SimpleNamespace(sampler_logprob=None, sample_entropy=trainer_entropy * 0.9, response_mask=mask)
+    assert sampler_entropy_gap(hf, trainer_entropy, _identity_reduce) == {}
 
 
 def test_the_spec_offers_the_engine_and_the_cap_with_vllm_only() -> None:

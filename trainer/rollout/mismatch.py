@@ -9,10 +9,11 @@ weights, so the probability it gave a sampled token, π_sampler(y_t), differs fr
   for the KL and never negative (k1, the mean of −log r, is unbiased too but can be negative per batch).
 - with rollout.tis_cap = C, the truncated importance weight w_t = min(r_t, C), which scales token t's
   advantage in the update (docs/ALGORITHMS.md, "Rollout mismatch");
-- `entropy/sampler_gap`: the sampler's entropy minus the trainer's H̄ over the same tokens (the entropy a
-  law controls is the trainer's, docs/ALGORITHMS.md §12.3). The sampler's is its exact entropy where it
-  recorded one (HF generate's sampling statistics, when π_old came from another pass), else its mean
-  surprisal −log π_sampler(y_t) on its own samples, an unbiased estimate of its entropy.
+- `entropy/sampler_gap`: a separate engine's entropy minus the trainer's H̄ over the same tokens (the entropy
+  a law controls is the trainer's, docs/ALGORITHMS.md §12.3). The engine's is its mean surprisal
+  −log π_sampler(y_t) on its own samples, an unbiased estimate of its entropy. HF generate samples with the
+  trainer's own model and weights (its record agrees with the trainer's forward to 1e-6 relative), so there
+  is no gap to report, and the metric's presence never depends on which rows took a forward.
 """
 
 from __future__ import annotations
@@ -95,14 +96,11 @@ def step_mismatch_metrics(
 
 
 def sampler_entropy_gap(batch: Any, trainer_entropy: Tensor, reduce: Reduce) -> dict[str, float]:
-    """{entropy/sampler_gap}: the sampler's entropy − the trainer's, token means over every process's response
-    tokens; {} where the sampler recorded nothing of its own or its record is π_old itself."""
-    if batch.sampler_logprob is not None:
-        sampler = -batch.sampler_logprob.detach().float()  # its mean surprisal estimates its entropy
-    elif batch.sample_entropy is not None and batch.sample_entropy is not trainer_entropy:
-        sampler = batch.sample_entropy.detach().float()
-    else:
+    """{entropy/sampler_gap}: a separate engine's entropy − the trainer's, token means over every process's
+    response tokens; {} where no separate engine sampled (HF generate: the trainer's own model)."""
+    if batch.sampler_logprob is None:
         return {}
+    sampler = -batch.sampler_logprob.detach().float()  # its mean surprisal estimates its entropy
     m = batch.response_mask.float()
     totals = reduce(
         [float((sampler * m).sum()), float((trainer_entropy.detach().float() * m).sum()), float(m.sum())],
