@@ -2,7 +2,11 @@
 docstring included) in the repository's Python, tests and benches (bench/) included; the repository holds
 no generated Python (the client's async twin is derived at run time, stare_client/driver.py), so nothing is
 excluded but the page's npm packages. And no module over 600 lines, the same files (issue 22 set it for
-the trainer; issue 35 for every package, the tests and the benches)."""
+the trainer; issue 35 for every package, the tests and the benches).
+
+Tighter in the four packages that grow (issue 47, item 5): in trainer/, contract/, service/ and worker/ no
+module over 500 lines and no function over 60, met by splitting along meaning, with a temporary allow-list
+that can only shrink (below)."""
 
 from __future__ import annotations
 
