@@ -141,6 +141,14 @@ def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None 
     offers that can run it: one on `prefer_queue` (the deployment's default queue) first, then live before
     declared, then the smallest (nodes, processes per node, memory), so larger classes stay free for
     the jobs that need them; ties keep the given order."""
+    candidates = _running_the_strategy(needs, offers)
+    candidates = _with_room(needs, candidates)
+    candidates = _with_memory(needs, candidates)
+    return min(candidates, key=lambda o: _fit_order(o, prefer_queue))
+
+
+def _running_the_strategy(needs: JobNeeds, offers: Sequence[Offer]) -> list[Offer]:
+    """The offers whose class runs the job's distributed strategy; CapacityError when there is none."""
     if not offers:
         raise CapacityError(
             "no worker class is live or declared on this deployment (STARE_WORKER_CLASSES)",
@@ -154,6 +162,12 @@ def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None 
             f"(strategies offered: {', '.join(offered)})",
             "spec.distributed.strategy",
         )
+    return candidates
+
+
+def _with_room(needs: JobNeeds, candidates: list[Offer]) -> list[Offer]:
+    """The candidates with the nodes, the processes per node and the rollout engine the job asks for, each
+    refused in that order naming the largest class."""
     candidates = _keep(
         candidates,
         lambda c: c.nodes >= needs.nodes,
@@ -186,6 +200,12 @@ def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None 
         ),
         "spec.rollout.engine",
     )
+    return candidates
+
+
+def _with_memory(needs: JobNeeds, candidates: list[Offer]) -> list[Offer]:
+    """The candidates with the memory per device the job needs (on a CPU class, vLLM's resident copy and
+    cache beside the training's); a refusal names rollout.engine when the job fits without vLLM."""
     need = needs.memory_per_device_bytes
 
     def need_on(c: WorkerClass) -> int:
@@ -204,7 +224,7 @@ def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None 
         c.memory_per_device_bytes is None or c.memory_per_device_bytes >= need
         for c in (o.worker_class for o in candidates)
     )
-    candidates = _keep(
+    return _keep(
         candidates,
         lambda c: (
             need is None or c.memory_per_device_bytes is None or c.memory_per_device_bytes >= need_on(c)
@@ -213,7 +233,6 @@ def place(needs: JobNeeds, offers: Sequence[Offer], *, prefer_queue: str | None 
         memory_refusal,
         "spec.rollout.engine" if needs.cpu_resident_bytes and fits_without_vllm else needs.memory_param,
     )
-    return min(candidates, key=lambda o: _fit_order(o, prefer_queue))
 
 
 def _keep(candidates, fits, size, message, param):  # type: ignore[no-untyped-def]
@@ -423,19 +442,10 @@ def estimate_memory(
         grads *= 2  # the all-reduce buckets
     if strategy == "fsdp2" and processes > 1:
         gathered = 2 * shape.largest_layer_parameters * act_bytes
-    head_dim = shape.hidden_size // shape.num_attention_heads
-    per_layer = (
-        _HIDDEN_WIDE_PER_LAYER * shape.hidden_size
-        + _KV_WIDE_PER_LAYER * shape.num_key_value_heads * head_dim
-        + _INTERMEDIATE_WIDE_PER_LAYER * shape.intermediate_size
+    per_layer = _saved_per_token_and_layer(shape)
+    activations = (
+        micro_batch_tokens * _saved_per_token(shape, per_layer, activation_checkpointing) * act_bytes
     )
-    if activation_checkpointing:
-        per_token = shape.num_layers * shape.hidden_size + per_layer
-    else:
-        per_token = shape.num_layers * per_layer
-    per_token += _VOCAB_WIDE * shape.vocab_size + 2 * shape.hidden_size  # logits; final norm
-    per_token += _BACKWARD_INTERMEDIATE_WIDE * shape.intermediate_size
-    activations = micro_batch_tokens * per_token * act_bytes
     # Backward runs from the loss to the embeddings: it first builds the gradients of the largest unit (the
     # root: LM head / tied embeddings), then layer by layer frees one layer's activations and builds that
     # layer's gradients. What is live above parameters and optimizer state is linear along the way, so its
@@ -449,6 +459,28 @@ def estimate_memory(
     return MemoryEstimate(
         params, grads, optimizer, gathered, activations, activations + own_grads - live, rollout
     )
+
+
+def _saved_per_token_and_layer(shape: ModelShape) -> int:
+    """Values autograd keeps per token in one decoder layer (the widths counted above)."""
+    head_dim = shape.hidden_size // shape.num_attention_heads
+    return (
+        _HIDDEN_WIDE_PER_LAYER * shape.hidden_size
+        + _KV_WIDE_PER_LAYER * shape.num_key_value_heads * head_dim
+        + _INTERMEDIATE_WIDE_PER_LAYER * shape.intermediate_size
+    )
+
+
+def _saved_per_token(shape: ModelShape, per_layer: int, activation_checkpointing: bool) -> int:
+    """Values live per token of a micro-batch at backward's peak: every layer's (with checkpointing, each
+    layer's input and one layer recomputed), the logits and the final norm, and backward's own peak."""
+    if activation_checkpointing:
+        per_token = shape.num_layers * shape.hidden_size + per_layer
+    else:
+        per_token = shape.num_layers * per_layer
+    per_token += _VOCAB_WIDE * shape.vocab_size + 2 * shape.hidden_size  # logits; final norm
+    per_token += _BACKWARD_INTERMEDIATE_WIDE * shape.intermediate_size
+    return per_token
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -56,36 +56,7 @@ def _page_files(name: str, prefix: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "page", "list"):
-        p = sub.add_parser(name)
-        p.add_argument("--quick", action="store_true", help="the ≤ 10 min plan (2 seeds, headline pair)")
-        p.add_argument(
-            "--root", type=Path, default=None, help=f"run folders (default {DEFAULT_ROOT}[-quick])"
-        )
-        p.add_argument("--suite", action="append", help="only these suites (repeatable)")
-        p.add_argument("--arm", action="append", help="only these arms' runs (repeatable)")
-        p.add_argument("--seed", action="append", type=int, help="only these seeds' runs (repeatable)")
-        p.add_argument("--md", type=Path, default=None, help="markdown page (default docs/RESULTS.md)")
-        p.add_argument("--html", type=Path, default=None, help="HTML page (default docs/results.html)")
-        p.add_argument("--header", type=Path, default=HEADER, help=f"page header (default {HEADER.name})")
-        p.add_argument("--footer", type=Path, default=FOOTER, help=f"page footer (default {FOOTER.name})")
-        p.add_argument(
-            "--baseline-root",
-            type=Path,
-            default=None,
-            help="the SmolLM2 suite's run folders, whose grpo_ds runs the a+b control cells reuse "
-            "(default: ROOT/../smollm2)",
-        )
-        if name == "run":
-            p.add_argument(
-                "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: cores)"
-            )
-    compact = sub.add_parser("compact", help="gzip the events of the finished runs under a folder")
-    compact.add_argument("folder", type=Path)
-    sub.add_parser("pages", help="rebuild the pages whose run data is in results/ (no run is started)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.command == "pages":
         os.chdir(REPO)
         code = max(main(command) for command in committed_pages())
@@ -138,6 +109,39 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {md} and {page}")
     failed = sum(1 for r in runs if not is_finished(run_dir(root, r)))
     return 1 if args.command == "run" and failed else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "page", "list"):
+        p = sub.add_parser(name)
+        p.add_argument("--quick", action="store_true", help="the ≤ 10 min plan (2 seeds, headline pair)")
+        p.add_argument(
+            "--root", type=Path, default=None, help=f"run folders (default {DEFAULT_ROOT}[-quick])"
+        )
+        p.add_argument("--suite", action="append", help="only these suites (repeatable)")
+        p.add_argument("--arm", action="append", help="only these arms' runs (repeatable)")
+        p.add_argument("--seed", action="append", type=int, help="only these seeds' runs (repeatable)")
+        p.add_argument("--md", type=Path, default=None, help="markdown page (default docs/RESULTS.md)")
+        p.add_argument("--html", type=Path, default=None, help="HTML page (default docs/results.html)")
+        p.add_argument("--header", type=Path, default=HEADER, help=f"page header (default {HEADER.name})")
+        p.add_argument("--footer", type=Path, default=FOOTER, help=f"page footer (default {FOOTER.name})")
+        p.add_argument(
+            "--baseline-root",
+            type=Path,
+            default=None,
+            help="the SmolLM2 suite's run folders, whose grpo_ds runs the a+b control cells reuse "
+            "(default: ROOT/../smollm2)",
+        )
+        if name == "run":
+            p.add_argument(
+                "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: cores)"
+            )
+    compact = sub.add_parser("compact", help="gzip the events of the finished runs under a folder")
+    compact.add_argument("folder", type=Path)
+    sub.add_parser("pages", help="rebuild the pages whose run data is in results/ (no run is started)")
+    return parser
 
 
 if __name__ == "__main__":

@@ -19,6 +19,18 @@ from store.errors import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = Settings()
+    if args.command == "migrate":
+        migrate.upgrade(settings.database_url)
+        print(f"database at revision {migrate.head_revision()}", file=sys.stderr)
+        return 0
+    if args.command == "serve":
+        return _serve(args, settings)
+    return _create_key(args, settings)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m service", description="stare-rl training service")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("migrate", help="upgrade the database schema to the latest revision")
@@ -38,34 +50,34 @@ def main(argv: list[str] | None = None) -> int:
         help="API processes (each reads its settings from the environment); more than one needs "
         "STARE_RATE_LIMIT_BACKEND=redis unless rate limiting is off",
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    settings = Settings()
-    if args.command == "migrate":
-        migrate.upgrade(settings.database_url)
-        print(f"database at revision {migrate.head_revision()}", file=sys.stderr)
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Runs the API with uvicorn: in this process, or in `--workers` processes that each build the app
+    from the environment (refused when each would keep its own rate-limit buckets)."""
+    import uvicorn
+
+    from service.app import create_app
+
+    if args.workers <= 1:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port)
         return 0
-    if args.command == "serve":
-        import uvicorn
-
-        from service.app import create_app
-
-        if args.workers <= 1:
-            uvicorn.run(create_app(settings), host=args.host, port=args.port)
-            return 0
-        limited = settings.rate_limit_per_second > 0 or settings.tenant_rate_limit_per_second > 0
-        if limited and settings.rate_limit_backend != "redis":
-            print(
-                "several API processes would each keep their own rate-limit buckets: set "
-                "STARE_RATE_LIMIT_BACKEND=redis (or STARE_RATE_LIMIT_PER_SECOND=0 and "
-                "STARE_TENANT_RATE_LIMIT_PER_SECOND=0)",
-                file=sys.stderr,
-            )
-            return 2
-        uvicorn.run(
-            "service.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers
+    limited = settings.rate_limit_per_second > 0 or settings.tenant_rate_limit_per_second > 0
+    if limited and settings.rate_limit_backend != "redis":
+        print(
+            "several API processes would each keep their own rate-limit buckets: set "
+            "STARE_RATE_LIMIT_BACKEND=redis (or STARE_RATE_LIMIT_PER_SECOND=0 and "
+            "STARE_TENANT_RATE_LIMIT_PER_SECOND=0)",
+            file=sys.stderr,
         )
-        return 0
+        return 2
+    uvicorn.run("service.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers)
+    return 0
+
+
+def _create_key(args: argparse.Namespace, settings: Settings) -> int:
+    """create-tenant (a new tenant) or create-key (an existing one): an API key, printed once on stdout."""
     db = Database(settings.database_url, pool_size=1)
     try:
         with db.transaction() as session:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import errno
 import gc
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
@@ -216,6 +216,36 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     services = Services.build(settings)
+    app = FastAPI(
+        title="stare-rl training service",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        lifespan=_lifespan(settings, services),
+        dependencies=[Depends(refuse_unknown_query_parameters)],
+    )
+    app.state.services = services
+    secret = settings.session_secret.get_secret_value().encode() if settings.session_secret else None
+    app.state.session_signer = SessionSigner(secret, settings.session_ttl_s)  # the job page's sign-ins
+
+    _add_exception_handlers(app)
+    _include_routers(app)
+    _add_middleware(app, settings, services)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi_with_spec(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _lifespan(
+    settings: Settings, services: Services
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's start and shutdown: the thread pool sized, the startup objects frozen out of the cyclic
+    collector's walks, the task-check pool opened (and prewarmed); the services closed at shutdown."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -237,20 +267,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await services.aclose()
             services.close()
 
-    app = FastAPI(
-        title="stare-rl training service",
-        version=__version__,
-        description=DESCRIPTION,
-        openapi_tags=TAGS,
-        lifespan=lifespan,
-        dependencies=[Depends(refuse_unknown_query_parameters)],
-    )
-    app.state.services = services
-    secret = settings.session_secret.get_secret_value().encode() if settings.session_secret else None
-    app.state.session_signer = SessionSigner(secret, settings.session_ttl_s)  # the job page's sign-ins
+    return lifespan
 
-    _add_exception_handlers(app)
 
+def _include_routers(app: FastAPI) -> None:
     # Most frequent first: a request is matched against the routers in this order.
     for module in (
         jobs,
@@ -269,6 +289,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ):
         app.include_router(module.router)
 
+
+def _add_middleware(app: FastAPI, settings: Settings, services: Services) -> None:
+    """The request boundary (sizes, authentication, the sign-in gate, body checks), telemetry and the page's
+    security headers; the last added is the outermost."""
     app.add_middleware(
         RequestBoundary,
         path_templates=lambda: app.openapi()["paths"],
@@ -282,14 +306,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(TelemetryMiddleware, telemetry=services.telemetry)
     app.add_middleware(pages.PageSecurityHeaders)  # outermost: the boundary's refusals under /ui too
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = _openapi_with_spec(app)
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
 
 
 def _add_exception_handlers(app: FastAPI) -> None:

@@ -15,9 +15,10 @@ contract.metrics' catalogue (docs/metrics.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -48,6 +49,66 @@ def _gauge(name: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(series.name, series.help, labels=list(series.labels))
 
 
+@dataclasses.dataclass(frozen=True)
+class FleetScrape:
+    """What one scrape read from the database."""
+
+    now: datetime  # the database's clock
+    jobs: list[
+        Any
+    ]  # the active jobs' rows (id, algorithm, queue, steps, heartbeat, last metrics, lease owner)
+    evals: dict[str, dict[str, Any]]  # job id -> its latest evaluation's metrics
+    failures: list[tuple[str, str, int]]  # (error code, queue, count) of the failed jobs
+    without_worker: dict[str, int]  # queue -> jobs waiting in it that no live worker serves
+
+
+def _job_gauges(scrape: FleetScrape) -> tuple[list[GaugeMetricFamily], list[GaugeMetricFamily]]:
+    """(the catalogue's series, [step, total steps, heartbeat age]) of the active jobs, each labelled
+    job_id, algorithm and queue; a metric a job has not reported (or not finite) has no sample."""
+    families = {
+        metric.key: GaugeMetricFamily(metric.prometheus, metric.series_help, labels=JOB_LABELS)
+        for metric in JOB_METRICS
+        if metric.prometheus is not None
+    }
+    step = _gauge("stare_job_step")
+    total = _gauge("stare_job_total_steps")
+    heartbeat_age = _gauge("stare_job_heartbeat_age_seconds")
+    for row in scrape.jobs:
+        labels = [row.id, row.algorithm, row.queue]
+        metrics = {**(row.last_metrics or {}), **scrape.evals.get(row.id, {})}
+        for key, family in families.items():
+            value = finite(metrics.get(key))
+            if value is not None:
+                family.add_metric(labels, value)
+        step.add_metric(labels, float(row.current_step or 0))
+        total.add_metric(labels, float(row.total_steps))
+        if row.heartbeat_at is not None:
+            beat = row.heartbeat_at if row.heartbeat_at.tzinfo else row.heartbeat_at.replace(tzinfo=UTC)
+            heartbeat_age.add_metric(labels, max(0.0, (scrape.now - beat).total_seconds()))
+    return list(families.values()), [step, total, heartbeat_age]
+
+
+def _lease_owners(jobs: list[Any]) -> dict[str, set[str]]:
+    """queue -> the workers holding a lease on one of its active jobs (the busy ones)."""
+    owners: dict[str, set[str]] = {}
+    for row in jobs:
+        owners.setdefault(row.queue, set()).add(row.lease_owner or "")
+    return owners
+
+
+def _busy_workers(queues: list[str], owners: dict[str, set[str]]) -> GaugeMetricFamily:
+    busy = _gauge("stare_workers_busy")
+    for queue in queues:
+        busy.add_metric([queue], float(len(owners.get(queue, ()))))
+    return busy
+
+
+def _scrape_ok(ok: int) -> GaugeMetricFamily:
+    up = _gauge("stare_fleet_scrape_ok")
+    up.add_metric([], ok)
+    return up
+
+
 class FleetCollector(Collector):
     def __init__(
         self,
@@ -62,85 +123,81 @@ class FleetCollector(Collector):
         self._celery: Any = None
 
     def collect(self) -> Iterator[Metric]:
-        families = {
-            metric.key: GaugeMetricFamily(metric.prometheus, metric.series_help, labels=JOB_LABELS)
-            for metric in JOB_METRICS
-            if metric.prometheus is not None
-        }
-        step = _gauge("stare_job_step")
-        total = _gauge("stare_job_total_steps")
-        heartbeat_age = _gauge("stare_job_heartbeat_age_seconds")
-        busy = _gauge("stare_workers_busy")
-        depth = _gauge("stare_queue_messages")
-        up = _gauge("stare_fleet_scrape_ok")
-        failed = _gauge("stare_failed_jobs")
-        orphans = _gauge("stare_jobs_without_worker")
         try:
-            with self.db.sessions() as session:
-                now = db_now(session)  # heartbeats are the database's time: their age is measured on it
-                rows = session.execute(
-                    sa.select(
-                        Job.id,
-                        Job.algorithm,
-                        Job.queue,
-                        Job.current_step,
-                        Job.total_steps,
-                        Job.heartbeat_at,
-                        Job.last_metrics,
-                        Job.lease_owner,
-                    ).where(Job.status.in_(LEASED_STATUSES))
-                ).all()
-                evals = latest_evals(session, [row.id for row in rows])
-                failures = failed_job_counts(session)
-                without_worker = jobs_without_worker(session, self.stale_after_s)
+            scrape = self._read_database()
         except Exception:
             logger.warning("fleet scrape could not read the database", exc_info=True)
-            up.add_metric([], 0)
-            yield up
+            yield _scrape_ok(0)
             return
-        owners: dict[str, set[str]] = {}
-        for row in rows:
-            labels = [row.id, row.algorithm, row.queue]
-            metrics = {**(row.last_metrics or {}), **evals.get(row.id, {})}
-            for key, family in families.items():
-                value = finite(metrics.get(key))
-                if value is not None:
-                    family.add_metric(labels, value)
-            step.add_metric(labels, float(row.current_step or 0))
-            total.add_metric(labels, float(row.total_steps))
-            if row.heartbeat_at is not None:
-                beat = row.heartbeat_at if row.heartbeat_at.tzinfo else row.heartbeat_at.replace(tzinfo=UTC)
-                heartbeat_age.add_metric(labels, max(0.0, (now - beat).total_seconds()))
-            owners.setdefault(row.queue, set()).add(row.lease_owner or "")
+        families, per_job = _job_gauges(scrape)
+        owners = _lease_owners(scrape.jobs)
         queues = sorted(set(self.queues) | set(owners))
-        for queue in queues:
-            busy.add_metric([queue], float(len(owners.get(queue, ()))))
+        yield from families
+        yield self._jobs_without_worker(scrape.without_worker)
+        yield from per_job
+        yield _busy_workers(queues, owners)
+        yield self._failed_jobs(scrape.failures)
+        yield from self._worker_gauges(queues, owners)
+        yield self._queue_messages()
+        yield _scrape_ok(1)
+
+    def _read_database(self) -> FleetScrape:
+        """One scrape's read: the active jobs, their latest evaluations, the failed jobs' codes and the
+        jobs no live worker serves, with the database's time (heartbeats' ages are measured on it)."""
+        with self.db.sessions() as session:
+            now = db_now(session)
+            rows = session.execute(
+                sa.select(
+                    Job.id,
+                    Job.algorithm,
+                    Job.queue,
+                    Job.current_step,
+                    Job.total_steps,
+                    Job.heartbeat_at,
+                    Job.last_metrics,
+                    Job.lease_owner,
+                ).where(Job.status.in_(LEASED_STATUSES))
+            ).all()
+            return FleetScrape(
+                now=now,
+                jobs=list(rows),
+                evals=latest_evals(session, [row.id for row in rows]),
+                failures=failed_job_counts(session),
+                without_worker=jobs_without_worker(session, self.stale_after_s),
+            )
+
+    def _jobs_without_worker(self, without_worker: dict[str, int]) -> GaugeMetricFamily:
+        orphans = _gauge("stare_jobs_without_worker")
+        for queue in sorted(set(self.queues) | set(without_worker)):
+            orphans.add_metric([queue], float(without_worker.get(queue, 0)))
+        return orphans
+
+    def _failed_jobs(self, failures: list[tuple[str, str, int]]) -> GaugeMetricFamily:
+        """Failed jobs by error code and queue; every code of JOB_FAILURE_CODES has a series, 0 included."""
+        failed = _gauge("stare_failed_jobs")
         counts = {(code, queue): count for code, queue, count in failures}
         for code, queue in sorted(set(counts) | {(c, q) for c in JOB_FAILURE_CODES for q in self.queues}):
             failed.add_metric([code, queue], float(counts.get((code, queue), 0)))
-        for queue in sorted(set(self.queues) | set(without_worker)):
-            orphans.add_metric([queue], float(without_worker.get(queue, 0)))
-        yield from families.values()
-        yield orphans
-        yield step
-        yield total
-        yield heartbeat_age
-        yield busy
-        yield failed
+        return failed
+
+    def _worker_gauges(self, queues: list[str], owners: dict[str, set[str]]) -> list[GaugeMetricFamily]:
+        """The workers and the idle workers of each queue (the idle answer a ping, the busy hold a lease);
+        none when the workers cannot be pinged (`_consumers`)."""
         consumers = self._consumers()
-        if consumers is not None:
-            workers, idle = _gauge("stare_workers"), _gauge("stare_workers_idle")
-            for queue in sorted(set(queues) | set(consumers)):
-                waiting = consumers.get(queue, 0)
-                idle.add_metric([queue], float(waiting))
-                workers.add_metric([queue], float(waiting + len(owners.get(queue, ()))))
-            yield workers
-            yield idle
+        if consumers is None:
+            return []
+        workers, idle = _gauge("stare_workers"), _gauge("stare_workers_idle")
+        for queue in sorted(set(queues) | set(consumers)):
+            waiting = consumers.get(queue, 0)
+            idle.add_metric([queue], float(waiting))
+            workers.add_metric([queue], float(waiting + len(owners.get(queue, ()))))
+        return [workers, idle]
+
+    def _queue_messages(self) -> GaugeMetricFamily:
+        depth = _gauge("stare_queue_messages")
         for queue, count in self._queue_depths():
             depth.add_metric([queue], float(count))
-        yield depth
-        up.add_metric([], 1)
-        yield up
+        return depth
 
     def _consumers(self) -> dict[str, int] | None:
         """queue → workers consuming it that answered a Celery ping within PING_TIMEOUT_S; None when the

@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contract import metrics as catalogue
 from service import views
 from service.dependencies import (
     Caller,
@@ -46,6 +45,7 @@ from service.dependencies import (
     tenant_job,
 )
 from service.errors import BadRequest, NotFound
+from service.page_charts import chart_groups
 from service.routers import reports
 from service.schemas import JobObject
 from service.sessions import COOKIE_NAME, COOKIE_PATH, SIGN_IN_HEADER
@@ -76,12 +76,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",  # a route's own Cache-Control (the static files') is kept
 }
-QUADRANT_LABELS = {  # as the report names them
-    "pos_low": "Â>0, low surprisal",
-    "pos_high": "Â>0, high surprisal",
-    "neg_low": "Â<0, low surprisal",
-    "neg_high": "Â<0, high surprisal",
-}
 
 
 class PageSecurityHeaders:
@@ -106,113 +100,6 @@ class PageSecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_secured)
-
-
-# ------------------------------------------------------------------------------------------------ charts
-
-
-def _series(key: str, label: str, **style: Any) -> dict[str, Any]:
-    metric = catalogue.get(key)
-    return {"key": metric.key, "label": label, "unit": metric.unit, "help": metric.help, **style}
-
-
-def chart_groups() -> list[dict[str, Any]]:
-    """The page's charts, as the report draws them (trainer/report/page.py) plus throughput, tool use and a
-    grader's health.
-    The page draws a chart only when the job logged at least one of its series."""
-    quadrants = [_series(f"quadrant/{q}_fraction", label) for q, label in QUADRANT_LABELS.items()]
-    tools = [_series(m.key, m.key.removeprefix("tool/").replace("_", " ")) for m in catalogue.CATALOGUE]
-    tools = [s for s in tools if s["key"].startswith("tool/")]
-    return [
-        {
-            "id": "entropy",
-            "title": "Policy entropy",
-            "y": "entropy (nats)",
-            "series": [
-                _series("entropy/mean", "policy entropy"),
-                _series("stare/target_entropy", "target entropy", dash=True),
-                _series("control/target_entropy", "target entropy (PI law)", dash=True),
-            ],
-            "band": [catalogue.BAND_LOW, catalogue.BAND_HIGH],
-        },
-        {
-            "id": "control",
-            "title": "Entropy controller",
-            "y": "u / e / I",
-            "series": [
-                _series("control/output", "output u"),
-                _series("control/error", "error e (relative)"),
-                _series("control/integral", "integral I", dash=True),
-            ],
-        },
-        {
-            "id": "actuator",
-            "title": "Controller actuator",
-            "y": "α, W or ε_high",
-            "series": [_series("control/actuator", "actuator")],
-        },
-        {
-            "id": "gate",
-            "title": "STARE gate",
-            "y": "gate / factor",
-            "series": [
-                _series("stare/gate_on", "gate on", stepped=True),
-                _series("stare/reweight_w", "W (positive reweight)"),
-                _series("stare/reweight_m", "M (negative reweight)"),
-            ],
-        },
-        {"id": "quadrants", "title": "Quadrant token fractions", "y": "fraction", "series": quadrants},
-        {
-            "id": "reward",
-            "title": "Reward and accuracy",
-            "y": "reward / accuracy",
-            "series": [_series("reward/mean", "reward mean"), _series("reward/accuracy", "accuracy")],
-        },
-        {
-            "id": "length",
-            "title": "Response length",
-            "y": "tokens",
-            "series": [
-                _series("response/length_mean", "mean length"),
-                _series("response/length_max", "longest"),
-            ],
-        },
-        {
-            "id": "throughput",
-            "title": "Throughput",
-            "y": "tokens/s",
-            "series": [_series("perf/tokens_per_second", "tokens per second")],
-        },
-        {
-            "id": "step_time",
-            "title": "Step time",
-            "y": "seconds",
-            "series": [
-                _series("perf/step_seconds", "step"),
-                _series("perf/generation_seconds", "generation"),
-                _series("perf/update_seconds", "update"),
-            ],
-        },
-        {"id": "tool", "title": "Tool use", "y": "per response / rate", "series": tools},
-        _grader_chart(),
-    ]
-
-
-def _grader_chart() -> dict[str, Any]:
-    """A job with a grader: its failures, scores and time (docs/GRADERS.md)."""
-    return {
-        "id": "grader",
-        "title": "Grader health",
-        "y": "rate / score / share",
-        "series": [
-            _series("grader/error_rate", "failed samples (step)"),
-            _series("grader/window_error_rate", "failed samples (error window)", dash=True),
-            _series("grader/score_mean", "score mean"),
-            _series("grader/score_std", "score spread"),
-            _series("grader/all_equal_groups", "all-equal groups"),
-            _series("grader/step_share", "share of step time"),
-        ],
-    }
 
 
 # ------------------------------------------------------------------------------------------------ sessions

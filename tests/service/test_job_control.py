@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.routers.pages import chart_groups
+from service.page_charts import chart_groups
 from store import repository
 from store.database import Database
 from tests.service.conftest import TenantKey

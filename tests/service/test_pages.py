@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from contract import metrics as catalogue
 from service.app import create_app
 from service.errors import BadRequest
+from service.page_charts import chart_groups
 from service.routers.events import parse_last_event_id
-from service.routers.pages import chart_groups
 from service.sessions import COOKIE_NAME, SessionSigner
 from service.settings import Settings
 from store import repository

@@ -399,15 +399,44 @@ def token_stats_from_logits(
     "triton" their last dimension is strided, the kernel works on a contiguous copy made in forward and
     backward overwrites that copy instead; the logits are then left as they were.
     """
+    _check_stats_arguments(
+        logits, target_ids, temperature, chunk_rows, with_entropy, grad_in_logits, entropy_grad
+    )
+    if entropy_grad:
+        # The entropy's gradient is built by the chunked torch backward into a fresh tensor.
+        backend, grad_in_logits = "torch", False
+    lead_shape = target_ids.shape
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    if grad_in_logits and not _no_internal_overlap(flat_logits):
+        flat_logits = flat_logits.contiguous()  # writing the gradient over shared elements would mix rows
+    flat_targets = target_ids.reshape(-1).long()  # (N,)
+    logprob, entropy, correction = _apply_kernel(
+        resolve_backend(backend, logits), flat_logits, flat_targets, float(temperature), int(chunk_rows),
+        with_entropy, with_correction, grad_in_logits, entropy_grad,
+    )  # fmt: skip
+    return TokenStats(
+        logprob=logprob.view(lead_shape),
+        entropy=entropy.view(lead_shape) if with_entropy else None,
+        correction=correction.view(lead_shape) if with_correction else None,
+    )
+
+
+def _check_stats_arguments(
+    logits: Tensor,
+    target_ids: Tensor,
+    temperature: float,
+    chunk_rows: int,
+    with_entropy: bool,
+    grad_in_logits: bool,
+    entropy_grad: bool,
+) -> None:
+    """`token_stats_from_logits` refuses what it cannot score: ValueError naming the argument."""
     _check_temperature(temperature)
     _check_chunk(chunk_rows)
     _check_flag("grad_in_logits", grad_in_logits)
     _check_flag("entropy_grad", entropy_grad)
     if entropy_grad and not with_entropy:
         raise ValueError("entropy_grad=True needs with_entropy=True")
-    if entropy_grad:
-        # The entropy's gradient is built by the chunked torch backward into a fresh tensor.
-        backend, grad_in_logits = "torch", False
     if logits.dim() < 1 or logits.shape[:-1] != target_ids.shape:
         raise ValueError(
             f"target_ids shape {tuple(target_ids.shape)} must equal logits shape without the vocabulary "
@@ -415,33 +444,33 @@ def token_stats_from_logits(
         )
     if not logits.is_floating_point():
         raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
-    lead_shape = target_ids.shape
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # (N, V)
-    if grad_in_logits and not _no_internal_overlap(flat_logits):
-        flat_logits = flat_logits.contiguous()  # writing the gradient over shared elements would mix rows
-    flat_targets = target_ids.reshape(-1).long()  # (N,)
-    if resolve_backend(backend, logits) == "triton":
+
+
+def _apply_kernel(
+    backend: str,
+    flat_logits: Tensor,
+    flat_targets: Tensor,
+    temperature: float,
+    chunk_rows: int,
+    with_entropy: bool,
+    with_correction: bool,
+    grad_in_logits: bool,
+    entropy_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(log-prob, entropy, C) of each row (N,) by the resolved backend's autograd function: the fused
+    Triton kernel or the chunked torch one."""
+    if backend == "triton":
         from trainer.algos.triton_kernels import TritonLogProb
 
         logprob, entropy, correction = TritonLogProb.apply(
-            flat_logits, flat_targets, float(temperature), with_entropy, with_correction, grad_in_logits
+            flat_logits, flat_targets, temperature, with_entropy, with_correction, grad_in_logits
         )
     else:
         logprob, entropy, correction = _ChunkedLogProb.apply(
-            flat_logits,
-            flat_targets,
-            float(temperature),
-            int(chunk_rows),
-            with_entropy,
-            with_correction,
-            grad_in_logits,
-            entropy_grad,
-        )
-    return TokenStats(
-        logprob=logprob.view(lead_shape),
-        entropy=entropy.view(lead_shape) if with_entropy else None,
-        correction=correction.view(lead_shape) if with_correction else None,
-    )
+            flat_logits, flat_targets, temperature, chunk_rows, with_entropy, with_correction,
+            grad_in_logits, entropy_grad,
+        )  # fmt: skip
+    return logprob, entropy, correction
 
 
 def token_stats_reference(logits: Tensor, target_ids: Tensor, *, temperature: float = 1.0) -> TokenStats:

@@ -36,6 +36,9 @@ what it promises and the tests that hold it to that):
   (normal exit, CPU budget, wall clock): the kernel then kills every process of the PID namespace, and
   with the last of them go the mount namespace and its /work tmpfs;
 - output: stdout and stderr share one pipe; the first output_bytes are kept, the rest is read and dropped.
+
+What it binds for the interpreter is trainer/envs/sandbox_runtime.py's; the parent's hold on the
+namespace (its init's pidfd, the CPU budget, the group kill) trainer/envs/sandbox_processes.py's.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import re
@@ -52,17 +54,16 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import IO
 
 from contract.spec import ToolLimitsSpec
+from trainer.envs.sandbox_processes import CpuBudget, NamespaceInit, with_group
+from trainer.envs.sandbox_runtime import Runtime, SandboxUnavailable, python_runtime
 from trainer.envs.seccomp import filter_program
 
 BWRAP_ENV = "STARE_BWRAP"  # the bwrap binary (default: bwrap on PATH)
-PYTHON_ENV = "STARE_TOOL_PYTHON"  # the interpreter the tool runs (default: this Python's base interpreter)
 UID_ENV = "STARE_TOOL_UID"  # the user a root parent runs sandboxes as (default 65534)
 NOBODY = 65534
 SCRATCH = "/work"
@@ -73,12 +74,7 @@ LAUNCH_ENV: dict[str, str] = {}
 MIN_BWRAP = (0, 8)  # --disable-userns and --as-pid-1
 TRUNCATED_MARK = "\n[output truncated]"
 CPU_SAMPLE_S = 0.05  # how often the parent sums the sandbox's CPU time (the budget's overshoot per process)
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REAP_S = 5.0  # how long bwrap has to reap its killed init before its own group is killed
-
-
-class SandboxUnavailable(RuntimeError):
-    """bwrap is missing or cannot create its namespaces here: the python tool cannot run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,103 +92,12 @@ class SandboxResult:
         return self.exit_code == 0 and not self.timed_out
 
 
-# ---------------------------------------------------------------------------------------------- runtime
+# ---------------------------------------------------------------------------------------------- command
 
 
 def bwrap_path() -> str | None:
     """The bwrap executable (STARE_BWRAP, else bwrap on PATH), or None when there is none."""
     return shutil.which(os.environ.get(BWRAP_ENV) or "bwrap")
-
-
-def _default_interpreter() -> str:
-    """The system's python3 when there is one (readable by the sandbox's user), else this Python's base
-    interpreter (never the virtual environment: its site-packages stay out)."""
-    major, minor = sys.version_info[:2]
-    for candidate in (
-        Path("/usr/bin/python3"),
-        Path(sys.base_prefix) / "bin" / f"python{major}.{minor}",
-        Path(sys.base_prefix) / "bin" / "python3",
-    ):
-        if candidate.exists():
-            return str(candidate.resolve())
-    return str(Path(sys.executable).resolve())
-
-
-_LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
-
-
-def _linked_libraries(binaries: list[str]) -> set[str]:
-    libraries: set[str] = set()
-    for start in range(0, len(binaries), 64):
-        try:
-            out = subprocess.run(
-                ["ldd", *binaries[start : start + 64]],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        libraries.update(match.group(1) for match in _LDD_LINE.finditer(out))
-    return libraries
-
-
-@dataclasses.dataclass(frozen=True)
-class Runtime:
-    interpreter: str
-    launcher: str  # prlimit, bound too: pid 1 sets the call's process cap, then execs the interpreter
-    binds: tuple[tuple[str, str], ...]  # read-only: (path in the sandbox, path on the host)
-    hidden: tuple[str, ...]  # directories covered by an empty tmpfs (site-packages)
-    symlinks: tuple[tuple[str, str], ...]  # (target, link) as on the host (/lib -> usr/lib)
-    library_path: str
-
-
-def python_runtime(interpreter: str | None = None) -> Runtime:
-    """What the sandbox binds for the interpreter: the binary, its standard library, the libraries it and
-    its extension modules link (found with ldd; each at the path the loader looks for), and the host's
-    top-level symlinks (/lib -> usr/lib). Worked out once per interpreter (ldd takes a few seconds)."""
-    return _runtime_of(
-        str(Path(interpreter or os.environ.get(PYTHON_ENV) or _default_interpreter()).resolve())
-    )
-
-
-@functools.cache
-def _runtime_of(exe: str) -> Runtime:
-    try:
-        probe = subprocess.run(
-            [exe, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise SandboxUnavailable(f"the tool interpreter {exe} does not run: {err}") from None
-    if probe.returncode != 0:
-        raise SandboxUnavailable(f"the tool interpreter {exe} does not run: {probe.stderr.strip()[-200:]}")
-    stdlib = str(Path(probe.stdout.strip()).resolve())
-    dynload = Path(stdlib) / "lib-dynload"
-    modules = sorted(str(p) for p in dynload.glob("*.so")) if dynload.is_dir() else []
-    launcher = str(Path(shutil.which("prlimit") or "/usr/bin/prlimit").resolve())
-    binds: dict[str, str] = {exe: exe, stdlib: stdlib, launcher: launcher}  # destination -> source
-    for lib in _linked_libraries([exe, launcher, *modules]):
-        dest = str(Path(lib).parent.resolve() / Path(lib).name)
-        if not dest.startswith(stdlib + "/"):
-            binds[dest] = str(Path(lib).resolve())
-    hidden = tuple(
-        str(Path(stdlib) / name)
-        for name in ("site-packages", "dist-packages")
-        if (Path(stdlib) / name).is_dir()
-    )
-    symlinks = tuple(
-        (os.readlink(top), top)
-        for top in ("/lib", "/lib64", "/lib32", "/libx32", "/bin")
-        if os.path.islink(top)
-    )
-    libraries = {str(Path(dest).parent) for dest in binds if dest not in (exe, stdlib, launcher)}
-    library_path = ":".join(sorted(libraries))
-    return Runtime(exe, launcher, tuple(sorted(binds.items())), hidden, symlinks, library_path)
 
 
 def _sandbox_uid() -> int | None:
@@ -312,124 +217,6 @@ def run_python(code: str, limits: ToolLimitsSpec, *, interpreter: str | None = N
     )
 
 
-class NamespaceInit:
-    """The sandbox's init (the program, pid 1 of its PID namespace), held by a pidfd: SIGKILL to it makes
-    the kernel kill every process of the namespace, whatever they did to their parent-death signal or
-    session. Learnt from bwrap's --info-fd; `pid` None when bwrap never said (it failed to start)."""
-
-    def __init__(self, pid: int | None, pidfd: int | None) -> None:
-        self.pid, self._pidfd = pid, pidfd
-
-    @classmethod
-    def of(cls, proc: subprocess.Popen[bytes], info_fd: int, deadline: float) -> NamespaceInit:
-        try:
-            pid = _read_child_pid(info_fd, deadline)
-        finally:
-            os.close(info_fd)
-        if pid is None:
-            return cls(None, None)
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:  # gone already (it exited and bwrap reaped it)
-            return cls(None, None)
-        # Opened while bwrap's monitor is its parent: the pidfd names the init, not a reused pid.
-        if _parent_of(pid) != proc.pid:
-            os.close(pidfd)
-            return cls(None, None)
-        return cls(pid, pidfd)
-
-    def kill(self) -> None:
-        if self._pidfd is not None:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-
-    def close(self) -> None:
-        pidfd, self._pidfd = self._pidfd, None
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-def _read_child_pid(fd: int, deadline: float) -> int | None:
-    """The "child-pid" of bwrap's --info-fd JSON, or None when bwrap closed it without one."""
-    data = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-        try:
-            info = json.loads(data)
-        except ValueError:
-            continue
-        pid = info.get("child-pid") if isinstance(info, dict) else None
-        return pid if isinstance(pid, int) and pid > 0 else None
-    return None
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat's fields after the command name (field 3 on), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
-
-
-def _parent_of(pid: int) -> int | None:
-    fields = _proc_stat(pid)
-    return int(fields[1]) if fields else None
-
-
-def _children(pid: int) -> list[int]:
-    children: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return children
-    for tid in tasks:
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/children") as listing:
-            children.extend(int(word) for word in listing.read().split())
-    return children
-
-
-class CpuBudget:
-    """One call's CPU budget: the CPU time of every process in the sandbox's PID namespace (the init and
-    its descendants; a reaped child's time is in its parent's cutime/cstime), summed from /proc."""
-
-    def __init__(self, init: NamespaceInit, seconds: float) -> None:
-        self.init, self.seconds = init, seconds
-        self.used = 0.0
-        self.exceeded = False
-        self._sampled_at = 0.0
-
-    def sample(self, every: float = 0.0) -> bool:
-        """Sums the namespace's CPU time (unless it did less than `every` seconds ago); True (and the
-        namespace killed) once it reaches the budget."""
-        if self.init.pid is None or self.exceeded or time.monotonic() - self._sampled_at < every:
-            return self.exceeded
-        self._sampled_at = time.monotonic()
-        ticks, pending, seen = 0, [self.init.pid], set()
-        while pending:
-            pid = pending.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            fields = _proc_stat(pid)
-            if fields is None:
-                continue
-            ticks += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
-            pending.extend(_children(pid))
-        self.used = max(self.used, ticks / CLOCK_TICKS)
-        if self.used >= self.seconds:
-            self.exceeded = True
-            self.init.kill()
-        return self.exceeded
-
-
 def _wait_within(proc: subprocess.Popen[bytes], deadline: float, budget: CpuBudget) -> bool:
     """Waits for bwrap to end under the wall clock and the CPU budget; True when the wall clock ran out."""
     while proc.poll() is None:
@@ -469,12 +256,6 @@ def _read_output(
         room = limits.output_bytes - len(kept)
         truncated = truncated or len(chunk) > room
         kept += chunk[: max(room, 0)]
-
-
-def with_group(pid: int, sig: int) -> None:
-    """Sends `sig` to the process group `pid` leads (the sandbox: bwrap and everything under it)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def available() -> str | None:

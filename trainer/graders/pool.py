@@ -39,7 +39,7 @@ from typing import Any
 
 from contract.graders import GraderLimitsSpec
 from contract.spec import ToolLimitsSpec
-from trainer.envs import sandbox
+from trainer.envs import sandbox, sandbox_processes, sandbox_runtime
 
 VENV_ENV = "STARE_GRADER_VENV"  # the grader environment (default: .venv-graders beside the trainer)
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-graders"
@@ -104,11 +104,11 @@ def unavailable() -> str | None:
 
 
 @functools.cache
-def _runtime(venv: str) -> sandbox.Runtime:
+def _runtime(venv: str) -> sandbox_runtime.Runtime:
     """The sandbox's runtime for the grader environment: its interpreter's, plus the site-packages, the
     harness, WordNet and the host libraries the packages' extension modules link."""
     interpreter = str((Path(venv) / "bin" / "python").resolve())
-    base = sandbox.python_runtime(interpreter)
+    base = sandbox_runtime.python_runtime(interpreter)
     site = _site_packages(Path(venv))
     if site is None:
         raise GraderUnavailable(f"the grader environment {venv} has no site-packages")
@@ -143,7 +143,7 @@ def _linked_by_packages(venv: Path, site: Path) -> list[str]:
         kept = json.loads(cache.read_text())
         if kept.get("modules") == key and isinstance(kept.get("libraries"), list):
             return [str(lib) for lib in kept["libraries"]]
-    libraries = sorted(sandbox._linked_libraries(modules))
+    libraries = sorted(sandbox_runtime.linked_libraries(modules))
     with contextlib.suppress(OSError):
         temporary = cache.with_name(cache.name + f".{os.getpid()}")
         temporary.write_text(json.dumps({"modules": key, "libraries": libraries}))
@@ -162,7 +162,7 @@ def library_list() -> list[str]:
     return _linked_by_packages(venv, site)
 
 
-def runtime() -> sandbox.Runtime:
+def runtime() -> sandbox_runtime.Runtime:
     problem = unavailable()
     if problem is not None:
         raise GraderUnavailable(problem)
@@ -175,8 +175,8 @@ class GraderProcess:
     def __init__(self, setup: dict[str, Any], limits: GraderLimitsSpec) -> None:
         self.setup, self.limits = setup, limits
         self.proc: subprocess.Popen[bytes] | None = None
-        self.init: sandbox.NamespaceInit | None = None
-        self.cpu: sandbox.CpuBudget | None = None
+        self.init: sandbox_processes.NamespaceInit | None = None
+        self.cpu: sandbox_processes.CpuBudget | None = None
         self._buffer = bytearray()
         self._next_id = 0
 
@@ -195,7 +195,7 @@ class GraderProcess:
         self.proc, self.init = sandbox.launch(
             runtime(), limits, scratch_mb=self.limits.disk_mb, program=[IN_SANDBOX["harness"]]
         )
-        self.cpu = sandbox.CpuBudget(self.init, float("inf"))
+        self.cpu = sandbox_processes.CpuBudget(self.init, float("inf"))
         self._buffer.clear()
         reply = self._exchange(self.setup, SETUP_TIMEOUT_S)
         if reply is None:
@@ -342,7 +342,7 @@ class GraderProcess:
             try:
                 proc.wait(timeout=REAP_S)
             except subprocess.TimeoutExpired:
-                sandbox.with_group(proc.pid, signal.SIGKILL)
+                sandbox_processes.with_group(proc.pid, signal.SIGKILL)
                 proc.wait()
             for pipe in (proc.stdin, proc.stdout):
                 with contextlib.suppress(OSError):

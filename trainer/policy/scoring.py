@@ -39,32 +39,9 @@ def response_stats(
     share_prompts: passed to `response_logits` (None: each call decides by its rows).
     """
     if skip_rows is not None and torch.is_grad_enabled() and bool(skip_rows.any()):
-        keep = (~skip_rows).nonzero().squeeze(-1)
-        rest = skip_rows.nonzero().squeeze(-1)
-        detached: tuple[Tensor, Tensor | None, Tensor | None]
-        if batch.sample_logprob is not None:
-            assert batch.sample_entropy is not None and batch.sample_correction is not None
-            rows = index[rest]
-            detached = (
-                batch.sample_logprob[rows],
-                batch.sample_entropy[rows] if with_entropy else None,
-                batch.sample_correction[rows] if with_entropy else None,
-            )
-        else:
-            with torch.no_grad():
-                detached = response_stats(model, batch, index[rest], temperature, with_entropy=with_entropy)
-        if keep.numel() == 0:
-            return detached
-        attached = response_stats(
-            model, batch, index[keep], temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        return _stats_skipping_rows(
+            model, batch, index, temperature, skip_rows, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
-        order = torch.empty_like(index)
-        order[torch.cat([keep, rest])] = torch.arange(index.numel(), device=index.device)
-        joined = [
-            None if a is None or d is None else torch.cat([a, d])[order] for a, d in zip(attached, detached)
-        ]
-        assert joined[0] is not None
-        return joined[0], joined[1], joined[2]
     input_ids = batch.input_ids[index]
     logits = response_logits(
         model, input_ids, batch.attention_mask[index], batch.position_ids()[index], batch.prompt_length,
@@ -82,6 +59,51 @@ def response_stats(
         grad_in_logits=torch.is_grad_enabled(),
     )
     return stats.logprob, stats.entropy, stats.correction
+
+
+def _stats_skipping_rows(
+    model: torch.nn.Module,
+    batch: Rollout,
+    index: Tensor,
+    temperature: float,
+    skip_rows: Tensor,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """`response_stats` with grad enabled and some rows skipped: the kept rows scored with their graph,
+    the skipped ones detached (`_detached_stats`), joined back in the order of `index`."""
+    keep = (~skip_rows).nonzero().squeeze(-1)
+    rest = skip_rows.nonzero().squeeze(-1)
+    detached = _detached_stats(model, batch, index[rest], temperature, with_entropy)
+    if keep.numel() == 0:
+        return detached
+    attached = response_stats(
+        model, batch, index[keep], temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
+    order = torch.empty_like(index)
+    order[torch.cat([keep, rest])] = torch.arange(index.numel(), device=index.device)
+    joined = [
+        None if a is None or d is None else torch.cat([a, d])[order] for a, d in zip(attached, detached)
+    ]
+    assert joined[0] is not None
+    return joined[0], joined[1], joined[2]
+
+
+def _detached_stats(
+    model: torch.nn.Module, batch: Rollout, rows: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The stats of `rows` without a graph: the rollout's sample stats when it carries them (no forward at
+    all), else a forward without autograd."""
+    if batch.sample_logprob is not None:
+        assert batch.sample_entropy is not None and batch.sample_correction is not None
+        return (
+            batch.sample_logprob[rows],
+            batch.sample_entropy[rows] if with_entropy else None,
+            batch.sample_correction[rows] if with_entropy else None,
+        )
+    with torch.no_grad():
+        return response_stats(model, batch, rows, temperature, with_entropy=with_entropy)
 
 
 def response_logits(
@@ -126,8 +148,26 @@ def response_logits(
             use_cache=False,
         )
         return out.logits[:, :-1, :]
+    return _shared_prompt_logits(
+        model, input_ids, attention_mask, position_ids, p_len, inverse, distinct.shape[0]
+    )
+
+
+def _shared_prompt_logits(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    p_len: int,
+    inverse: Tensor,
+    n_distinct: int,
+) -> Tensor:
+    """`response_logits`' shared-prompt path: the `n_distinct` prompts (`inverse`: each row's) run once into
+    a KV cache, gathered back to the rows, and the responses run on top of it."""
+    b, width = input_ids.shape
+    r_len = width - p_len
     rows = torch.arange(b, device=input_ids.device)
-    first = torch.full((distinct.shape[0],), b, device=input_ids.device).scatter_reduce(
+    first = torch.full((n_distinct,), b, device=input_ids.device).scatter_reduce(
         0, inverse, rows, "amin"
     )  # (u,)
     cache = DynamicCache(config=hf_model(model).config)
