@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 
 REAL_COMPONENT_MISSING = "real component missing:"
 
+# Without a GPU, Triton kernels run through Triton's interpreter on CPU tensors. Triton reads the switch when a
+# function is decorated, its own library's included, i.e. when triton.language is first imported; a test
+# module anywhere in the tree may import it at collection (through transformers, or another test's helpers),
+# so it is set here, before any test module loads. No NVIDIA device node: no GPU.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def requires_binary(*names: str) -> pytest.MarkDecorator:
     """Skip (or, under STARE_REQUIRE_REAL_COMPONENTS=1, fail) when any of these executables is not on PATH."""

@@ -11,10 +11,8 @@ from hypothesis import HealthCheck, settings
 
 torch.set_num_threads(1)
 
-# Without a GPU, Triton kernels run through Triton's interpreter on CPU tensors. It is chosen when a kernel
-# is defined, i.e. when trainer.algos.triton_kernels is first imported, so it is set before any test runs.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton's interpreter runs the kernels: tests/conftest.py sets TRITON_INTERPRET before any
+# test module loads.
 
 settings.register_profile(
     "algos",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from contract.algorithms import ALGORITHMS
+from contract.control.split import SplitState
 from trainer.algos import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss, make_loss_params
 from trainer.algos.losses import zero_advantage_rows_inert
 
@@ -36,6 +37,8 @@ PARAMS: dict[str, list[dict[str, Any]]] = {
     # the PI laws' STARE and clip-higher actuators at their initial state (no control argument)
     "stare_pi": [{}, {"variant": "C2"}],
     "clip_pi": [{}],
+    # entropy_split at rest, raising (the bonus reaches Â ≠ 0 rows only) and lowering (κ on confident tokens)
+    "entropy_split": [{}, {"_control": {"bonus": 0.3}}, {"_control": {"sharpen": 0.5}, "p_conf": 0.2}],
 }
 
 
@@ -61,23 +64,29 @@ def batch(seed: int) -> dict[str, Any]:
 def gradient(
     name: str, overrides: dict[str, Any], data: dict[str, Any], ref_logprob: torch.Tensor | None = None
 ) -> torch.Tensor:
+    overrides = dict(overrides)
+    control = overrides.pop("_control", None)
     leaf = data["logprob"].clone().requires_grad_(True)
+    entropy = data["entropy"].clone().requires_grad_(control is not None)
     inputs = PolicyLossInputs(
         logprob=leaf,
         old_logprob=data["old"],
         advantages=data["advantages"],
         response_mask=data["mask"],
-        entropy=data["entropy"],
+        entropy=entropy,
         ref_logprob=ref_logprob,
         global_token_count=float(data["mask"].sum()) * 2,  # the batch is half of a larger step
         global_sequence_count=2.0 * B,
         max_response_length=T,
         generator=data["generator"],
     )
-    loss, _ = compute_policy_loss(name, inputs, make_loss_params(name, **overrides))
+    state = None if control is None else SplitState(**control)
+    loss, _ = compute_policy_loss(name, inputs, make_loss_params(name, **overrides), control=state)
     loss.backward()
     assert leaf.grad is not None
-    return leaf.grad
+    if entropy.grad is None:
+        return leaf.grad
+    return torch.cat([leaf.grad, entropy.grad], dim=1)  # the bonus's gradient reaches the model through H_t
 
 
 def test_the_set_covers_every_loss_but_kl_cov_and_the_entropy_bonus() -> None:
@@ -93,10 +102,14 @@ def test_the_set_covers_every_loss_but_kl_cov_and_the_entropy_bonus() -> None:
 def test_zero_advantage_rows_get_exactly_zero_gradient(name: str, seed: int) -> None:
     for overrides in PARAMS[name]:
         grad = gradient(name, overrides, batch(seed))
-        assert torch.equal(grad[ZERO_ROWS].abs(), torch.zeros(len(ZERO_ROWS), T)), (name, overrides)
+        assert torch.equal(grad[ZERO_ROWS].abs(), torch.zeros(len(ZERO_ROWS), grad.shape[1])), (
+            name,
+            overrides,
+        )
         others = [i for i in range(B) if i not in ZERO_ROWS]
         assert grad[others].abs().sum() > 0, (name, overrides)  # the loss does reach the other rows
-        assert zero_advantage_rows_inert(name, make_loss_params(name, **overrides))
+        params = {k: v for k, v in overrides.items() if k != "_control"}
+        assert zero_advantage_rows_inert(name, make_loss_params(name, **params))
 
 
 def test_kl_cov_reaches_zero_advantage_rows_off_policy() -> None:
