@@ -82,6 +82,7 @@ TRAINER_STARE_VARS = frozenset(
         "STARE_BWRAP",  # trainer/envs/sandbox.py: the python tool's bubblewrap
         "STARE_TOOL_PYTHON",  # trainer/envs/sandbox.py: the python tool's interpreter
         "STARE_TOOL_UID",  # trainer/envs/sandbox.py: the user a root trainer runs tool calls as
+        "STARE_GRADER_VENV",  # trainer/graders/pool.py: the grader environment a python grader imports from
         "STARE_INJECT_NAN_STEP",  # trainer/run/faults.py: fault injection (tests)
         "STARE_INJECT_CRASH_STEP",  # trainer/run/faults.py: fault injection (tests)
         "STARE_STEP_DELAY_S",  # trainer/run/faults.py: slow steps (fault tests)
