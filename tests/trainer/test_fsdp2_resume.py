@@ -199,6 +199,6 @@ def test_fsdp2_checkpoint_resumes_at_another_process_count(tmp_path, written_by,
     advanced = engine.controllers.state_dict()
     assert state2["controllers"] == advanced["controllers"]
     assert state2["stability"] == advanced["stability"]
-    gate = engine.controllers.running[0].controller
-    from_fresh = gate.update(gate.initial_state(), h_bar)
+    gate = engine.controllers.running[0].bound
+    from_fresh = gate.update(gate.initial_state(), h_bar.batch_entropy)
     assert state2["controllers"]["stare_gate"] != from_fresh.to_dict()
