@@ -87,16 +87,24 @@ def ray_cluster() -> Iterator[Any]:
     os.environ["RAY_health_check_period_ms"] = "1000"  # noqa: SIM112
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
     started = time.monotonic()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": NODE_CPUS,
-            "include_dashboard": False,
-            "object_store_memory": OBJECT_STORE,
-        },
-    )
-    cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE)
-    cluster.wait_for_nodes()
+    # This root test session's workers run their trainers, the Ray driver included, as STARE_TRAINER_UID
+    # (worker/isolation.py), and a driver writes its logs into the node's session folder and connects to
+    # its sockets: the cluster's files are made open to that uid, as docs/DISTRIBUTED.md asks of a cluster
+    # beside a root worker (a non-root worker's trainer runs as the worker's own user).
+    umask = os.umask(0)
+    try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": NODE_CPUS,
+                "include_dashboard": False,
+                "object_store_memory": OBJECT_STORE,
+            },
+        )
+        cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE)
+        cluster.wait_for_nodes()
+    finally:
+        os.umask(umask)
     record_figures("ray_cluster", start_s=round(time.monotonic() - started, 1))
     try:
         yield cluster
