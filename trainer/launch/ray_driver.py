@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     # The driver's own event log file, in the node's session folder: a root worker's driver runs as
     # STARE_TRAINER_UID, which cannot create files in a folder Ray made 0755 for another user, and Ray aborts
     # the process when it cannot (its job's events still reach the cluster's GCS).
-    os.environ.setdefault("RAY_event_log_reporter_enabled", "0")  # noqa: SIM112 - Ray spells it so
+    os.environ.setdefault("RAY_event_log_reporter_enabled", "0")
     driver: Driver | None = None
     pending: list[int] = []
 
