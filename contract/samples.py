@@ -32,7 +32,9 @@ def clip_text(text: str, limit: int = SAMPLE_TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + ELLIPSIS
 
 
-def sample(prompt: str, completion: str, reference: str | None, reward: float, truncated: bool) -> dict[str, Any]:
+def sample(
+    prompt: str, completion: str, reference: str | None, reward: float, truncated: bool
+) -> dict[str, Any]:
     """One sample as it travels: texts clipped, the reward a float, `truncated` whether the completion hit
     sampling.max_new_tokens."""
     return {

@@ -33,7 +33,9 @@ NO_CHAT_TEMPLATE = "no_chat_template"
 TRUNCATED_RESPONSES = "truncated_responses"
 CONSTANT_REWARD = "constant_reward"
 ENTROPY_FAR_FROM_BAND = "entropy_far_from_band"
-KINDS = (UNKNOWN_CHARACTERS, NO_CHAT_TEMPLATE, TRUNCATED_RESPONSES, CONSTANT_REWARD, ENTROPY_FAR_FROM_BAND)
+SPEC_KINDS = (UNKNOWN_CHARACTERS, NO_CHAT_TEMPLATE)  # known before the job runs
+TRAINING_KINDS = (TRUNCATED_RESPONSES, CONSTANT_REWARD, ENTROPY_FAR_FROM_BAND)  # from the steps' metrics
+KINDS = (*SPEC_KINDS, *TRAINING_KINDS)
 
 # Thresholds (why: a step where most responses are cut, or no group has an advantage, happens by chance
 # early on; several in a row do not).
@@ -45,7 +47,9 @@ REPEAT_STEPS = 10
 SHOWN_CHARACTERS = 12  # distinct unknown characters named in the message
 
 
-def warning(kind: str, message: str, *, step: int | None = None, count: int = 1, first_step: int | None = None) -> dict[str, Any]:
+def warning(
+    kind: str, message: str, *, step: int | None = None, count: int = 1, first_step: int | None = None
+) -> dict[str, Any]:
     """A warning as the API shows it (and, with `type`, as the trainer's event carries it)."""
     return {"kind": kind, "message": message, "step": step, "count": count, "first_step": first_step}
 
@@ -101,7 +105,9 @@ def unknown_characters(
     total = sum(counts.values())
     shown = "".join(sorted(counts, key=lambda c: -counts[c])[:SHOWN_CHARACTERS])
     more = f" and {len(counts) - SHOWN_CHARACTERS} more" if len(counts) > SHOWN_CHARACTERS else ""
-    places = (["task.prompt_template"] if in_template else []) + ([f"{records_hit} records"] if records_hit else [])
+    places = (["task.prompt_template"] if in_template else []) + (
+        [f"{records_hit} records"] if records_hit else []
+    )
     where = " in " + " and ".join(places)
     return warning(
         UNKNOWN_CHARACTERS,
@@ -164,9 +170,7 @@ class StepWatch:
             return []
         run.count += 1
         run.first_step = step if run.first_step is None else run.first_step
-        due = (
-            run.reported_at is None or step - run.reported_at >= REPEAT_STEPS or step == self.total_steps
-        )
+        due = run.reported_at is None or step - run.reported_at >= REPEAT_STEPS or step == self.total_steps
         if not due:
             return []
         run.reported_at = step

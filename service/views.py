@@ -159,9 +159,12 @@ def job_view(
     job: JobLike,
     served_queues: Collection[str] | None = None,
     grader_warnings: list[dict[str, Any]] | None = None,
+    warnings: list[dict[str, Any]] | None = None,
+    samples: dict[str, Any] | None = None,
 ) -> schemas.JobObject:
     """The API's job object; with the queues live workers serve, a waiting job also says why it waits; a
-    job with a grader carries its health and, where given, its loophole warnings."""
+    job with a grader carries its health and, where given, its loophole warnings; `warnings` and `samples`
+    (store.repository.JobNotes) where given."""
     error = None
     if job.error_code is not None or job.error_message is not None:
         error = schemas.JobError(
@@ -201,6 +204,8 @@ def job_view(
         waiting=waiting(job, served_queues),
         spec=job.resolved_spec,
         grader=grader_status(job, grader_warnings),
+        warnings=warnings or [],
+        samples=schemas.JobSamples.model_validate(samples) if samples else None,
     )
 
 

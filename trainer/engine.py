@@ -79,11 +79,11 @@ from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.rollout.sampling import SampleStreams
 from trainer.rollout.vllm_engine import build_rollout_engine
 from trainer.run import faults, heap
-from trainer.samples import emit_samples, emit_train_samples
 from trainer.run.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
+from trainer.samples import emit_samples, emit_train_samples
 from trainer.sft import run_sft
-from trainer.warnings import TrainingWarnings
 from trainer.tasks.sources import Example
+from trainer.warnings import TrainingWarnings
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
@@ -149,7 +149,7 @@ class Engine:
         self.step = 0
         self.steps_out_of_band = 0
         self.sft_done = False
-        self.warnings, self.last_rollout = TrainingWarnings(spec, self.emit), None  # trainer.warnings, .samples
+        self.warnings = TrainingWarnings(spec, self.emit)  # and samples: trainer.warnings, trainer.samples
 
     @property
     def strategy(self) -> Strategy:
@@ -245,6 +245,8 @@ class Engine:
         return metrics
 
     # ------------------------------------------------------------------ one step
+
+    last_rollout: Rollout | None = None  # the latest step's (trainer.samples keeps a few of its responses)
 
     def collect(self, step: int | None = None) -> tuple[Rollout, int]:
         """Rollout for step `step` (default: the next one) on this process, with dynamic sampling; the

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from contract.spec import TrainSpec
 from contract.samples import SAMPLES_PER_EVAL
+from contract.spec import TrainSpec
 from trainer.distributed.runtime import Reduce
 from trainer.graders.job import JobGrading
 from trainer.rollout.batch import run_episodes

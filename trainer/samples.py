@@ -26,7 +26,13 @@ def eval_samples(
     """The first `room` examples' first completion (of their k: rows j·k), scored, and whether it reached
     max_new_tokens."""
     return [
-        sample(examples[j].prompt, texts[j * k], examples[j].answer, scores[j * k], lengths[j * k] >= max_new_tokens)
+        sample(
+            examples[j].prompt,
+            texts[j * k],
+            examples[j].answer,
+            scores[j * k],
+            lengths[j * k] >= max_new_tokens,
+        )
         for j in range(min(room, len(examples)))
     ]
 
