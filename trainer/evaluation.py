@@ -108,7 +108,7 @@ def eval_responses(
     scores = _scores(spec, texts, [chunk[row // k] for row in range(len(texts))], grading)
     if samples is not None:
         room = SAMPLES_PER_EVAL - len(samples)
-        samples += eval_samples(chunk, texts, scores, lengths, k, spec.sampling.max_new_tokens, room)
+        samples += eval_samples(chunk, texts, scores, generated.truncated.tolist(), k, room)
     out = []
     for j in range(len(chunk)):
         mine = scores[j * k : (j + 1) * k]

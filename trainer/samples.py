@@ -18,21 +18,14 @@ def eval_samples(
     examples: Sequence[Example],
     texts: Sequence[str],
     scores: Sequence[float],
-    lengths: Sequence[float],
+    truncated: Sequence[bool],
     k: int,
-    max_new_tokens: int,
     room: int = SAMPLES_PER_EVAL,
 ) -> list[dict[str, Any]]:
-    """The first `room` examples' first completion (of their k: rows j·k), scored, and whether it reached
-    max_new_tokens."""
+    """The first `room` examples' first completion (of their k: rows j·k), scored, and whether it was cut
+    at max_new_tokens (no EOS within the budget)."""
     return [
-        sample(
-            examples[j].prompt,
-            texts[j * k],
-            examples[j].answer,
-            scores[j * k],
-            lengths[j * k] >= max_new_tokens,
-        )
+        sample(examples[j].prompt, texts[j * k], examples[j].answer, scores[j * k], bool(truncated[j * k]))
         for j in range(min(room, len(examples)))
     ]
 
