@@ -148,7 +148,7 @@ async def estimate_job(body: JobCreate, tenant: CurrentTenant, services: Service
         allowed_to_proceed=not limit or active < limit,
         active_jobs=active,
         max_active_jobs=limit or None,
-        warnings=await job_warnings(spec, services.storage),
+        warnings=views.shown_warnings(await job_warnings(spec, services.storage)),
         **cost.model_dump(),
     )
 
