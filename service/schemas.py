@@ -368,8 +368,8 @@ class JobObject(BaseModel):
     )
     warnings: list[JobWarning] = Field(
         default_factory=list,
-        description="At submission and (GET /v1/jobs/{id}) the trainer's latest of each kind: what will "
-        "likely make the job learn nothing, and what to change (contract/warnings.py).",
+        description="POST /v1/jobs and GET /v1/jobs/{id} only (empty in lists): what will likely make the job "
+        "learn nothing and what to change, known at submission, then the trainer's latest of each kind.",
     )
     samples: JobSamples | None = Field(
         default=None, description="GET /v1/jobs/{id}: the latest samples of the evaluation and of training."
