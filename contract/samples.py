@@ -1,7 +1,8 @@
 """Sample completions: the few prompts, completions, references and rewards a run keeps so that a person can
 read what the model writes (issue 46, item 1).
 
-The trainer keeps the first SAMPLES_PER_EVAL held-out examples of every evaluation (one completion each)
+The trainer keeps the first SAMPLES_PER_EVAL held-out examples of every evaluation (one completion each;
+a tool-use job's multi-turn evaluation keeps none)
 and, every TRAIN_SAMPLE_INTERVAL steps (and on the first), TRAIN_SAMPLES responses of that step's batch; it
 writes them as a `samples` event (contract.protocol). The worker stores them among the job's events, the
 service shows the latest of each phase in the job object, the report shows the first and the last
