@@ -57,6 +57,13 @@ BUILTIN_CONFIGS: dict[str, dict[str, int | bool]] = {
 # template; SmolLM2's template adds its default system turn and the role markers (30 tokens).
 PROMPT_OVERHEAD_TOKENS: dict[str, tuple[int, int]] = {TINY_ARITH: (1, 1), SMOLLM2_135M_INSTRUCT: (0, 30)}
 
+# The characters a built-in model's tokenizer reads, where it reads only some (anything else becomes its
+# unknown token): tiny-arith's character-level vocabulary, everything its arithmetic prompts and answers use
+# ("12+34=", "-7", "6*7=") plus newline. SmolLM2's byte-level BPE reads every character, so it has none.
+MODEL_ALPHABETS: dict[str, str] = {TINY_ARITH: "0123456789+-*=() \n"}
+# The built-in models tuned on a chat template (a job on one should set task.use_chat_template).
+CHAT_MODELS: frozenset[str] = frozenset({SMOLLM2_135M_INSTRUCT})
+
 
 # --- a model's shape ----------------------------------------------------------------------------------------
 

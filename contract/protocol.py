@@ -61,6 +61,10 @@ class EventType(StrEnum):
     ERROR = "error"
     # A controller's relative target resolved on the first RL step (target, H₀, the band around it).
     TARGETS_RESOLVED = "targets_resolved"
+    # A few prompts with their completions, references and rewards (contract.samples).
+    SAMPLES = "samples"
+    # Something that will likely make the run learn nothing, and what to change (contract.warnings).
+    WARNING = "warning"
 
 
 class ErrorCode(StrEnum):
@@ -127,6 +131,17 @@ EVENT_FIELDS: dict[EventType, EventFields] = {
         ("step", "target_entropy", "initial_entropy", "relative", "band_low", "band_high"),
         doc="A relative target entropy resolved on the first RL step: `relative` × H₀ (`initial_entropy`, "
         "nats) = `target_entropy`, and the entropy band in use from then on.",
+    ),
+    EventType.SAMPLES: EventFields(
+        ("step", "phase", "samples"),
+        doc="`phase` eval: the first held-out examples of the evaluation at `step`, one completion each; "
+        "train: a few responses of training step `step`. Each sample: prompt, completion, reference, reward, "
+        "truncated (contract.samples bounds them).",
+    ),
+    EventType.WARNING: EventFields(
+        ("step", "kind", "message", "count", "first_step"),
+        doc="A contract.warnings kind held at `step` (`count` steps so far, since `first_step`); `message` "
+        "says what to change. Repeated at most every 10 steps while it holds, and on the last step.",
     ),
     EventType.ERROR: EventFields(
         ("step", "code", "message"),

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from contract.estimate import JobEstimate
+from service.schemas_notes import JobSamples, JobWarning
+from service.schemas_status import ControlStatus, EntropyBand, EntropyStatus, EntropyTarget
 from store.ids import id_pattern
 from store.models import FILE_PURPOSES, JobStatus
 
@@ -19,6 +21,7 @@ FileId = Annotated[str, StringConstraints(pattern=id_pattern("file"))]
 KeyId = Annotated[str, StringConstraints(pattern=id_pattern("key"))]
 CheckpointId = Annotated[str, StringConstraints(pattern=id_pattern("ckpt"))]
 MetricValues = dict[str, float | None]
+__all__ = ["ControlStatus", "EntropyBand", "EntropyStatus", "EntropyTarget", "JobSamples", "JobWarning"]
 
 
 class _Request(BaseModel):
@@ -266,6 +269,9 @@ class EstimateObject(JobEstimate):
     allowed_to_proceed: bool = Field(description="False when the tenant is at its active-job limit.")
     active_jobs: int
     max_active_jobs: int | None
+    warnings: list[JobWarning] = Field(
+        default_factory=list, description="What will likely make the job learn nothing, and what to change."
+    )
 
 
 class Progress(BaseModel):
@@ -275,63 +281,6 @@ class Progress(BaseModel):
     step_seconds: float | None = Field(description="Smoothed seconds per step (exponential moving average).")
     eta_seconds: float | None
     estimated_finish: datetime | None
-
-
-class EntropyBand(BaseModel):
-    low: float | None
-    high: float | None
-
-
-class EntropyTarget(BaseModel):
-    value: float = Field(description="The resolved target entropy (nats; a relative target is r × H₀).")
-    state: Literal["below", "at_or_above"] | None = Field(
-        description="Entropy at the latest step against the target: below it (STARE's gate is on) or not."
-    )
-
-
-class EntropyStatus(BaseModel):
-    value: float | None = Field(description="Token-mean policy entropy (nats) at the latest step.")
-    band: EntropyBand
-    state: Literal["in_band", "below", "above"] | None
-    steps_out_of_band: int | None = Field(description="Consecutive steps outside the band so far.")
-    target: EntropyTarget | None = Field(
-        default=None,
-        description="The controller's resolved target entropy and where entropy stands against it.",
-    )
-    collapse_step: int | None = Field(
-        default=None,
-        description="Time to collapse: the first RL step from which entropy stayed below 0.25 × its "
-        "first-step value for 5 steps; null while it has not collapsed (contract/stability.py).",
-    )
-    target_hold_fraction: float | None = Field(
-        default=None,
-        description="Share of the post-gate steps (from the first step below the target) with entropy "
-        "within ±25 % of the target; null before entropy first went below the target, or without a target.",
-    )
-    post_gate_steps: int | None = Field(
-        default=None, description="Steps since entropy first went below the target (that one included)."
-    )
-
-
-class ControlStatus(BaseModel):
-    law: str = Field(
-        description="The PI entropy law (entropy_pi, stare_pi or clip_pi; docs/ALGORITHMS.md §11)."
-    )
-    target: float | None = Field(
-        description="H*, the law's resolved target entropy (nats); null before step 1."
-    )
-    output: float | None = Field(description="u, the clipped output at the latest step (> 0 raises entropy).")
-    error: float | None = Field(description="e = (H* − H)/H*, the relative shortfall at the latest step.")
-    integral: float | None = Field(description="I, the integrated error at the latest step.")
-    actuator: float | None = Field(
-        description="What the output sets at the latest step: α (entropy_pi), W (stare_pi) or ε_high (clip_pi)."
-    )
-    at_clip: bool | None = Field(description="The output sits at its clip (|u| = u_max) at the latest step.")
-    saturated_steps: int | None = Field(description="Consecutive steps, up to the latest, at the clip.")
-    saturated: bool = Field(
-        description="At the clip for 20 steps or more (the ControllerSaturated alert's condition): the "
-        "target cannot be held with this actuator."
-    )
 
 
 class LatestMetrics(BaseModel):
@@ -416,6 +365,14 @@ class JobObject(BaseModel):
         default=None,
         description="A job with a grader (docs/GRADERS.md): its type and name, its health from the latest "
         "step's grader/* metrics, and (GET /v1/jobs/{id}) the loophole check's warnings at submission.",
+    )
+    warnings: list[JobWarning] = Field(
+        default_factory=list,
+        description="POST /v1/jobs and GET /v1/jobs/{id} only (empty in lists): what will likely make the job "
+        "learn nothing and what to change, known at submission, then the trainer's latest of each kind.",
+    )
+    samples: JobSamples | None = Field(
+        default=None, description="GET /v1/jobs/{id}: the latest samples of the evaluation and of training."
     )
 
 

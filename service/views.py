@@ -7,6 +7,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from sqlalchemy.engine import Row
 
 from contract import algorithms
@@ -155,13 +156,28 @@ def grader_status(job: JobLike, warnings: list[dict[str, Any]] | None = None) ->
     )
 
 
+def shown_warnings(found: list[dict[str, Any]]) -> list[schemas.JobWarning]:
+    """The warnings as the API shows them; one the schema does not know (a kind of a newer server, written
+    into a stored event) is left out rather than failing the view."""
+    shown = []
+    for warning in found:
+        try:
+            shown.append(schemas.JobWarning.model_validate(warning))
+        except ValidationError:
+            continue
+    return shown
+
+
 def job_view(
     job: JobLike,
     served_queues: Collection[str] | None = None,
     grader_warnings: list[dict[str, Any]] | None = None,
+    warnings: list[dict[str, Any]] | None = None,
+    samples: dict[str, Any] | None = None,
 ) -> schemas.JobObject:
     """The API's job object; with the queues live workers serve, a waiting job also says why it waits; a
-    job with a grader carries its health and, where given, its loophole warnings."""
+    job with a grader carries its health and, where given, its loophole warnings; `warnings` and `samples`
+    (store.repository.JobNotes) where given."""
     error = None
     if job.error_code is not None or job.error_message is not None:
         error = schemas.JobError(
@@ -201,6 +217,8 @@ def job_view(
         waiting=waiting(job, served_queues),
         spec=job.resolved_spec,
         grader=grader_status(job, grader_warnings),
+        warnings=shown_warnings(warnings or []),
+        samples=schemas.JobSamples.model_validate(samples) if samples else None,
     )
 
 

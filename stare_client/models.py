@@ -167,6 +167,39 @@ class Estimate(APIObject):
     allowed_to_proceed: bool
     active_jobs: int
     max_active_jobs: int | None
+    warnings: list[JobWarning] = []  # what will likely make the job learn nothing, and what to change
+
+
+class JobWarning(APIObject):
+    """What will likely make a job learn nothing, and what to change (the service's contract/warnings.py):
+    unknown_characters, no_chat_template (at submission), truncated_responses, constant_reward,
+    entropy_far_from_band (during training: the latest of each kind)."""
+
+    kind: str
+    message: str
+    step: int | None = None
+    count: int = 1  # steps it held so far (unknown_characters: the characters counted)
+    first_step: int | None = None
+
+
+class Sample(APIObject):
+    prompt: str
+    completion: str
+    reference: str | None
+    reward: float
+    truncated: bool  # cut at sampling.max_new_tokens
+
+
+class SampleSet(APIObject):
+    step: int
+    samples: list[Sample]
+
+
+class JobSamples(APIObject):
+    """The latest evaluation's first held-out examples and a recent training step's responses."""
+
+    eval: SampleSet | None = None
+    train: SampleSet | None = None
 
 
 class Progress(APIObject):
@@ -272,6 +305,8 @@ class Job(APIObject):
     waiting: JobWaiting | None = None  # set while no live worker serves the job's queue
     spec: dict[str, Any]
     grader: GraderStatus | None = None
+    warnings: list[JobWarning] = []
+    samples: JobSamples | None = None  # GET of one job only
 
     @property
     def is_terminal(self) -> bool:
@@ -382,3 +417,6 @@ class Report(APIObject):
     quadrants: dict[str, Any] = Field(default_factory=dict)
     perf: dict[str, Any] = Field(default_factory=dict)
     series: dict[str, list[list[float]]] = Field(default_factory=dict)
+    # eval_first, eval_last, train_last: the first and last evaluation's and the latest training samples
+    samples: dict[str, SampleSet | None] = Field(default_factory=dict)
+    warnings: list[JobWarning] = Field(default_factory=list)  # the latest of each kind

@@ -104,10 +104,9 @@ GROWING_FUNCTION_LIMIT = 60
 # past the length written here.
 ALLOWED_LONG_MODULES = {
     "contract/spec.py": 534,
-    "service/schemas.py": 513,
     "trainer/engine.py": 600,
     "trainer/report/page.py": 527,
-    "worker/training.py": 599,
+    "worker/training.py": 540,
 }
 ALLOWED_LONG_FUNCTIONS = {
     ("trainer/engine.py", "Engine.train_step"): 70,

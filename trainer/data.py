@@ -39,6 +39,11 @@ class PromptOrder:
         self.cursor += n
         return out, start
 
+    def example_at(self, position: int) -> Example:
+        """The example at a global position of the order (a rollout's group id)."""
+        epoch, offset = divmod(position, len(self.examples))
+        return self.examples[self._epoch_order(epoch)[offset]]
+
     def _epoch_order(self, epoch: int) -> list[int]:
         """The seeded permutation of the examples for `epoch`, drawn once per epoch."""
         if self._order is None or self._order[0] != epoch:

@@ -80,8 +80,10 @@ from trainer.rollout.sampling import SampleStreams
 from trainer.rollout.vllm_engine import build_rollout_engine
 from trainer.run import faults, heap
 from trainer.run.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
+from trainer.samples import emit_samples, emit_train_samples
 from trainer.sft import run_sft
 from trainer.tasks.sources import Example
+from trainer.warnings import TrainingWarnings
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
 
@@ -147,6 +149,7 @@ class Engine:
         self.step = 0
         self.steps_out_of_band = 0
         self.sft_done = False
+        self.warnings = TrainingWarnings(spec, self.emit)  # and samples: trainer.warnings, trainer.samples
 
     @property
     def strategy(self) -> Strategy:
@@ -175,19 +178,9 @@ class Engine:
         """Loads the task's data, the model and tokenizer (the checkpoint's weights when given: a resumed
         run) and the optimiser: what `run` does before the first step."""
         self.prompts, self.eval_examples = load_examples(self.spec)
-        self._check_environment()
+        sandbox.check_python_tool(self.spec.environment)
         self.grading = JobGrading.start(self.spec)
         self._load_model(checkpoint)
-
-    def _check_environment(self) -> None:
-        """A job with the python tool needs the sandbox on this machine: without it every call would be a
-        tool error and the run would train on nothing, so it stops before it starts (exit 2, naming why)."""
-        env = self.spec.environment
-        if env is None or "python" not in env.tools:
-            return
-        problem = sandbox.available()
-        if problem is not None:
-            raise ValueError(f"environment.tools: the python tool cannot run on this machine: {problem}")
 
     def _load_model(self, checkpoint: Path | None) -> None:
         spec = self.spec
@@ -233,13 +226,14 @@ class Engine:
         self.sft_done = True
 
     def evaluate(self) -> dict[str, float]:
+        self.eval_samples: list[dict[str, Any]] = []  # the first examples' completions (trainer.samples)
         share = range(self.rank, len(self.eval_examples), self.world)  # seeds by global index: any world size
         seeds = SampleStreams(self.spec.seed, "eval", self.step).prompt_seeds(share)
         examples = [self.eval_examples[i] for i in share]
         with self.rollouts.rollout_mode() as (model, eng):  # shares differ by a prompt: no collectives
             return evaluate(
                 model, self.tokenizer, self.spec, examples, self.runtime.reduce, engine=eng, seeds=seeds,
-                grading=self.grading,
+                grading=self.grading, samples=self.eval_samples,
             )  # fmt: skip
 
     def _run_eval(self) -> dict[str, float]:
@@ -247,19 +241,23 @@ class Engine:
             return {}
         metrics = self.evaluate()
         self.emit({"type": EventType.EVAL, "step": self.step, "metrics": metrics})
+        emit_samples(self.emit, self.step, "eval", self.eval_samples)
         return metrics
 
     # ------------------------------------------------------------------ one step
+
+    last_rollout: Rollout | None = None  # the latest step's (trainer.samples keeps a few of its responses)
 
     def collect(self, step: int | None = None) -> tuple[Rollout, int]:
         """Rollout for step `step` (default: the next one) on this process, with dynamic sampling; the
         step names the prompts' sampling streams (trainer.rollout.sampling). Returns (rollout, gen batches)."""
         with self.rollouts.rollout_mode() as (model, engine):
-            return collect(
+            self.last_rollout, batches = collect(
                 model, self.tokenizer, self.prompts, self.spec, rank=self.rank, world=self.world,
                 sample_stats=self.record_sample_stats, reduce=self.runtime.reduce, engine=engine,
                 step=self.step + 1 if step is None else step, grading=self.grading,
             )  # fmt: skip
+        return self.last_rollout, batches
 
     def train_step(self) -> dict[str, float]:
         """One optimiser step, these steps in this order:
@@ -566,6 +564,8 @@ class Engine:
         while self.step < spec.optim.steps:
             metrics = self.train_step()
             self.emit({"type": EventType.STEP, "step": self.step, "metrics": metrics})
+            self.warnings.after_step(self.step, metrics)
+            emit_train_samples(self.emit, self.step, self.last_rollout, self.prompts.example_at)
             faults.after_step()
             if bar is not None:
                 bar.update(1)

@@ -8,11 +8,13 @@ from typing import Any
 
 import torch
 
+from contract.samples import SAMPLES_PER_EVAL
 from contract.spec import TrainSpec
 from trainer.distributed.runtime import Reduce
 from trainer.graders.job import JobGrading
 from trainer.rollout.batch import run_episodes
 from trainer.rollout.generation import RolloutEngine
+from trainer.samples import eval_samples
 from trainer.tasks.sources import Example, render_prompt
 from trainer.tasks.verifiers import score
 
@@ -30,12 +32,14 @@ def evaluate(
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
     grading: JobGrading | None = None,
+    samples: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """The eval/ metrics over `examples` (this process's share), scored by the verifier or the job's
     grader (`grading`: a sample passes when its score reaches the pass threshold); `reduce` sums host numbers over the
     processes; `engine`: the rollout engine; `seeds`: each example's sampling stream (trainer.rollout.sampling:
-    (job seed, "eval", step, its index in the evaluation set); None: drawn from torch's global RNG). The
-    model is left in train mode."""
+    (job seed, "eval", step, its index in the evaluation set); None: drawn from torch's global RNG);
+    `samples`: where given, filled with the first examples' completions (trainer.samples). The model is
+    left in train mode."""
     ev = spec.evaluation
     model.eval()
     k = 1 if ev.greedy else ev.k
@@ -51,7 +55,7 @@ def evaluate(
             length_sum, n_prompts = length_sum + chunk_length, n_prompts + len(chunk)
             continue
         for mean_score, passed, lengths in eval_responses(
-            model, tokenizer, spec, chunk, k, engine, chunk_seeds, grading
+            model, tokenizer, spec, chunk, k, engine, chunk_seeds, grading, samples
         ):
             for n in lengths:  # summed in this order, sample by sample, as the totals always were
                 length_sum += n
@@ -79,9 +83,10 @@ def eval_responses(
     engine: RolloutEngine,
     seeds: Sequence[int] | None = None,
     grading: JobGrading | None = None,
+    samples: list[dict[str, Any]] | None = None,
 ) -> list[tuple[float, float, list[float]]]:
     """k single-turn responses per example: per example (mean score, 1.0 if a sample scores 1, the
-    samples' response lengths)."""
+    samples' response lengths); `samples`: where given, topped up to SAMPLES_PER_EVAL (trainer.samples)."""
     ev = spec.evaluation
     prompts = [
         render_prompt(e, spec.task.prompt_template, tokenizer, use_chat_template=spec.task.use_chat_template)
@@ -101,6 +106,9 @@ def eval_responses(
         for row, n in enumerate(lengths)
     ]
     scores = _scores(spec, texts, [chunk[row // k] for row in range(len(texts))], grading)
+    if samples is not None:
+        room = SAMPLES_PER_EVAL - len(samples)
+        samples += eval_samples(chunk, texts, scores, generated.truncated.tolist(), k, room)
     out = []
     for j in range(len(chunk)):
         mine = scores[j * k : (j + 1) * k]

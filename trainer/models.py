@@ -47,7 +47,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from contract.catalog import BUILTIN_MODELS, SMOLLM2_135M_INSTRUCT, TINY_ARITH
+from contract.catalog import BUILTIN_MODELS, MODEL_ALPHABETS, SMOLLM2_135M_INSTRUCT, TINY_ARITH
 from contract.storage import fsync_dir, fsync_tree
 
 if TYPE_CHECKING:
@@ -67,9 +67,9 @@ __all__ = [
 # --- tiny-arith -------------------------------------------------------------------------------------------
 
 TINY_SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
-# Everything the built-in arithmetic prompts and answers use ("12+34=", "-7", "6*7="), plus newline so that a
-# template or a completion can end a line. Anything else maps to <unk>.
-TINY_CHARACTERS = "0123456789+-*=() \n"
+# Everything the built-in arithmetic prompts and answers use, plus newline (contract.catalog.MODEL_ALPHABETS,
+# which the service's unknown-character warning reads). Anything else maps to <unk>.
+TINY_CHARACTERS = MODEL_ALPHABETS[TINY_ARITH]
 TINY_MAX_POSITIONS = 256
 
 

@@ -74,6 +74,7 @@ from store import repository
 from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 from store.repository import Claim, JobError
+from worker import records
 from worker.isolation import Confinement
 from worker.settings import WorkerSettings
 from worker.supervisor import TrainerProcess, log_tail, ray_command, runs_torchrun, trainer_command
@@ -157,67 +158,7 @@ class Recorder:
             self._fenced(lambda s: all(op(s) for op in ops))
 
     def _operations(self, event: dict[str, Any]) -> list[Callable[[Any], Any]]:
-        c = self.claim
-        kind = event.get("type")
-        if kind == "step":
-            step, metrics = int(event["step"]), event["metrics"]
-            return [lambda s: repository.record_step_metrics(s, c.job_id, c.lease_token, step, metrics)]
-        if kind == "eval":
-            step, metrics = int(event["step"]), event["metrics"]
-            return [lambda s: repository.record_eval(s, c.job_id, c.lease_token, step, metrics)]
-        if kind == "checkpoint":
-            step, key = int(event["step"]), self.storage.key_of(event["path"])
-            # A folder already pruned (keep_last) when its event is recorded late (after a database outage)
-            # has no bytes left: its row is written, then removed by the checkpoint_deleted event that follows.
-            size = self.storage.size(key) if self.storage.exists(key) else 0
-            return [
-                lambda s: repository.add_checkpoint(s, c.job_id, c.lease_token, step, key, size=size),
-                self._event_op(
-                    "checkpoint.created", f"Checkpoint at step {step}", {"step": step, "path": key}
-                ),
-            ]
-        if kind == "checkpoint_deleted":  # pruned by keep_last: its folder is gone
-            step = int(event["step"])
-            return [lambda s: repository.remove_checkpoint(s, c.job_id, c.lease_token, step)]
-        if kind == "sft":
-            data = {k: event[k] for k in ("step", "total", "loss")}
-            return [
-                self._event_op("sft.progress", f"SFT warm-start step {event['step']}/{event['total']}", data)
-            ]
-        if kind == "resumed":
-            step = event["step"]
-            return [
-                self._event_op(
-                    "trainer.resumed", f"Resumed from the checkpoint at step {step}", {"step": step}
-                )
-            ]
-        if kind == "error":
-            self.last_error = str(event.get("message", ""))
-            self.last_error_event = event
-            message = str(event.get("message", "trainer error"))
-            logger.error("job %s: trainer error: %s", c.job_id, message)
-            return [self._event_op("trainer.error", message, {"step": event.get("step")}, level="error")]
-        return []
-
-    def _event_op(
-        self, kind: str, message: str, data: dict[str, Any], level: str = "info"
-    ) -> Callable[[Any], Any]:
-        # The dedupe key makes a retried write (a COMMIT whose reply was lost) a no-op.
-        c = self.claim
-        step = data.get("step")
-        dedupe = f"{c.attempt}:{kind}:{step}"
-        shown = self.storage.shown_to_tenant(message, c.tenant_id)
-        return lambda s: repository.append_event(
-            s,
-            c.job_id,
-            kind,
-            shown,
-            data=data,
-            level=level,
-            step=step if isinstance(step, int) else None,
-            lease_token=c.lease_token,
-            dedupe_key=dedupe,
-        )
+        return records.operations(self, event)
 
     def _shown(self, error: JobError) -> JobError:
         """The error as the tenant reads it (paths relative to its folder)."""

@@ -16,6 +16,7 @@ from service import grading, job_specs, views
 from service.dependencies import CurrentTenant, OwnedJob, ServicesDep, SessionDep, VisibleJob
 from service.errors import TooManyRequests, Unprocessable
 from service.fleet import blocks, place_job, served_queues
+from service.job_warnings import job_warnings
 from service.principals import TenantRef
 from service.responses import model_response
 from service.schemas import (
@@ -147,6 +148,7 @@ async def estimate_job(body: JobCreate, tenant: CurrentTenant, services: Service
         allowed_to_proceed=not limit or active < limit,
         active_jobs=active,
         max_active_jobs=limit or None,
+        warnings=views.shown_warnings(await job_warnings(spec, services.storage)),
         **cost.model_dump(),
     )
 
@@ -183,6 +185,7 @@ async def create_job(
     if settings.max_active_jobs_per_tenant:
         _check_active_job_limit(settings, await repository.count_active_jobs(pool, tenant.id))
     new = _new_job(body, tenant, spec, placement.queue, settings, idempotency_key, request_hash)
+    new = dataclasses.replace(new, warnings=await job_warnings(spec, services.storage))
     if spec.grader is not None:  # its source loads in the sandbox, and the loophole check's warnings are kept
         grading.limits_within(
             (spec.grading or GradingSpec()).limits, settings.grader_limits(), "spec.grading.limits"
@@ -194,7 +197,7 @@ async def create_job(
     if created:  # committed, durably, by now
         await services.enqueue_async(job.id, job.queue)
     queues = await served_queues(services.fleet)
-    view = views.job_view(job, queues, new.grader_warnings)
+    view = views.job_view(job, queues, new.grader_warnings, new.warnings)
     return model_response(view, 201, headers=None if created else REPLAYED)
 
 
@@ -225,11 +228,12 @@ async def get_job(job: VisibleJob, services: ServicesDep) -> Response:
     """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
     in_band | below | above, steps out of band), for a job with a grader its health and loophole warnings,
     for a failed job the error with its category, and for a queued job that no live worker can take, why it
-    waits (`waiting`)."""
-    warnings = None
-    if isinstance(job.resolved_spec, dict) and job.resolved_spec.get("grader") is not None:
-        warnings = await repository.grader_warnings(services.db.async_pool, job.id)
-    return model_response(views.job_view(job, await served_queues(services.fleet), warnings))
+    waits (`waiting`); its warnings (at submission, and the trainer's latest of each kind) and its latest
+    samples (the evaluation's and training's: prompts, completions, references, rewards)."""
+    notes = await repository.job_notes(services.db.async_pool, job.id)
+    queues = await served_queues(services.fleet)
+    view = views.job_view(job, queues, notes.grader_warnings, notes.warnings, notes.samples)
+    return model_response(view)
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", response_model=JobObject, responses=errors(404, 409))

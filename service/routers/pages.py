@@ -338,10 +338,12 @@ def job_page(
         '<button type="button" data-action="cancel">Cancel</button>'
         f'<a href="/ui/jobs/{html.escape(view.id)}/report" id="report-link">Evaluation report</a>'
         '<span id="action-error" class="error" role="alert"></span></p>'
+        '<ul id="warnings" class="warnings" role="status"></ul>'
         '<p class="overlay"><label for="overlay-job">Overlay another job</label>'
         '<select id="overlay-job"><option value="">choose a job</option></select>'
         '<button type="button" id="overlay-add">Overlay</button><span id="overlays"></span></p>'
         '<div id="charts"></div>'
+        '<div id="samples"></div>'
         '<h2>Checkpoints</h2><table id="checkpoints" class="list"><thead><tr><th>step</th><th>created '
         "(UTC)</th><th>size</th><th>entropy</th><th></th></tr></thead><tbody></tbody></table>"
         "</section>"

@@ -2,6 +2,7 @@
 
     stare jobs submit spec.yaml [--watch] [--idempotency-key K]
     stare jobs list|get|cancel|pause|resume|delete|watch|compare
+    stare jobs events JOB [--follow]
     stare checkpoints list JOB | download JOB [latest|best|STEP|ID] [--to DIR] [--merged]
     stare report JOB [--html FILE] [--open]
     stare files upload PATH | list | delete ID
@@ -82,6 +83,7 @@ from stare_client.cli.jobs import (
     watch_job,
 )
 from stare_client.cli.local import HomeOpt, local_demo, local_down, local_up
+from stare_client.cli.notes import jobs_events, show_notes
 
 __all__ = [
     "BAND_STYLE",
@@ -120,6 +122,7 @@ __all__ = [
     "jobs_cancel",
     "jobs_compare",
     "jobs_delete",
+    "jobs_events",
     "jobs_get",
     "jobs_list",
     "jobs_pause",
@@ -139,6 +142,7 @@ __all__ = [
     "out",
     "report",
     "show_job",
+    "show_notes",
     "status_text",
     "watch_job",
 ]

@@ -23,6 +23,7 @@ from stare_client.cli.common import (
     fmt,
     out,
 )
+from stare_client.cli.notes import show_report_notes
 
 # ------------------------------------------------------------------------------------------ checkpoints
 
@@ -141,6 +142,7 @@ def report(
         table.add_row("fraction in band", fmt(rep.entropy.get("fraction_in_band")))
         table.add_row("gate on fraction", fmt(rep.gate.get("on_fraction")))
         out.print(table)
+        show_report_notes(rep)
     if saved is not None:
         err.print(f"HTML report: {saved}")
         if open_:

@@ -26,6 +26,7 @@ from stare_client.cli.common import (
     load_submission,
     out,
 )
+from stare_client.cli.notes import print_warnings, show_notes
 from stare_client.client import Client
 
 # ------------------------------------------------------------------------------------------------- jobs
@@ -112,6 +113,7 @@ def show_job(job: models.Job) -> None:
     for name, value in rows:
         table.add_row(name, value)
     out.print(table)
+    show_notes(job)
 
 
 @jobs_app.command("submit")
@@ -140,9 +142,12 @@ def jobs_submit(
         )
         if not watch:
             emit_json(job) if output is Output.json else out.print(f"submitted {job.id} ({job.status})")
+            if output is not Output.json:
+                print_warnings(job.warnings)
             return
         if output is not Output.json:
             out.print(f"submitted {job.id}")
+            print_warnings(job.warnings)
         watch_job(stare, job.id, output, timeout)
 
 

@@ -83,6 +83,7 @@ from store.repository.leases import (
     unclaimed_jobs,
 )
 from store.repository.metrics import list_evals, list_metrics, metrics_at_steps, report_events
+from store.repository.notes import JobNotes, job_notes, sample_events, warning_events
 from store.repository.tenants import (
     KEY_TOUCH_INTERVAL,
     TenantUsage,
@@ -114,6 +115,7 @@ __all__ = [
     "STEP_SECONDS_METRIC",
     "Claim",
     "JobError",
+    "JobNotes",
     "NewJob",
     "TenantUsage",
     "add_checkpoint",
@@ -143,6 +145,7 @@ __all__ = [
     "get_tenant_by_name",
     "grader_warnings",
     "heartbeat",
+    "job_notes",
     "job_status_counts",
     "jobs_without_worker",
     "latest_checkpoint",
@@ -171,10 +174,12 @@ __all__ = [
     "resume_job",
     "retry_job",
     "revoke_api_key",
+    "sample_events",
     "set_checkpoint_archive",
     "tenant_usage",
     "touch_api_key",
     "unclaimed_jobs",
     "utcnow",
+    "warning_events",
     "worker_heartbeat",
 ]

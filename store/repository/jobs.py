@@ -49,6 +49,8 @@ class NewJob:
     # A job with a grader: its loophole check's warnings at submission (docs/GRADERS.md), kept in the
     # job's first event (level warn when there are any).
     grader_warnings: list[dict[str, Any]] | None = None
+    # What will likely make it learn nothing, known at submission (contract.warnings), kept there too.
+    warnings: list[dict[str, Any]] | None = None
 
 
 def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -89,13 +91,14 @@ def _new_job_rows(new: NewJob) -> tuple[dict[str, Any], dict[str, Any]]:
         "job_id": job_id,
         "seq": 1,
         "type": "job.created",
-        "level": "warn" if new.grader_warnings else "info",
+        "level": "warn" if new.grader_warnings or new.warnings else "info",
         "message": "Job created and queued"
         + (" (the grader has loophole warnings)" if new.grader_warnings else ""),
         "data": {
             "queue": new.queue,
             "total_steps": new.total_steps,
             **({"grader_warnings": new.grader_warnings} if new.grader_warnings is not None else {}),
+            **({"warnings": new.warnings} if new.warnings else {}),
         },
         "created_at": now,
     }

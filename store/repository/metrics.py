@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from store.models import Job, JobEval, JobMetric
 from store.repository.checkpoints import list_checkpoints
+from store.repository.notes import sample_events, warning_events
 
 
 def list_metrics(
@@ -57,6 +58,7 @@ def report_events(session: Session, job: Job) -> list[dict[str, Any]]:
         events.append({"type": "eval", "step": row.step, "metrics": row.metrics})
     for ckpt in list_checkpoints(session, job.id):
         events.append({"type": "checkpoint", "step": ckpt.step, "path": ckpt.id})
+    events += sample_events(session, job.id) + warning_events(session, job.id)
     finished_time = job.finished_at.isoformat() if job.finished_at is not None else None
     if job.status == "failed":
         events.append(

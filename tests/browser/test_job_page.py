@@ -219,6 +219,18 @@ def _watch_pause_resume(page: Any, tour: _Tour) -> None:
     assert "tool" not in drawn  # no tool/* metrics in this job: no tool chart
     assert "control" not in drawn and page.text_content("#control") == ""  # no PI law in this job
     assert "band high" in page.evaluate("() => window.stare.seriesLabels('entropy')")
+    # Its samples and warnings (issue 46), as GET /v1/jobs/{id} gives them: the step-0 evaluation's
+    # completions, and the first step's warning that entropy starts far from the target (0.3 nats by default).
+    page.wait_for_function(
+        "() => document.querySelectorAll('#samples table.samples tr').length > 1", timeout=30_000
+    )
+    view = tour.api.get(f"/v1/jobs/{tour.watched}").json()
+    shown = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#samples pre')).map((e) => e.textContent)"
+    )
+    assert view["samples"]["eval"]["samples"][0]["prompt"] in shown, (view["samples"], shown)
+    page.wait_for_function("() => document.querySelectorAll('#warnings li').length > 0", timeout=60_000)
+    assert "entropy_far_from_band" in (page.text_content("#warnings") or "")
     # The header says the job's time to collapse (contract/stability.py), as the job view reports it.
     page.wait_for_function(
         "() => /collapsed/.test(document.getElementById('entropy-stability').textContent)", timeout=30_000

@@ -139,3 +139,79 @@ def test_a_checkpoint_pruned_before_it_was_recorded_is_recorded_then_removed(
     )
     assert _count(db, Checkpoint, job_id) == 0
     assert _count(db, JobEvent, job_id, type="checkpoint.created") == 1
+
+
+def test_samples_warnings_steps_and_evaluations_become_events_the_job_view_shows(
+    recorder: Recorder,
+    db: Database,  # noqa: F811
+    client: TestClient,  # noqa: F811
+    tenant: TenantKey,  # noqa: F811
+) -> None:
+    job_id = recorder.claim.job_id
+    cut = {"type": "warning", "kind": "truncated_responses", "message": "raise sampling.max_new_tokens"}
+    sample = {"prompt": "1+2=", "completion": "<b>3</b>", "reference": "3", "reward": 1.0, "truncated": False}
+    batch = [
+        {"type": "eval", "step": 0, "metrics": {"eval/avg@k": 0.25, "eval/k": 1.0}},
+        {"type": "samples", "step": 0, "phase": "eval", "samples": [sample, "junk"]},
+        {"type": "step", "step": 1, "metrics": step_metrics(1, 0.4)},
+        {"type": "samples", "step": 1, "phase": "train", "samples": [sample]},
+        {**cut, "step": 3, "count": 1, "first_step": 3},
+        {**cut, "step": 13, "count": 11, "first_step": 3},
+        {
+            "type": "warning",
+            "step": 1,
+            "kind": "entropy_far_from_band",
+            "message": "set entropy_band",
+            "count": 1,
+            "first_step": 1,
+        },
+        {"type": "warning", "step": 1, "kind": "not_a_kind", "message": "x", "count": 1, "first_step": 1},
+        {"type": "samples", "step": 2, "phase": "eval", "samples": [{**sample, "completion": "4"}]},
+    ]
+    recorder.record_batch(batch)
+    recorder.record_batch(batch)  # a retried write adds nothing
+    counts = {
+        kind: _count(db, JobEvent, job_id, type=kind)
+        for kind in (
+            "eval.completed",
+            "step.completed",
+            "samples.eval",
+            "samples.train",
+            "warning.truncated_responses",
+        )
+    }
+    assert counts == {
+        "eval.completed": 1,
+        "step.completed": 1,
+        "samples.eval": 2,
+        "samples.train": 1,
+        "warning.truncated_responses": 2,
+    }
+    assert _count(db, JobEvent, job_id, type="warning.not_a_kind") == 0
+    with db.sessions() as session:
+        [step_event] = [
+            e
+            for e in session.scalars(
+                sa.select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.type == "step.completed")
+            )
+        ]
+    assert step_event.step == 1 and step_event.data["metrics"]["entropy/mean"] == 0.4
+
+    job = client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()
+    warned = {w["kind"]: w for w in job["warnings"]}
+    assert warned["truncated_responses"] == {
+        "kind": "truncated_responses",
+        "message": "raise sampling.max_new_tokens",
+        "step": 13,
+        "count": 11,
+        "first_step": 3,
+    }
+    assert set(warned) == {"truncated_responses", "entropy_far_from_band"}
+    # the latest of each phase; the junk sample dropped; the text as written (the page escapes it)
+    assert job["samples"]["eval"] == {"step": 2, "samples": [{**sample, "completion": "4"}]}
+    assert job["samples"]["train"] == {"step": 1, "samples": [sample]}
+    report = client.get(f"/v1/jobs/{job_id}/report", headers=tenant.headers).json()
+    assert report["samples"]["eval_first"] == {"step": 0, "samples": [sample]}
+    assert [w["step"] for w in report["warnings"] if w["kind"] == "truncated_responses"] == [13]
+    page = client.get(f"/v1/jobs/{job_id}/report?format=html", headers=tenant.headers).text
+    assert "&lt;b&gt;3&lt;/b&gt;" in page and "<b>3</b>" not in page

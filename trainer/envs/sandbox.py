@@ -58,7 +58,7 @@ import threading
 import time
 from typing import IO
 
-from contract.spec import ToolLimitsSpec
+from contract.spec import EnvironmentSpec, ToolLimitsSpec
 from trainer.envs.sandbox_processes import CpuBudget, NamespaceInit, with_group
 from trainer.envs.sandbox_runtime import Runtime, SandboxUnavailable, python_runtime
 from trainer.envs.seccomp import filter_program
@@ -270,6 +270,17 @@ def available() -> str | None:
     if problem is not None:
         return problem
     return _probe(bwrap_path() or "", runtime.interpreter, os.geteuid())
+
+
+def check_python_tool(env: EnvironmentSpec | None) -> None:
+    """A job with the python tool (`env`: its spec.environment, None for none) needs the sandbox on this
+    machine: without it every call would be a tool error and the run would train on nothing, so it stops
+    before it starts (ValueError naming why: exit 2)."""
+    if env is None or "python" not in env.tools:
+        return
+    problem = available()
+    if problem is not None:
+        raise ValueError(f"environment.tools: the python tool cannot run on this machine: {problem}")
 
 
 PROBE = "print('sandbox ok')"

@@ -21,6 +21,7 @@ from trainer.report.charts import (
     Trace,
     line_chart_svg,
 )
+from trainer.report.notes import notes_html
 from trainer.report.summary import (
     ACCURACY,
     BAND_HIGH,
@@ -263,8 +264,7 @@ def _status(status: str) -> str:
 
 
 def _k(report: Mapping[str, Any]) -> str:
-    k = report["evaluation"]["k"]
-    return "k" if k is None else str(k)
+    return "k" if (k := report["evaluation"]["k"]) is None else str(k)
 
 
 def _title(job: Mapping[str, Any]) -> str:
@@ -520,8 +520,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>Report · {html.escape(_title(job))}</title><style>{_CSS}</style></head><body><main>"
-        f"{_header_html(report)}{_evaluation_html(report)}{_entropy_html(report)}{plots}"
-        f"{_history_html(report)}"
+        f"{_header_html(report)}{_evaluation_html(report)}{notes_html(report)}{_entropy_html(report)}"
+        f"{plots}{_history_html(report)}"
         f"<footer>stare-rl report v{report['report_version']} · built from {job['events']} events</footer>"
         "</main></body></html>\n"
     )

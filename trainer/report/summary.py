@@ -25,6 +25,7 @@ from contract.metrics import get as metric
 from contract.numbers import finite
 from contract.stability import collapse_step, hold_fraction, holding
 from trainer.report.charts import Series
+from trainer.report.notes import fold_notes
 
 REPORT_VERSION = 1
 
@@ -390,7 +391,8 @@ def _duration_s(start: str | None, end: str | None) -> float | None:
 
 
 def build_report(events: Iterable[Any]) -> dict[str, Any]:
-    """The report of a run (see the module docstring); plain JSON types only, no NaN."""
+    """The report of a run (module docstring) and its samples and warnings (trainer.report.notes); no NaN."""
+    events = list(events)
     s = _fold(events)
     steps_done = max(s.steps, default=0)
     if s.finished_step is not None:
@@ -446,4 +448,5 @@ def build_report(events: Iterable[Any]) -> dict[str, Any]:
             "tokens_per_second_mean": _stats(_series(s.steps, "perf/tokens_per_second"))["mean"],
         },
         "series": series,
+        **fold_notes(events),
     }

@@ -25,7 +25,9 @@ from trainer.distributed.runtime import Reduce
 EventCallback = Callable[[dict[str, Any]], None]
 
 # On resume, the events after the checkpoint (logged again) and those that ended the interrupted run go.
-_STEP_EVENTS = frozenset({EventType.STEP, EventType.EVAL, EventType.CHECKPOINT})
+_STEP_EVENTS = frozenset(
+    {EventType.STEP, EventType.EVAL, EventType.CHECKPOINT, EventType.SAMPLES, EventType.WARNING}
+)
 _END_EVENTS = frozenset({EventType.FINISHED, EventType.ERROR, EventType.INTERRUPTED})
 
 

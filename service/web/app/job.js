@@ -22,6 +22,7 @@
     streamEvents: 0,
     ended: false,
     checkpoints: [],
+    notes: null, // {warnings, samples} from GET /v1/jobs/{id} (loadNotes)
     status: function () { return job.status; },
     // Points drawn for this job's first series of a chart (e.g. policy entropy on "entropy").
     points: function (chartId) {
@@ -219,6 +220,64 @@
     box.className = control.saturated ? "control control-saturated" : "control";
   }
 
+  // ------------------------------------------------------------------- warnings and samples (issue 46)
+
+  // GET /v1/jobs/{id} carries them (the live stream's job object does not): read again when the stream
+  // says a samples or warning event was written, and at the end. Text only (textContent): tenant data.
+  async function loadNotes() {
+    const response = await fetch("/v1/jobs/" + jobId, { headers: { Accept: "application/json" } });
+    if (!response.ok) return;
+    const view = await response.json();
+    state.notes = { warnings: view.warnings || [], samples: view.samples || null };
+    renderWarnings(state.notes.warnings);
+    renderSamples(state.notes.samples);
+  }
+
+  function element(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined) node.textContent = text;
+    if (className) node.className = className;
+    return node;
+  }
+
+  function renderWarnings(warnings) {
+    const list = document.getElementById("warnings");
+    list.replaceChildren();
+    for (const w of warnings) {
+      const held = typeof w.step === "number" ? " (steps " + w.first_step + "–" + w.step + ", " + w.count + "×)" : "";
+      const item = element("li", undefined, "warning warning-" + w.kind);
+      item.append(element("b", w.kind), document.createTextNode(held + ": " + w.message));
+      list.append(item);
+    }
+  }
+
+  function renderSamples(samples) {
+    const box = document.getElementById("samples");
+    box.replaceChildren();
+    const sets = [["Evaluation", samples && samples.eval], ["Training", samples && samples.train]];
+    for (const [title, set] of sets) {
+      if (!set || !set.samples.length) continue;
+      box.append(element("h2", title + " samples (step " + set.step + ")"));
+      const table = element("table", undefined, "list samples");
+      const head = element("tr");
+      for (const name of ["prompt", "completion", "reference", "reward"]) head.append(element("th", name));
+      table.append(head);
+      for (const s of set.samples) {
+        const row = element("tr");
+        const completion = element("td");
+        completion.append(element("pre", s.completion));
+        if (s.truncated) completion.append(element("span", "cut at max_new_tokens", "cut"));
+        const prompt = element("td");
+        prompt.append(element("pre", s.prompt));
+        const reference = element("td");
+        reference.append(element("pre", s.reference === null ? "—" : s.reference));
+        row.append(prompt, completion, reference, element("td", String(Number(s.reward.toFixed(3)))));
+        table.append(row);
+      }
+      box.append(table);
+    }
+  }
+
   async function act(action) {
     const shown = document.getElementById("action-error");
     shown.textContent = "";
@@ -330,11 +389,13 @@
       const item = JSON.parse(event.data);
       state.streamEvents++;
       if (item.type.indexOf("checkpoint") === 0) loadCheckpoints();
+      if (item.type.indexOf("samples.") === 0 || item.type.indexOf("warning.") === 0) loadNotes();
     });
     source.addEventListener("end", function () {
       state.ended = true;
       source.close();
       loadCheckpoints();
+      loadNotes();
     });
     source.addEventListener("error", function () {
       if (source.readyState === EventSource.CLOSED && !state.ended) {
@@ -349,6 +410,7 @@
   }
   document.getElementById("overlay-add").addEventListener("click", overlay);
   renderJob();
+  loadNotes();
   loadCheckpoints();
   loadJobChoices();
   follow();
