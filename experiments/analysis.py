@@ -105,13 +105,24 @@ def collapse_step(entropies: Sequence[tuple[int, float]], low: float, streak: in
     return None
 
 
-def spec_target(spec: Mapping[str, Any], entropies: Sequence[tuple[int, float]]) -> float | None:
-    """The suite's shared target from the spec's gate section (what a method without a controller is
-    measured against): nats, or {relative: r} × H₀ (H₀: the first step's entropy/mean)."""
-    setting = ((spec.get("algorithm") or {}).get("gate") or {}).get("target_entropy")
-    if isinstance(setting, dict) and isinstance(setting.get("relative"), int | float):
-        return float(setting["relative"]) * entropies[0][1] if entropies else None
-    return float(setting) if isinstance(setting, int | float) else None
+def spec_target(
+    spec: Mapping[str, Any],
+    entropies: Sequence[tuple[int, float]],
+    plan_spec: Mapping[str, Any] | None = None,
+) -> float | None:
+    """The suite's shared target (what a method without a controller is measured against): the run's
+    started spec's controller section (`control`, or the older `gate`), else the plan's own spec for the run
+    (a method without a controller starts with no section at all: validation drops it); nats, or
+    {relative: r} × H₀ (H₀: the first step's entropy/mean)."""
+    for source in (spec, plan_spec or {}):
+        algorithm = source.get("algorithm") or {}
+        for section in ("control", "gate"):
+            setting = (algorithm.get(section) or {}).get("target_entropy")
+            if isinstance(setting, dict) and isinstance(setting.get("relative"), int | float):
+                return float(setting["relative"]) * entropies[0][1] if entropies else None
+            if isinstance(setting, int | float):
+                return float(setting)
+    return None
 
 
 def summarize_run(
@@ -124,6 +135,7 @@ def summarize_run(
     warmup_steps: int = 10,
     collapse_streak: int = 10,
     wall_seconds: float | None = None,
+    plan_spec: Mapping[str, Any] | None = None,
 ) -> RunSummary:
     spec = _spec(events)
     steps = _steps(events)
@@ -145,7 +157,7 @@ def summarize_run(
         later = [h for s, h in entropies if s >= first_on]
         near = _mean([float(abs(h - target) <= NEAR_TARGET * target) for h in later])
     on_metrics = [m for _, m in steps if m.get(GATE_ON, 0.0) > 0]
-    shared_target = target if target is not None else spec_target(spec, entropies)
+    shared_target = target if target is not None else spec_target(spec, entropies, plan_spec)
     hold, window = stability.hold_fraction(entropies, None if shared_target is None else float(shared_target))
     first_eval = next((m for s, m in evals if s == 0), None)
     last_eval = evals[-1][1] if evals and (evals[-1][0] > 0 or not steps) else None

@@ -207,7 +207,7 @@ def cell_extras(suite: Suite, root: Path, baseline_root: Path | None) -> dict[st
         summary = an.summarize_run(
             run.id, events, arm=run.arm, seed=run.seed, threads=run.threads,
             warmup_steps=base_suite.warmup_steps, collapse_streak=base_suite.collapse_steps,
-            wall_seconds=result.get("wall_seconds"),
+            wall_seconds=result.get("wall_seconds"), plan_spec=run.spec,
         )  # fmt: skip
         found.append({"summary": summary, "events": events})
     summaries: list[an.RunSummary] = [e["summary"] for e in found]

@@ -57,6 +57,7 @@ def collect(root: Path, plan: Sequence[Suite], baseline_root: Path | None = None
                 warmup_steps=suite.warmup_steps,
                 collapse_streak=suite.collapse_steps,
                 wall_seconds=result.get("wall_seconds"),
+                plan_spec=run.spec,
             )
             runs.append({"summary": summary, "events": events, "cpu": result.get("cpu")})
         entry: dict[str, Any] = {"suite": suite, "runs": runs}

@@ -208,6 +208,8 @@ class JobEvent(Base):
     __table_args__ = (
         sa.CheckConstraint(f"level IN ({_in(EVENT_LEVELS)})", name="level"),
         sa.UniqueConstraint("job_id", "dedupe_key"),
+        # the latest event of a type for one job (the job view's samples and warnings; migration 0005)
+        sa.Index("ix_job_events_job_id_type_seq", "job_id", "type", "seq"),
     )
 
     job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)

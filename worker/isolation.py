@@ -166,6 +166,9 @@ def _namespaces(confinement: Confinement, info_fd: int) -> list[str]:
 
 def _file_system(command: list[str], confinement: Confinement, env: Mapping[str, str]) -> list[str]:
     cmd = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # The private /dev/shm open to every user like the host's (1777): a root worker's trainer runs as
+    # STARE_TRAINER_UID, and POSIX semaphores and shared memory (vLLM's engine lock) are files there.
+    cmd += ["--perms", "1777", "--tmpfs", "/dev/shm"]
     for device in sorted({path for pattern in DEVICE_GLOBS for path in glob.glob(pattern)}):
         cmd += ["--dev-bind", device, device]
     home = Path(os.environ.get("HOME") or "/").resolve()

@@ -37,6 +37,9 @@ from tests.worker.harness import tiny_spec
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_SPEC = ROOT / "trainer" / "specs" / "tool_use_tiny.yaml"
 LAW_RULES = ("ControllerSaturated",)
+# Rules whose series only a job of some kind has, each checked on such a job by its row's test below: the
+# PI laws' (a law's job) and the grader's (a job rewarded by a grader).
+OWN_JOB_RULES = (*LAW_RULES, "GraderErrorsRising")
 pytestmark = [pytest.mark.slow, requires_binary("prometheus")]
 
 
@@ -72,13 +75,13 @@ def test_every_dashboard_query_and_alert_selector_returns_series_for_a_live_job(
         results = check_dashboard_queries(stack, frozen, refs)
         rules = alert_rules()
         assert len(rules) >= 11
-        # The PI laws' rule reads series only a PI-law job has: checked in the controller row's test.
-        results |= check_alert_selectors(stack, frozen, [r for r in rules if r.name not in LAW_RULES])
+        # The PI laws' and the grader's rules read series only their jobs have: checked in their rows' tests.
+        results |= check_alert_selectors(stack, frozen, [r for r in rules if r.name not in OWN_JOB_RULES])
 
         # Every series the dashboards and rules read is exported, by the exporter or the API.
         exported = prometheus_names(stack)
         used = {n for r in refs for n in metric_names(r.query.expr)} | {
-            n for rule in rules if rule.name not in LAW_RULES for n in metric_names(rule.expr)
+            n for rule in rules if rule.name not in OWN_JOB_RULES for n in metric_names(rule.expr)
         }
         assert used - exported == set(), sorted(used - exported)
         # Spot checks against the job's own numbers.
