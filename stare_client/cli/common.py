@@ -109,6 +109,22 @@ def emit_json(value: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
+def problem_lines(details: list[Any]) -> list[str]:
+    """One line per entry of an API error's `details`: where (a spec field, or a file's line and key), then
+    what is wrong and how to fix it."""
+    lines = []
+    for detail in details:
+        if not isinstance(detail, dict):
+            continue
+        if detail.get("line") is not None:
+            where = f"line {detail['line']}" if detail["line"] else "file"
+            where += f" ({detail['param']})" if detail.get("param") else ""
+        else:
+            where = str(detail.get("field") or detail.get("param") or "request")
+        lines.append(f"{where}: {detail.get('message')}")
+    return lines
+
+
 def fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
