@@ -53,7 +53,9 @@ checkpoints_app = typer.Typer(help="List and download a job's checkpoints.", no_
 files_app = typer.Typer(help="Upload and manage JSONL datasets.", no_args_is_help=True)
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 local_app = typer.Typer(
-    help="The embedded stack on this machine (needs the full install).", no_args_is_help=True
+    help="The embedded stack on this machine. Needs the runtime install (`make runtime`: torch and the "
+    "trainer, service and client extras), not the full one, and bubblewrap to confine its trainers.",
+    no_args_is_help=True,
 )
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(checkpoints_app, name="checkpoints")
