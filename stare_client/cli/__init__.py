@@ -60,6 +60,7 @@ from stare_client.cli.common import (
     load_submission,
     local_app,
     out,
+    problem_lines,
 )
 from stare_client.cli.graders import graders_app, graders_run, graders_validate
 from stare_client.cli.jobs import (
@@ -140,6 +141,7 @@ __all__ = [
     "local_up",
     "main",
     "out",
+    "problem_lines",
     "report",
     "show_job",
     "status_text",
