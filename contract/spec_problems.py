@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from contract.suggest import nearest
 
-__all__ = ["SpecProblem", "fields_of", "spec_problems", "unknown_name_problems"]
+__all__ = ["SpecProblem", "fields_of", "plain_words", "spec_problems", "unknown_name_problems"]
 
 # codes of SpecProblem
 UNKNOWN_FIELD = "unknown_field"
@@ -129,9 +129,9 @@ def unknown_name_problems(field: str, text: str) -> list[SpecProblem] | None:
         kind, name, rest, valid = match.groups()
         names = valid.split(", ") if valid else []
         suggestion = nearest(name, names)
-        message = f"unknown {kind} {name!r}{rest}" + (f"; valid: {valid}" if valid else "")
-        if suggestion is not None:
-            message += f"; did you mean `{suggestion}`?"
+        message = f"unknown {kind} {name!r}{rest}"
+        message += f"; did you mean `{suggestion}`?" if suggestion is not None else ""
+        message += f" (valid: {valid})" if valid else ""
         return [SpecProblem(field, message, INVALID_VALUE, suggestion)]
     return None
 
@@ -172,14 +172,14 @@ def _problems_of(item: dict[str, Any], model: type[BaseModel]) -> list[SpecProbl
         return _value_problems(field, str(ctx.get("error") or item.get("msg", "")), model)
     if (words := _type_words(kind)) is not None:
         return [SpecProblem(field, f"must be {words}, not {_shown(value)}", WRONG_TYPE)]
-    message = _plain(str(item.get("msg", "invalid value")))
+    message = plain_words(str(item.get("msg", "invalid value")))
     return [SpecProblem(field, message, INVALID_VALUE)]
 
 
 def _value_problems(field: str, text: str, model: type[BaseModel]) -> list[SpecProblem]:
     """A validator's message: the field it names first (when inside the failing section), without the
     library's prefix; an unknown name with its suggestion."""
-    text = _plain(text)
+    text = plain_words(text)
     match = _LEADING_FIELD.match(text)
     if match and match.group(1).split(".")[0] in model.model_fields:
         named = match.group(1)
@@ -195,7 +195,8 @@ def _value_problems(field: str, text: str, model: type[BaseModel]) -> list[SpecP
     return [SpecProblem(field, text, INVALID_VALUE)]
 
 
-def _plain(text: str) -> str:
+def plain_words(text: str) -> str:
+    """A pydantic message without its prefix ("Value error, ") and with "must be" for "Input should be"."""
     for prefix in _LIBRARY_PREFIXES:
         text = text.removeprefix(prefix)
     return text.replace("Input should be", "must be")
