@@ -2,11 +2,12 @@
 
 The body is parsed as it arrives (python-multipart's push parser), so an oversize upload is cut off at the
 limit with 413 and never held in memory or written past the limit. The staged file is then checked with
-trainer.tasks.sources.validate_jsonl_lines (the same check the trainer runs when it loads the file), reading one
-line at a time with a cap on line length. A reasoning-gym meta names a task and config the trainer will
-generate from: each distinct (task, config) is generated once, in the API's child processes within their
-budget (`check_reasoning_gym_configs`), so a config that fails or never ends is a line error now, not a hung
-job. Nothing is stored unless every check passes: the staged file is removed on any rejection, and the
+trainer.tasks.sources.jsonl_errors (the check the trainer runs when it loads the file; here strict about
+keys too: prompt, answer and meta only), every line read one at a time with a cap on its length; the
+problems are counted and grouped by kind with their fix (FileProblems) for the 422. A reasoning-gym meta
+names a task and config the trainer will generate from: each distinct (task, config) is generated once, in
+the API's child processes within their budget (`check_reasoning_gym_configs`), so a config that fails or
+never ends is a line error now, not a hung job. Nothing is stored unless every check passes: the staged file is removed on any rejection, and the
 route inserts the row only after the file was moved into place.
 """
 
