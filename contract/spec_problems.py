@@ -26,7 +26,14 @@ from pydantic import BaseModel, ValidationError
 
 from contract.suggest import nearest
 
-__all__ = ["SpecProblem", "fields_of", "plain_words", "spec_problems", "unknown_name_problems"]
+__all__ = [
+    "SpecProblem",
+    "fields_of",
+    "in_field_order",
+    "plain_words",
+    "spec_problems",
+    "unknown_name_problems",
+]
 
 # codes of SpecProblem
 UNKNOWN_FIELD = "unknown_field"
@@ -87,8 +94,14 @@ def spec_problems(err: ValidationError, model: type[BaseModel]) -> list[SpecProb
     found: list[SpecProblem] = []
     for item in err.errors(include_url=False):
         found.extend(_problems_of(dict(item), model))
+    return in_field_order(found, model)
+
+
+def in_field_order(problems: Iterable[SpecProblem], model: type[BaseModel]) -> list[SpecProblem]:
+    """The problems in the order of `model`'s sections (the spec as written top to bottom); stable within a
+    section."""
     order = {name: i for i, name in enumerate(model.model_fields)}
-    return sorted(found, key=lambda p: order.get(p.field.split(".")[0].split("[")[0], -1))
+    return sorted(problems, key=lambda p: order.get(p.field.split(".")[0].split("[")[0], -1))
 
 
 def fields_of(model: type[BaseModel], path: Iterable[Any]) -> list[str] | None:

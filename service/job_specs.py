@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from contract import verifiers
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
 from contract.spec import TrainSpec
-from contract.spec_problems import SpecProblem, spec_problems, unknown_name_problems
+from contract.spec_problems import SpecProblem, in_field_order, spec_problems, unknown_name_problems
 from contract.suggest import nearest
 from service.errors import ServiceError, TooManyRequests, Unavailable, Unprocessable
 from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool, QueueBusy
@@ -65,7 +65,9 @@ def validate_spec(
         problems.append(SpecProblem("", str(err), "invalid_value"))
     problems += _model_problems(data.get("model"), models, problems)
     if problems or spec is None:
-        raise spec_invalid(problems or [SpecProblem("", "invalid spec", "invalid_value")])
+        raise spec_invalid(
+            in_field_order(problems, TrainSpec) or [SpecProblem("", "invalid spec", "invalid_value")]
+        )
     _check_task(spec)
     if tool_limits is not None:
         _check_tool_limits(spec, tool_limits)
