@@ -37,14 +37,18 @@ def _serve(app: Any, port: int) -> tuple[uvicorn.Server, threading.Thread]:
 
 @pytest.mark.slow
 @requires_binary("chromium")
+@pytest.mark.parametrize("installed", [False, True], ids=["without-uplot", "with-uplot"])
 def test_without_uplot_each_chart_is_a_table_of_the_latest_steps(
-    test_postgres: PostgresServer, tmp_path: Path
+    test_postgres: PostgresServer, tmp_path: Path, installed: bool
 ) -> None:
+    """Without uPlot: tables and the notice. With it (`make web`, as `make test` installs; the control):
+    uPlot's canvases."""
     from playwright.sync_api import sync_playwright
 
     with migrated_database(test_postgres, "page_tables") as url:
         app = create_app(settings_for(url, tmp_path / "artifacts"))
-        app.state.web_root = tmp_path / "web"  # no node_modules: uPlot is not installed
+        if not installed:
+            app.state.web_root = tmp_path / "web"  # no node_modules: uPlot is not installed
         db = Database(url, pool_size=1)
         with db.transaction() as session:
             tenant = repository.create_tenant(session, "tables")
@@ -73,9 +77,15 @@ def test_without_uplot_each_chart_is_a_table_of_the_latest_steps(
                 page.fill("#api-key", key)
                 page.click("#sign-in button[type=submit]")
                 page.wait_for_url(f"{base}/ui/jobs/{job_id}")
-                assert "make web" in page.locator("#charts-missing").inner_text()
                 page.wait_for_function(f"() => ({ENTROPY_POINTS})() === 25", timeout=30_000)
                 rows = page.locator("#chart-entropy table.fallback tr")
+                assert errors == [], errors
+                if installed:
+                    assert page.locator("#charts-missing").count() == 0 and rows.count() == 0
+                    assert page.locator("#chart-entropy canvas").count() >= 1
+                    browser.close()
+                    return
+                assert "make web" in page.locator("#charts-missing").inner_text()
                 assert rows.count() == 1 + 20  # the header and the 20 latest steps
                 assert rows.nth(1).locator("td").first.inner_text() == "25"  # the newest first
                 assert rows.nth(0).locator("th").first.inner_text() == "step"
