@@ -38,7 +38,7 @@ def _serve(app: Any, port: int) -> tuple[uvicorn.Server, threading.Thread]:
 @pytest.mark.slow
 @requires_binary("chromium")
 @pytest.mark.parametrize("installed", [False, True], ids=["without-uplot", "with-uplot"])
-def test_without_uplot_each_chart_is_a_table_of_the_latest_steps(
+def test_each_chart_is_a_table_of_the_latest_steps_without_uplot(
     test_postgres: PostgresServer, tmp_path: Path, installed: bool
 ) -> None:
     """Without uPlot: tables and the notice. With it (`make web`, as `make test` installs; the control):
