@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STARE_HOME ?= .stare
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: install runtime confinement demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick pages clean
+.PHONY: install runtime web confinement demo serve demo-engine test test-fast fuzz lint typecheck layers bench results results-quick pages clean
 
 # What each command installs (pyproject.toml's extras say which package is which). Every step leaves a stamp in
 # $(STAMPS) (inside .venv, so removing .venv starts over; the web step's is npm's own lockfile copy), and a second run of a command reinstalls nothing
@@ -50,6 +50,9 @@ $(STAMPS)/dev: $(STAMPS)/runtime pyproject.toml
 
 runtime: $(STAMPS)/runtime
 
+# The job page's charts (uPlot); without them the page shows each chart as a table and says to run this.
+web: $(WEB)
+
 confinement:
 	@scripts/install-system-deps bubblewrap
 
@@ -80,7 +83,8 @@ demo: confinement $(STAMPS)/runtime
 	$(BIN)/python -m worker embedded --spec trainer/specs/demo.yaml --home $(STARE_HOME)
 
 # The embedded stack, left running: prints the job page's URL and an API key to sign in with; Ctrl-C stops it.
-# The page draws its charts with uPlot (npm), hence the web step.
+# The page draws its charts with uPlot (npm), hence the web step. Its folder is $(STARE_HOME): set it in the
+# environment (STARE_HOME=/data/stare make serve) or on the command line, as the `stare` CLI reads it.
 serve: confinement $(STAMPS)/runtime $(WEB)
 	$(BIN)/python -m worker embedded --serve --home $(STARE_HOME)
 

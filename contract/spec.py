@@ -365,6 +365,13 @@ class EvaluationSpec(_Strict):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     greedy: bool = True  # k = 1 and greedy: plain accuracy
 
+    @model_validator(mode="after")
+    def _greedy_takes_one(self) -> EvaluationSpec:
+        if self.greedy and self.k != 1:
+            fix = "set evaluation.greedy: false to sample k responses per prompt (avg@k, pass@k), or k: 1"
+            raise ValueError(f"evaluation.k must be 1 when evaluation.greedy is true (on by default): {fix}")
+        return self
+
 
 TOOL_NAMES = ("calculator", "python")  # the built-in tools (trainer/envs/tools.py); docs/TOOLS.md
 ToolName = Literal["calculator", "python"]
@@ -465,14 +472,13 @@ class TrainSpec(_Strict):
             raise ValueError("sft warm-start is only offered for built-in models (model.name)")
         if self.sft is not None and self.sft.steps > 0 and self.model.name != TINY_ARITH:
             raise ValueError("sft warm-start is only offered for the built-in tiny model 'tiny-arith'")
-        if self.evaluation.greedy and self.evaluation.k != 1:
-            raise ValueError("evaluation.k must be 1 when evaluation.greedy is true")
-        if (
-            self.reward.overlong is not None
-            and self.reward.overlong.cache_length > self.sampling.max_new_tokens
-        ):
+        overlong = self.reward.overlong
+        if overlong is not None and overlong.cache_length > self.sampling.max_new_tokens:
             raise ValueError("reward.overlong.cache_length must be ≤ sampling.max_new_tokens")
-        _check_verifier(self.verifier)
+        try:
+            verifiers.validate_params(self.verifier.name, self.verifier.params)
+        except ValueError as err:
+            raise ValueError(f"verifier: {err}") from None
         # A resolved spec writes the default verifier out: only another one is a second reward.
         graders.check_job(
             self.grader,
@@ -510,13 +516,6 @@ class TrainSpec(_Strict):
         data["algorithm"]["advantage"] = self.algorithm.estimator
         data["algorithm"]["params"] = self.algorithm.resolved_params()
         return data
-
-
-def _check_verifier(spec: VerifierSpec) -> None:
-    try:
-        verifiers.validate_params(spec.name, spec.params)
-    except ValueError as err:
-        raise ValueError(f"verifier: {err}") from None
 
 
 def load_spec(path: str | Path) -> TrainSpec:

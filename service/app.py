@@ -34,6 +34,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
 from contract.spec import TrainSpec
+from contract.spec_problems import plain_words
 from service import __version__
 from service.boundary import RequestBoundary
 from service.dependencies import (
@@ -131,7 +132,7 @@ def _validation_message(item: dict[str, Any]) -> str:
         return "unknown field"
     if item.get("type") == "missing":
         return "field required"
-    return str(item.get("msg", "invalid value"))
+    return plain_words(str(item.get("msg", "invalid value")))
 
 
 async def _request_validation_error(_: Request, exc: Exception) -> JSONResponse:

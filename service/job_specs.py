@@ -1,4 +1,4 @@
-"""From a job request to a TrainSpec the worker can run, or a 422 naming the offending field.
+"""From a job request to a TrainSpec the worker can run, or one 422 naming every offending field.
 
 The spec is validated by the model the trainer runs it with (contract.spec.TrainSpec), then checked against
 what this server offers: the model must be in the catalogue (a user cannot point the worker at a path or a
@@ -19,13 +19,17 @@ from typing import Any
 from pydantic import ValidationError
 
 from contract import verifiers
-from contract.catalog import BUILTIN_MODELS
+from contract.catalog import BUILTIN_MODELS, TINY_ARITH
 from contract.spec import TrainSpec
+from contract.spec_problems import SpecProblem, in_field_order, spec_problems, unknown_name_problems
+from contract.suggest import nearest
 from service.errors import ServiceError, TooManyRequests, Unavailable, Unprocessable
 from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool, QueueBusy
 from service.offload import Unavailable as PoolUnavailable
 from store.models import File
 from trainer.tasks import rg_config, rg_safety, sources
+
+MAX_PROBLEMS_IN_MESSAGE = 10  # the rest are in details
 
 
 def model_catalogue(extra_models: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
@@ -42,29 +46,61 @@ def validate_spec(
     models: Mapping[str, Any],
     tool_limits: Mapping[str, float] | None = None,
 ) -> TrainSpec:
-    """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable.
-    Whether the fleet can run it is placement's question (service/fleet.py), asked after this.
-    `tool_limits` the most a tool call may use (settings.tool_limits(): field under spec.environment ->
-    the operator's maximum)."""
+    """The TrainSpec of a request's `spec` (with the uploaded file filled in), or Unprocessable listing
+    every problem of the spec at once (`spec_invalid`): its fields, its verifier and its model. Whether the
+    fleet can run it is placement's question (service/fleet.py), asked after this. `tool_limits` the most a
+    tool call may use (settings.tool_limits(): field under spec.environment -> the operator's maximum)."""
     data = dict(raw)  # a shallow copy: only the task is changed, and _place_training_file copies it first
     _place_training_file(data, training_file)
-    _precheck_verifier(data.get("verifier"))
+    problems = _verifier_problems(data.get("verifier"))
+    spec = None
     try:
         spec = TrainSpec.model_validate(data)
     except ValidationError as err:
-        raise spec_error(err, prefix="spec") from None
+        found = spec_problems(err, TrainSpec)
+        if problems:  # TrainSpec names the same verifier problem at the spec's root
+            found = [p for p in found if not p.field.startswith("verifier")]
+        problems += found
     except ValueError as err:  # a validator outside pydantic's wrapping (defensive)
-        raise Unprocessable(str(err), param="spec", code="invalid_spec") from None
-    if spec.model.name not in models:
-        raise Unprocessable(
-            f"unknown model {spec.model.name!r}; available: {', '.join(sorted(models))} (GET /v1/models)",
-            param="spec.model.name",
-            code="unknown_model",
+        problems.append(SpecProblem("", str(err), "invalid_value"))
+    problems += _model_problems(data.get("model"), models, problems)
+    if problems or spec is None:
+        raise spec_invalid(
+            in_field_order(problems, TrainSpec) or [SpecProblem("", "invalid spec", "invalid_value")]
         )
     _check_task(spec)
     if tool_limits is not None:
         _check_tool_limits(spec, tool_limits)
     return spec
+
+
+def spec_invalid(problems: list[SpecProblem]) -> Unprocessable:
+    """One 422 for every problem of a spec: `details` lists each (field, param, message, code, suggestion),
+    the message says them all; `param` and `code` are the first's (a lone unknown model is unknown_model)."""
+    details = [p.detail("spec") for p in problems]
+    first = problems[0]
+    lines = [f"{d['field']}: {d['message']}" for d in details[:MAX_PROBLEMS_IN_MESSAGE]]
+    more = len(details) - MAX_PROBLEMS_IN_MESSAGE
+    if more > 0:
+        lines.append(f"and {more} more (see details)")
+    message = lines[0] if len(details) == 1 else f"{len(details)} problems in the spec: " + " | ".join(lines)
+    return Unprocessable(
+        message,
+        param=details[0]["param"],
+        code=first.error_code if len(problems) == 1 else "invalid_spec",
+        details=details,
+    )
+
+
+def _model_problems(model: Any, models: Mapping[str, Any], found: list[SpecProblem]) -> list[SpecProblem]:
+    """The model must be in this server's catalogue (checked on the request, so it is said with the rest)."""
+    name = model.get("name", TINY_ARITH) if isinstance(model, dict) else None
+    if not isinstance(name, str) or name in models or any(p.field.startswith("model.name") for p in found):
+        return []
+    suggestion = nearest(name, models)
+    hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+    message = f"unknown model {name!r}{hint} (available: {', '.join(sorted(models))}; GET /v1/models)"
+    return [SpecProblem("model.name", message, "invalid_value", suggestion, error_code="unknown_model")]
 
 
 def _check_tool_limits(spec: TrainSpec, allowed: Mapping[str, float]) -> None:
@@ -115,23 +151,26 @@ def _place_training_file(data: dict[str, Any], training_file: File | SimpleNames
     task["path"] = training_file.storage_key
 
 
-def _precheck_verifier(verifier: Any) -> None:
-    """Name the verifier field precisely (TrainSpec reports these at the spec's root)."""
+def _verifier_problems(verifier: Any) -> list[SpecProblem]:
+    """The verifier's name and params, named precisely (TrainSpec reports these at the spec's root)."""
     if not isinstance(verifier, dict):
-        return
+        return []
     name = verifier.get("name", "exact")
     if isinstance(name, str) and name not in verifiers.VERIFIER_PARAMS:
-        raise Unprocessable(
-            f"unknown verifier {name!r}; valid: {', '.join(sorted(verifiers.VERIFIER_PARAMS))} (GET /v1/verifiers)",
-            param="spec.verifier.name",
-            code="unknown_verifier",
-        )
+        valid = sorted(verifiers.VERIFIER_PARAMS)
+        suggestion = nearest(name, valid)
+        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        message = f"unknown verifier {name!r}{hint} (valid: {', '.join(valid)}; GET /v1/verifiers)"
+        return [SpecProblem("verifier.name", message, "invalid_value", suggestion, "unknown_verifier")]
     params = verifier.get("params", {})
     if isinstance(name, str) and isinstance(params, dict):
         try:
             verifiers.validate_params(name, params)
         except ValueError as err:
-            raise Unprocessable(str(err), param="spec.verifier.params", code="invalid_spec") from None
+            return unknown_name_problems("verifier.params", str(err)) or [
+                SpecProblem("verifier.params", str(err), "invalid_value")
+            ]
+    return []
 
 
 def _check_task(spec: TrainSpec) -> None:
@@ -191,22 +230,6 @@ def pool_refusal(err: QueueBusy | PoolUnavailable) -> ServiceError:
     if isinstance(err, QueueBusy):
         return TooManyRequests(f"task checks: {err}", retry_after_s=5, code="task_checks_busy")
     return Unavailable(str(err), code="task_checks_unavailable", retry_after_s=60)
-
-
-def spec_error(err: ValidationError, *, prefix: str) -> Unprocessable:
-    """A pydantic error as one 422: the first problem in message/param, all of them in details."""
-    details = []
-    for item in err.errors(include_url=False):
-        param = dotted((prefix, *item["loc"]))
-        details.append({"param": param, "message": item["msg"]})
-    first = details[0] if details else {"param": prefix, "message": str(err)}
-    more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
-    return Unprocessable(
-        f"{first['param']}: {first['message']}{more}",
-        param=first["param"],
-        code="invalid_spec",
-        details=details,
-    )
 
 
 def dotted(loc: tuple[Any, ...] | list[Any]) -> str:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from contract.estimate import JobEstimate
+from service.error_schemas import ErrorResponse
 from service.schemas_notes import JobSamples, JobWarning
 from service.schemas_status import ControlStatus, EntropyBand, EntropyStatus, EntropyTarget
 from store.ids import id_pattern
@@ -26,33 +27,6 @@ __all__ = ["ControlStatus", "EntropyBand", "EntropyStatus", "EntropyTarget", "Jo
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# ------------------------------------------------------------------------------------------------- errors
-
-
-class ErrorDetail(BaseModel):
-    param: str | None = Field(default=None, description="The offending field (dotted path) or header.")
-    message: str
-    line: int | None = Field(
-        default=None, description="1-based line of an uploaded file (0: the whole file)."
-    )
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    code: str = Field(description="Stable machine-readable code, e.g. invalid_spec, not_found.")
-    message: str = Field(description="What went wrong, for people.")
-    param: str | None = Field(description="The offending field as a dotted path (spec.optim.lr), or null.")
-    details: list[ErrorDetail] | None = Field(
-        default=None, description="Every problem found, when there are several (spec fields, file lines)."
-    )
-
-
-class ErrorResponse(BaseModel):
-    """The one error shape of every 4xx and 5xx response."""
-
-    error: ErrorBody
 
 
 # --------------------------------------------------------------------------------------------- identity

@@ -2,11 +2,12 @@
 
 The body is parsed as it arrives (python-multipart's push parser), so an oversize upload is cut off at the
 limit with 413 and never held in memory or written past the limit. The staged file is then checked with
-trainer.tasks.sources.validate_jsonl_lines (the same check the trainer runs when it loads the file), reading one
-line at a time with a cap on line length. A reasoning-gym meta names a task and config the trainer will
-generate from: each distinct (task, config) is generated once, in the API's child processes within their
-budget (`check_reasoning_gym_configs`), so a config that fails or never ends is a line error now, not a hung
-job. Nothing is stored unless every check passes: the staged file is removed on any rejection, and the
+trainer.tasks.sources.jsonl_errors (the check the trainer runs when it loads the file; here strict about
+keys too: prompt, answer and meta only), every line read one at a time with a cap on its length; the
+problems are counted and grouped by kind with their fix (FileProblems) for the 422. A reasoning-gym meta
+names a task and config the trainer will generate from: each distinct (task, config) is generated once, in
+the API's child processes within their budget (`check_reasoning_gym_configs`), so a config that fails or
+never ends is a line error now, not a hung job. Nothing is stored unless every check passes: the staged file is removed on any rejection, and the
 route inserts the row only after the file was moved into place.
 """
 
@@ -31,11 +32,16 @@ from service.offload import BudgetExceeded, CallError, ChildFailed, ChildPool, Q
 from service.offload import Unavailable as PoolUnavailable
 from store.models import FILE_PURPOSES
 from trainer.tasks import sources
-from trainer.tasks.sources import LineError, validate_jsonl_lines
+from trainer.tasks.sources import LineError, jsonl_errors
 
 MAX_FIELD_BYTES = 1024
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # headers and boundaries around the file part
-ERRORS_IN_MESSAGE = 5
+GROUPS_IN_MESSAGE = 5  # kinds of problem said in an invalid file's message
+LINES_PER_GROUP = 5  # line numbers shown for each
+# Problems whose message is the same on every line it occurs on (no column, no offset): grouped by message.
+_SAME_MESSAGE_EVERY_LINE = frozenset(
+    {"missing_field", "wrong_type", "empty_field", "unknown_key", "not_object", "line_too_long"}
+)
 MAX_REASONING_GYM_CONFIGS = 16  # distinct (task, config) pairs one file may name
 _CONFIG_FIELD = "meta.reasoning_gym.config"
 _UNSAFE_FILENAME = re.compile(r"[\x00-\x1f\x7f/\\]")
@@ -222,8 +228,75 @@ def _capped_lines(fh: BinaryIO, max_line_bytes: int, too_long: list[int]) -> Ite
         yield line
 
 
-def validate_jsonl(path: Path, *, max_line_bytes: int, max_errors: int) -> tuple[int, list[LineError]]:
-    """(records, line-numbered errors) of a staged JSONL file; no errors means the trainer can load it."""
+@dataclass
+class _Group:
+    """Problems of one kind: how many, the first, and the first few line numbers."""
+
+    first: LineError
+    count: int = 0
+    lines: list[int] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if self.first.line == 0:
+            return self.first.message
+        if self.count == 1:
+            return str(self.first)  # line N: what
+        shown = ", ".join(map(str, self.lines)) + (", …" if self.count > len(self.lines) else "")
+        where = f"{self.count} lines ({shown})"
+        if self.first.code in _SAME_MESSAGE_EVERY_LINE:
+            return f"{where}: {self.first.message}"
+        return f"{where}, the first: {self.first.message}"
+
+
+@dataclass
+class FileProblems:
+    """What is wrong with a file: the first `max_errors` problems in full (the 422's details) and, over every
+    line, how many fail and the problems grouped by kind (`200 lines (1, 2, 3, 4, 5, …): answer must be a
+    string, not a number: quote it`), so a file wrong the same way on every line says so once, with the fix."""
+
+    max_errors: int
+    errors: list[LineError] = field(default_factory=list)
+    failing_lines: int = 0
+    groups: dict[tuple[str, str | None, str], _Group] = field(default_factory=dict)
+    _last_line: int = 0
+
+    @classmethod
+    def of(cls, errors: list[LineError]) -> FileProblems:
+        problems = cls(max_errors=len(errors))
+        for error in errors:
+            problems.add(error)
+        return problems
+
+    def __bool__(self) -> bool:
+        return bool(self.errors)
+
+    def add(self, error: LineError) -> None:
+        """Count one problem; problems arrive in line order."""
+        if len(self.errors) < self.max_errors:
+            self.errors.append(error)
+        if error.line and error.line != self._last_line:
+            self.failing_lines += 1
+            self._last_line = error.line
+        same = error.code in _SAME_MESSAGE_EVERY_LINE
+        group = self.groups.setdefault(
+            (error.code, error.field, error.message if same else ""), _Group(error)
+        )
+        group.count += 1
+        if len(group.lines) < LINES_PER_GROUP:
+            group.lines.append(error.line)
+
+    def summary(self) -> str:
+        """The kinds of problem, the most frequent first."""
+        groups = sorted(self.groups.values(), key=lambda g: -g.count)
+        more = len(groups) - GROUPS_IN_MESSAGE
+        return "; ".join(map(str, groups[:GROUPS_IN_MESSAGE])) + (
+            f"; and {more} other kinds of problem" if more > 0 else ""
+        )
+
+
+def validate_jsonl(path: Path, *, max_line_bytes: int, max_errors: int) -> tuple[int, FileProblems]:
+    """(records, problems) of a staged JSONL file, every line scanned; no problems means the trainer can
+    load it."""
     too_long: list[int] = []
     records = 0
 
@@ -233,27 +306,35 @@ def validate_jsonl(path: Path, *, max_line_bytes: int, max_errors: int) -> tuple
             records += bool(line.strip())
             yield line
 
+    problems = FileProblems(max_errors=max_errors)
     with path.open("rb") as fh:
-        errors = validate_jsonl_lines(
-            counted(_capped_lines(fh, max_line_bytes, too_long)), max_errors=max_errors
-        )
-    if too_long:
-        errors = [e for e in errors if e.code != "empty_file"]
-        errors.extend(
-            LineError(n, "line_too_long", f"line is longer than {max_line_bytes} bytes") for n in too_long
-        )
-        errors.sort(key=lambda e: e.line)
-    return records, errors[:max_errors]
+        for error in jsonl_errors(counted(_capped_lines(fh, max_line_bytes, too_long))):
+            if not (too_long and error.code == "empty_file"):  # its lines were there, too long
+                problems.add(error)
+    long_lines = [
+        LineError(n, "line_too_long", f"line is longer than {max_line_bytes} bytes") for n in too_long
+    ]
+    for error in long_lines:  # an over-long line was read as blank: it has no other problem
+        problems.add(error)
+    problems.errors = sorted({*problems.errors, *long_lines}, key=lambda e: e.line)[:max_errors]
+    return records, problems
 
 
-def invalid_file(errors: list[LineError]) -> Unprocessable:
-    shown = "; ".join(str(e) for e in errors[:ERRORS_IN_MESSAGE])
-    more = f" (and {len(errors) - ERRORS_IN_MESSAGE} more)" if len(errors) > ERRORS_IN_MESSAGE else ""
+def invalid_file(problems: FileProblems | list[LineError]) -> Unprocessable:
+    """422 invalid_file: how many lines fail and why, grouped, in the message; the first lines in details."""
+    if isinstance(problems, list):
+        problems = FileProblems.of(problems)
+    failing = problems.failing_lines
+    count = (
+        f"{failing} line{'s' if failing != 1 else ''} fail{'s' if failing == 1 else ''}: " if failing else ""
+    )
     return Unprocessable(
-        f"the file is not valid JSONL for training: {shown}{more}",
+        f"the file is not valid JSONL for training: {count}{problems.summary()}",
         param="file",
         code="invalid_file",
-        details=[{"line": e.line, "code": e.code, "message": e.message, "param": e.field} for e in errors],
+        details=[
+            {"line": e.line, "code": e.code, "message": e.message, "param": e.field} for e in problems.errors
+        ],
     )
 
 

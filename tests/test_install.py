@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,16 +24,19 @@ FULL_ONLY = ("install-system-deps\n", "npm ci", "build-vllm-venv", "dev,distribu
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-def dry_run(target: str, venv: Path) -> str:
+def dry_run(target: str, venv: Path, **env: str) -> str:
     """`make -n target` with .venv at `venv` and no npm packages installed (the web step's stamp, npm's own
-    copy of the lockfile, moved next to `venv`)."""
+    copy of the lockfile, moved next to `venv`); `env` set in make's environment, STARE_HOME unset unless
+    given."""
     web = venv.parent / "node_modules" / ".package-lock.json"
+    environment = {k: v for k, v in os.environ.items() if k != "STARE_HOME"} | env
     done = subprocess.run(
         ["make", "--no-print-directory", "-n", target, f"VENV={venv}", f"WEB={web}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
+        env=environment,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -60,6 +64,31 @@ def test_serve_adds_the_job_pages_charting_library_only(tmp_path: Path) -> None:
     assert "npm ci --prefix service/web" in plan
     assert [word for word in FULL_ONLY if word in plan and word != "npm ci"] == []
     assert plan.splitlines()[0] == CONFINEMENT
+
+
+def test_web_installs_the_charting_library_alone(tmp_path: Path) -> None:
+    plan = dry_run("web", tmp_path / "venv")
+    assert plan.strip() == "npm ci --prefix service/web --no-audit --no-fund --loglevel=error"
+
+
+@pytest.mark.parametrize("target", ["serve", "demo"])
+def test_the_stack_runs_under_stare_home_from_the_environment(target: str, tmp_path: Path) -> None:
+    home = tmp_path / "elsewhere"
+    assert f"--home {home}\n" in dry_run(target, tmp_path / "venv", STARE_HOME=str(home))
+    assert "--home .stare\n" in dry_run(target, tmp_path / "venv")
+    parsed = subprocess.run(  # `python -m worker embedded` itself: the same default as the CLI's
+        [
+            sys.executable,
+            "-c",
+            "from worker.__main__ import _parser; print(_parser().parse_args(['embedded']).home)",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"STARE_HOME": str(home), "PYTHONPATH": str(ROOT)},
+    )
+    assert parsed.stdout.strip() == str(home), parsed.stderr
 
 
 def test_test_installs_every_real_component_and_keeps_the_rule(tmp_path: Path) -> None:

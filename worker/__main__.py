@@ -4,6 +4,7 @@
   python -m worker sweeper                             the periodic repair pass (stale leases, lost messages)
   python -m worker embedded [--spec S] [--home .stare] one job over HTTP on the embedded stack (SQLite)
   python -m worker embedded --serve [--home H] [--port P]   the embedded stack, running until Ctrl-C
+                                                       (home: --home, else $STARE_HOME, else .stare)
   python -m worker exporter [--port 9464]              Prometheus metrics of active jobs, workers, queues
 
 Settings come from STARE_* environment variables (worker/settings.py). On a GPU host, start one worker per
@@ -36,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
         "embedded", help="run one job spec over HTTP on the embedded stack (SQLite, no Redis)"
     )
     embedded.add_argument("--spec", default="trainer/specs/demo.yaml")
-    embedded.add_argument("--home", default=".stare")
+    embedded.add_argument(
+        "--home", default=os.environ.get("STARE_HOME") or ".stare", help="default: $STARE_HOME, else .stare"
+    )
     embedded.add_argument("--port", type=int, default=None)
     embedded.add_argument(
         "--serve",

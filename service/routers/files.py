@@ -63,8 +63,10 @@ async def upload_file(
 ) -> FileObject:
     """Upload a training file as multipart/form-data (`file`, optional `purpose`). The body is streamed to
     disk and cut off at the size limit (413). Every line must be a UTF-8 JSON object with non-empty string
-    fields `prompt` and `answer`; otherwise 422 lists the problems with their line numbers. Nothing is stored
-    for a rejected upload, nor when the storage fails while writing it (507 when full, 503 otherwise)."""
+    fields `prompt` and `answer` (and an optional object `meta`, no other key); otherwise 422 says how many
+    lines fail and why, grouped by kind with the fix, and lists the first problems with their line numbers.
+    Nothing is stored for a rejected upload, nor when the storage fails while writing it (507 when full, 503
+    otherwise)."""
     session.close()  # hold no database connection while the body streams in
     settings = services.settings
     boundary = multipart_boundary(request.headers.get("content-type"))
@@ -83,11 +85,11 @@ async def upload_file(
         )
         if problems:
             raise invalid_file(problems)
-        problems = await check_reasoning_gym_configs(
+        config_problems = await check_reasoning_gym_configs(
             staged, services.offload, max_line_bytes=settings.max_line_bytes, tenant=tenant.id
         )
-        if problems:
-            raise invalid_file(problems)
+        if config_problems:
+            raise invalid_file(config_problems)
         await run_in_threadpool(services.storage.commit, staged, key)
     try:
         row = await run_in_threadpool(

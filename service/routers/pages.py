@@ -12,7 +12,8 @@ Routes under /ui, kept out of the OpenAPI schema:
   GET  /ui/jobs, /ui/jobs/{id}     the pages (another tenant's job is a 404, as in the API)
   GET  /ui/jobs/{id}/report        the evaluation report (HTML)
   GET  /ui/static/{name}, /ui/vendor/{name}      the page's script and style; the charting library (uPlot)
-                                   from service/web/node_modules, installed by `make install` (npm ci)
+                                   from service/web/node_modules, installed by `make web` (npm ci); without
+                                   it the job page still works and shows each chart as a table
 
 Every response under /ui leaves through PageSecurityHeaders (pages, redirects, files and errors alike): a
 Content-Security-Policy without inline scripts, no framing, no referrer, no caching of pages.
@@ -56,7 +57,7 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 
 PAGE_PREFIX = "/ui"
 WEB_ROOT = Path(__file__).resolve().parent.parent / "web"  # service/web (app.state.web_root overrides it)
-INSTALL_HINT = "run `make install` (or `npm ci --prefix service/web --no-audit --no-fund`) on the API host"
+INSTALL_HINT = "run `make web` (or `npm ci --prefix service/web --no-audit --no-fund`) on the API host"
 # The charting library's files, as npm installs them (package.json pins the version).
 VENDOR = {
     "uPlot.iife.min.js": ("node_modules/uplot/dist/uPlot.iife.min.js", "text/javascript"),
@@ -160,19 +161,16 @@ def _web_root(request: Request) -> Path:
     return root if root is not None else WEB_ROOT
 
 
-def _missing_vendor(request: Request) -> str | None:
+def _charts_installed(request: Request) -> bool:
+    """Whether uPlot's files are under the web root; without them the job page draws tables."""
     root = _web_root(request)
-    missing = [name for name, (relative, _) in VENDOR.items() if not (root / relative).is_file()]
-    if not missing:
-        return None
-    return (
-        f"The job page's charting library (uPlot: {', '.join(missing)}) is not installed under "
-        f"{root / 'node_modules'}: {INSTALL_HINT}."
-    )
+    return all((root / relative).is_file() for relative, _ in VENDOR.values())
 
 
-def _not_installed(message: str) -> HTMLResponse:
-    return HTMLResponse(_layout("Not installed", f"<h1>Not installed</h1><p>{html.escape(message)}</p>"), 503)
+CHARTS_MISSING = (
+    '<p class="notice" id="charts-missing">Charts need the uPlot library, which is not installed on this '
+    f"server: {html.escape(INSTALL_HINT)}. Until then each chart is a table of its latest steps.</p>"
+)
 
 
 @router.get("/vendor/{name}")
@@ -199,7 +197,14 @@ async def static_file(name: Annotated[str, PathParam(max_length=64)]) -> Respons
 # ------------------------------------------------------------------------------------------------ pages
 
 
-def _layout(title: str, body: str, *, caller: Caller | None = None, scripts: tuple[str, ...] = ()) -> str:
+def _layout(
+    title: str,
+    body: str,
+    *,
+    caller: Caller | None = None,
+    scripts: tuple[str, ...] = (),
+    styles: tuple[str, ...] = (),
+) -> str:
     token = caller.csrf_token if caller is not None else None
     meta = f'<meta name="csrf-token" content="{html.escape(token)}">' if token else ""
     nav = ""
@@ -210,13 +215,13 @@ def _layout(title: str, body: str, *, caller: Caller | None = None, scripts: tup
             '<button type="button" id="sign-out">Sign out</button></nav>'
         )
     tags = "".join(f'<script src="{src}" defer></script>' for src in ("/ui/static/page.js", *scripts))
+    links = "".join(f'<link rel="stylesheet" href="{href}">' for href in (*styles, "/ui/static/page.css"))
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"{meta}<title>{html.escape(title)} · stare-rl</title>"
-        '<link rel="stylesheet" href="/ui/vendor/uPlot.min.css">'
-        '<link rel="stylesheet" href="/ui/static/page.css">'
-        f'{tags}</head><body><header><a class="brand" href="/ui/jobs">stare-rl</a>{nav}</header>'
+        f"{links}{tags}</head>"
+        f'<body><header><a class="brand" href="/ui/jobs">stare-rl</a>{nav}</header>'
         f"<main>{body}</main></body></html>"
     )
 
@@ -239,12 +244,7 @@ _NEXT = re.compile(r"/ui/jobs(/job_[A-Za-z0-9_-]{1,60})?")
 
 
 @router.get("/sign-in")
-async def sign_in_page(
-    request: Request, next: Annotated[str | None, Query(max_length=100)] = None
-) -> HTMLResponse:
-    missing = _missing_vendor(request)
-    if missing is not None:
-        return _not_installed(missing)
+async def sign_in_page(next: Annotated[str | None, Query(max_length=100)] = None) -> HTMLResponse:
     target = next if next is not None and _NEXT.fullmatch(next) else "/ui/jobs"
     body = (
         "<h1>Sign in</h1><p>Sign in with an API key of your tenant (<code>python -m service create-key "
@@ -285,10 +285,7 @@ JOBS_SHOWN = 100
 
 
 @router.get("/jobs")
-def jobs_page(request: Request, caller: PageCaller, session: SessionDep, services: ServicesDep) -> Response:
-    missing = _missing_vendor(request)
-    if missing is not None:
-        return _not_installed(missing)
+def jobs_page(caller: PageCaller, session: SessionDep, services: ServicesDep) -> Response:
     if caller is None:
         return _sign_in_redirect("/ui/jobs")
     jobs, has_more = repository.list_jobs(session, caller.principal.tenant.id, after=None, limit=JOBS_SHOWN)
@@ -309,9 +306,6 @@ def jobs_page(request: Request, caller: PageCaller, session: SessionDep, service
 def job_page(
     request: Request, job_id: JobId, caller: PageCaller, session: SessionDep, services: ServicesDep
 ) -> Response:
-    missing = _missing_vendor(request)
-    if missing is not None:
-        return _not_installed(missing)
     if caller is None:
         target = f"/ui/jobs/{job_id}" if _NEXT.fullmatch(f"/ui/jobs/{job_id}") else "/ui/jobs"
         return _sign_in_redirect(target)
@@ -322,6 +316,7 @@ def job_page(
     except NotFound:
         return _not_found(job_id, caller)
     title = view.name or view.id
+    charts = _charts_installed(request)
     body = (
         f'<section id="job" data-job-id="{html.escape(view.id)}">'
         f"<h1>{html.escape(title)}</h1>"
@@ -342,7 +337,7 @@ def job_page(
         '<p class="overlay"><label for="overlay-job">Overlay another job</label>'
         '<select id="overlay-job"><option value="">choose a job</option></select>'
         '<button type="button" id="overlay-add">Overlay</button><span id="overlays"></span></p>'
-        '<div id="charts"></div>'
+        f'{"" if charts else CHARTS_MISSING}<div id="charts"></div>'
         '<div id="samples"></div>'
         '<h2>Checkpoints</h2><table id="checkpoints" class="list"><thead><tr><th>step</th><th>created '
         "(UTC)</th><th>size</th><th>entropy</th><th></th></tr></thead><tbody></tbody></table>"
@@ -351,8 +346,10 @@ def job_page(
         f'<script type="application/json" id="job-data">{_json_for_html(view.model_dump(mode="json"))}'
         "</script>"
     )
-    scripts = ("/ui/vendor/uPlot.iife.min.js", "/ui/static/job.js")
-    return HTMLResponse(_layout(title, body, caller=caller, scripts=scripts))
+    if not charts:
+        return HTMLResponse(_layout(title, body, caller=caller, scripts=("/ui/static/job.js",)))
+    scripts, styles = ("/ui/vendor/uPlot.iife.min.js", "/ui/static/job.js"), ("/ui/vendor/uPlot.min.css",)
+    return HTMLResponse(_layout(title, body, caller=caller, scripts=scripts, styles=styles))
 
 
 def _json_for_html(value: Any) -> str:

@@ -1,6 +1,7 @@
 """`stare`: the command line over the Python client (typer, rich).
 
     stare jobs submit spec.yaml [--watch] [--idempotency-key K]
+    stare jobs validate spec.yaml [--training-file ID|PATH]
     stare jobs list|get|cancel|pause|resume|delete|watch|compare
     stare jobs events JOB [--follow]
     stare checkpoints list JOB | download JOB [latest|best|STEP|ID] [--to DIR] [--merged]
@@ -60,6 +61,7 @@ from stare_client.cli.common import (
     load_submission,
     local_app,
     out,
+    problem_lines,
 )
 from stare_client.cli.graders import graders_app, graders_run, graders_validate
 from stare_client.cli.jobs import (
@@ -84,6 +86,7 @@ from stare_client.cli.jobs import (
 )
 from stare_client.cli.local import HomeOpt, local_demo, local_down, local_up
 from stare_client.cli.notes import jobs_events, show_notes
+from stare_client.cli.validate import jobs_validate
 
 __all__ = [
     "BAND_STYLE",
@@ -128,6 +131,7 @@ __all__ = [
     "jobs_pause",
     "jobs_resume",
     "jobs_submit",
+    "jobs_validate",
     "jobs_watch",
     "keys_app",
     "keys_create",
@@ -140,6 +144,7 @@ __all__ = [
     "local_up",
     "main",
     "out",
+    "problem_lines",
     "report",
     "show_job",
     "show_notes",
@@ -159,6 +164,8 @@ def exit_code(exc: errors.StareError) -> int:
 def describe(exc: errors.StareError) -> str:
     if isinstance(exc, errors.APIError):
         text = str(exc)
+        if any(isinstance(d, dict) and "field" in d for d in exc.details):
+            return text  # a spec's problems: the message says each with its field (`stare jobs validate`)
         problems = [d for d in exc.details if isinstance(d, dict)][:3]
         extra = "; ".join(
             f"{d.get('param') or 'line ' + str(d.get('line'))}: {d.get('message')}"

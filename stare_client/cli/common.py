@@ -53,7 +53,9 @@ checkpoints_app = typer.Typer(help="List and download a job's checkpoints.", no_
 files_app = typer.Typer(help="Upload and manage JSONL datasets.", no_args_is_help=True)
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 local_app = typer.Typer(
-    help="The embedded stack on this machine (needs the full install).", no_args_is_help=True
+    help="The embedded stack on this machine. Needs the runtime install (`make runtime`: torch and the "
+    "trainer, service and client extras), not the full one, and bubblewrap to confine its trainers.",
+    no_args_is_help=True,
 )
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(checkpoints_app, name="checkpoints")
@@ -107,6 +109,22 @@ def emit_json(value: Any) -> None:
             default=lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else str(v),
         )
     sys.stdout.write(text + "\n")
+
+
+def problem_lines(details: list[Any]) -> list[str]:
+    """One line per entry of an API error's `details`: where (a spec field, or a file's line and key), then
+    what is wrong and how to fix it."""
+    lines = []
+    for detail in details:
+        if not isinstance(detail, dict):
+            continue
+        if detail.get("line") is not None:
+            where = f"line {detail['line']}" if detail["line"] else "file"
+            where += f" ({detail['param']})" if detail.get("param") else ""
+        else:
+            where = str(detail.get("field") or detail.get("param") or "request")
+        lines.append(f"{where}: {detail.get('message')}")
+    return lines
 
 
 def fmt(value: Any, digits: int = 3) -> str:

@@ -33,9 +33,12 @@ from stare_client.client import Client
 
 
 def job_table(jobs: list[models.Job]) -> Table:
+    """One row per job. A job id is never cut (scripts and people copy it): its column keeps its width, and
+    on a narrow terminal the other columns fold their text onto more lines instead."""
     table = Table(show_lines=False)
-    for column in ("id", "status", "algorithm", "model", "step", "entropy", "created"):
-        table.add_column(column)
+    table.add_column("id", no_wrap=True, min_width=max((len(job.id) for job in jobs), default=2))
+    for column in ("status", "algorithm", "model", "step", "entropy", "created"):
+        table.add_column(column, overflow="fold")
     for job in jobs:
         table.add_row(
             job.id,
@@ -306,6 +309,7 @@ COMPARE_ROWS: list[tuple[str, Any]] = [
     ("algorithm", lambda j, r: j.algorithm),
     ("model", lambda j, r: j.model),
     ("steps", lambda j, r: f"{j.progress.step}/{j.progress.total_steps}"),
+    ("k", lambda j, r: r.evaluation.k),
     ("avg@k before", lambda j, r: r.evaluation.before.avg_at_k if r.evaluation.before else None),
     ("avg@k after", lambda j, r: r.evaluation.after.avg_at_k if r.evaluation.after else None),
     ("avg@k delta", lambda j, r: r.evaluation.delta.get("avg_at_k")),
@@ -335,10 +339,40 @@ def jobs_compare(
     if output is Output.json:
         emit_json(summaries)
         return
-    table = Table()
-    table.add_column("")
-    for jid in job_ids:
-        table.add_column(jid, justify="right")
-    for name, _ in COMPARE_ROWS:
-        table.add_row(name, *(fmt(summaries[jid][name]) for jid in job_ids))
+    table, legend = compare_table(summaries, job_ids, out.width)
+    for line in legend:
+        out.print(line)
     out.print(table)
+
+
+def _k_label(name: str, ks: set[Any]) -> str:
+    """`avg@k after` as `avg@4 after` when every job was evaluated with k = 4; with several k each value
+    says its own (`_k_value`)."""
+    if "@k" not in name or len(ks) != 1 or None in ks:
+        return name
+    return name.replace("@k", f"@{next(iter(ks))}")
+
+
+def _k_value(name: str, value: Any, k: Any, ks: set[Any]) -> str:
+    return f"{fmt(value)} (@{k})" if "@k" in name and len(ks) > 1 and value is not None else fmt(value)
+
+
+def compare_table(
+    summaries: dict[str, dict[str, Any]], job_ids: list[str], width: int
+) -> tuple[Table, list[str]]:
+    """The side-by-side table and, where the job ids do not fit as headers in `width` columns, a legend
+    naming each column's job in full (`#1  job_...`): an id is never cut."""
+    ks = {summaries[jid]["k"] for jid in job_ids}
+    labels = [_k_label(name, ks) for name, _ in COMPARE_ROWS]
+    label_width = max(map(len, labels))
+    fits = label_width + 4 + sum(len(jid) + 3 for jid in job_ids) <= width
+    headers = job_ids if fits else [f"#{n}" for n in range(1, len(job_ids) + 1)]
+    legend = [] if fits else [f"{header}  {jid}" for header, jid in zip(headers, job_ids, strict=True)]
+    table = Table()
+    table.add_column("", no_wrap=True, min_width=label_width)
+    for header in headers:
+        table.add_column(header, justify="right", overflow="fold", min_width=len(header))
+    for label, (name, _) in zip(labels, COMPARE_ROWS, strict=True):
+        cells = [_k_value(name, summaries[jid][name], summaries[jid]["k"], ks) for jid in job_ids]
+        table.add_row(label, *cells)
+    return table, legend

@@ -60,7 +60,8 @@ def local_up(
     output: OutputOpt = Output.table,
 ) -> None:
     """Start the embedded stack (API on SQLite, a local worker) in the background and leave it running;
-    `stare` commands then find it through <home>/embedded.json and <home>/api-key."""
+    `stare` commands then find it through <home>/embedded.json and <home>/api-key. Needs the runtime
+    install (`make runtime`) and bubblewrap; the job page's charts need `make web`."""
     home = local_home(home_opt)
     state = _read_state(home)
     if state is not None and isinstance(state.get("pid"), int) and _alive(state["pid"]):

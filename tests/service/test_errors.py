@@ -63,7 +63,7 @@ BAD_SPECS = [
     ),
     pytest.param(
         with_spec(verifier__name="exact", verifier__params={"nope": 1}),
-        "spec.verifier.params",
+        "spec.verifier.params.nope",
         "invalid_spec",
         id="verifier-params",
     ),
@@ -85,12 +85,15 @@ BAD_SPECS = [
     ),
     pytest.param(
         with_spec(entropy_band={"low": 2.0, "high": 1.0}),
-        "spec.entropy_band",
+        "spec.entropy_band.low",
         "invalid_spec",
         id="band-order",
     ),
     pytest.param(
-        with_spec(algorithm={"name": "clip_pi"}), "spec.optim", "invalid_spec", id="clip-pi-on-policy"
+        with_spec(algorithm={"name": "clip_pi"}),
+        "spec.optim.ppo_epochs",
+        "invalid_spec",
+        id="clip-pi-on-policy",
     ),
     pytest.param(
         with_spec(task__prompt_template="{prompt} {other}"),

@@ -75,7 +75,7 @@ def test_malformed_environment_fields_are_422_with_the_dotted_field(
         ({"tools": ["python", "python"]}, "spec.environment.tools"),
         ({"max_turns": 0}, "spec.environment.max_turns"),
         ({"limits": {"cpu_seconds": -1}}, "spec.environment.limits.cpu_seconds"),
-        ({"limits": {"wall_seconds": 1, "cpu_seconds": 2}}, "spec.environment.limits"),
+        ({"limits": {"wall_seconds": 1, "cpu_seconds": 2}}, "spec.environment.limits.wall_seconds"),
         ({"limits": {"network": True}}, "spec.environment.limits.network"),
         ({"name": "browser"}, "spec.environment.name"),
     ]

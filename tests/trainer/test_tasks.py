@@ -19,6 +19,7 @@ from trainer.tasks.sources import (
     Example,
     JsonlFormatError,
     LineError,
+    jsonl_errors,
     load_jsonl,
     make_examples,
     make_train_eval,
@@ -170,10 +171,37 @@ def test_jsonl_validation_numbers_each_kind_of_error():
         (6, "wrong_type", "answer"),
         (8, "empty_field", "prompt"),
         (9, "wrong_type", "meta"),
+        (10, "unknown_key", "id"),
     ]
     assert "offset 0" in errors[0].message
     assert str(errors[3]) == "line 5: missing field 'prompt'"
     assert json.loads(json.dumps([e.to_dict() for e in errors]))[0]["line"] == 2
+
+
+def test_jsonl_validation_names_unknown_keys_and_says_how_to_fix_a_type():
+    lines = [
+        b'{"question": "1+1=", "answer": "2"}\n',
+        b'{"prompt": "1+1=", "answer": 2, "colour": "red"}\n',
+        b'{"prompt": "1+1=", "answer": ["2"]}\n',
+    ]
+    errors = validate_jsonl_lines(lines)
+    assert [(e.line, e.code, e.field) for e in errors] == [
+        (1, "unknown_key", "question"),  # not also "missing field 'prompt'": the key that stands for it
+        (2, "wrong_type", "answer"),
+        (2, "unknown_key", "colour"),
+        (3, "wrong_type", "answer"),
+    ]
+    assert str(errors[0]) == "line 1: unknown key `question`; did you mean `prompt`?"
+    assert errors[1].message == "answer must be a string, not a number: quote it"
+    assert errors[2].message == "unknown key `colour`; the keys are prompt, answer, meta"
+    assert errors[3].message == "answer must be a string, not a list"
+    assert len(list(jsonl_errors([b'{"prompt": 1, "answer": 2}\n'] * 300))) == 600  # no cap
+
+
+def test_the_loader_still_reads_a_stored_file_with_other_keys(tmp_path):
+    stored = tmp_path / "before.jsonl"  # uploaded before unknown keys were refused
+    stored.write_text('{"prompt": "1+1=", "answer": "2", "id": 7}\n', encoding="utf-8")
+    assert load_jsonl(stored) == [Example("1+1=", "2")]
 
 
 def test_jsonl_validation_of_empty_files_boms_and_error_caps():

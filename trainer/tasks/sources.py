@@ -6,7 +6,8 @@ Three sources, one `Example` type:
 - "reasoning_gym": any reasoning-gym procedural task by name; `Example.meta["reasoning_gym"]` carries what
   rebuilds its entry ({task, config, seed, size, index}, trainer/tasks/rg_safety.py), never the entry itself, so
   the "reasoning_gym" verifier can score with the task's own score_answer on an entry no tenant wrote.
-- "jsonl": a file of {"prompt", "answer"[, "meta"]} objects, one per line, checked line by line first.
+- "jsonl": a file of {"prompt", "answer"[, "meta"]} objects, one per line, checked line by line first
+  (every failing line found, any other key refused by name: `jsonl_errors`).
 
 This module imports neither torch nor transformers (the service validates uploads and specs with it), and it
 imports reasoning_gym only when a reasoning-gym task is requested. `render_prompt` takes the tokenizer
@@ -17,16 +18,18 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
 import operator
 import random
 import string
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from contract import safejson
+from contract.suggest import nearest
 from trainer.tasks import rg_config, rg_safety
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "derive_seed",
     "generate_arithmetic",
     "generate_reasoning_gym",
+    "jsonl_errors",
     "load_jsonl",
     "make_examples",
     "make_train_eval",
@@ -183,9 +187,10 @@ class LineError:
     """One problem in a JSONL file. `line` is 1-based; 0 means the file as a whole."""
 
     line: int
-    # not_utf8 | invalid_json | not_object | missing_field | wrong_type | empty_field | empty_file, or one of
-    # contract.safejson's: nul_character | invalid_unicode | non_finite_number | integer_too_large | too_deep,
-    # or of a reasoning-gym meta (rg_safety.MetaError): invalid_meta | forbidden_field | unsafe_task
+    # not_utf8 | invalid_json | not_object | missing_field | wrong_type | empty_field | unknown_key |
+    # empty_file, or one of contract.safejson's: nul_character | invalid_unicode | non_finite_number |
+    # integer_too_large | too_deep, or of a reasoning-gym meta (rg_safety.MetaError): invalid_meta |
+    # forbidden_field | unsafe_task
     code: str
     message: str
     field: str | None = None
@@ -207,9 +212,20 @@ class JsonlFormatError(ValueError):
 
 
 _REQUIRED_STR_FIELDS = ("prompt", "answer")
+JSONL_KEYS = ("prompt", "answer", "meta")
 
 
-def _parse_line(number: int, raw: bytes) -> tuple[dict[str, Any] | None, list[LineError]]:
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    return {type(None): "null", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _parse_line(
+    number: int, raw: bytes, strict_keys: bool = True
+) -> tuple[dict[str, Any] | None, list[LineError]]:
     """Check one line; a blank line is (None, []). Shared by the validator and the loader."""
     try:
         text = raw.decode("utf-8")
@@ -229,17 +245,28 @@ def _parse_line(number: int, raw: bytes) -> tuple[dict[str, Any] | None, list[Li
     if not isinstance(record, dict):
         kind = type(record).__name__
         return None, [LineError(number, "not_object", f"expected a JSON object, got {kind}")]
+    errors = _record_errors(number, record, strict_keys)
+    return (None, errors) if errors else (record, [])
+
+
+def _record_errors(number: int, record: dict[str, Any], strict_keys: bool) -> list[LineError]:
+    """A JSON object's problems as a task record: its fields, its keys, its meta."""
     errors = []
+    meant = {key: nearest(key, JSONL_KEYS) for key in record if strict_keys and key not in JSONL_KEYS}
     for name in _REQUIRED_STR_FIELDS:
-        if name not in record:
+        if name not in record and name not in meant.values():
             errors.append(LineError(number, "missing_field", f"missing field {name!r}", name))
+        elif name not in record:
+            continue  # said below, as the unknown key that stands for it
         elif not isinstance(record[name], str):
-            kind = type(record[name]).__name__
-            errors.append(
-                LineError(number, "wrong_type", f"field {name!r} must be a string, got {kind}", name)
-            )
+            fix = ": quote it" if isinstance(record[name], int | float) else ""
+            message = f"{name} must be a string, not {_kind(record[name])}{fix}"
+            errors.append(LineError(number, "wrong_type", message, name))
         elif not record[name].strip():
             errors.append(LineError(number, "empty_field", f"field {name!r} is empty", name))
+    for key, suggestion in meant.items():
+        hint = f"did you mean `{suggestion}`?" if suggestion else f"the keys are {', '.join(JSONL_KEYS)}"
+        errors.append(LineError(number, "unknown_key", f"unknown key `{key}`; {hint}", key))
     if "meta" in record and not isinstance(record["meta"], dict):
         kind = type(record["meta"]).__name__
         errors.append(LineError(number, "wrong_type", f"field 'meta' must be an object, got {kind}", "meta"))
@@ -248,27 +275,32 @@ def _parse_line(number: int, raw: bytes) -> tuple[dict[str, Any] | None, list[Li
             rg_safety.check_meta(record["meta"][REASONING_GYM_META_KEY])
         except rg_safety.MetaError as exc:
             errors.append(LineError(number, exc.code, str(exc), exc.field))
-    return (None, errors) if errors else (record, [])
+    return errors
 
 
-def validate_jsonl_lines(lines: Iterable[bytes], *, max_errors: int = 100) -> list[LineError]:
-    """Line-numbered problems of a JSONL task file given as raw byte lines; [] means it loads.
+def jsonl_errors(lines: Iterable[bytes], *, strict_keys: bool = True) -> Iterator[LineError]:
+    """Every problem of a JSONL task file given as raw byte lines, in line order; none means it loads.
 
     Each non-blank line must be a UTF-8 JSON object with non-empty string fields "prompt" and "answer" and an
-    optional object "meta"; other keys are ignored. Blank lines are skipped; a file with no records is an
-    error. Scanning stops after `max_errors` errors.
+    optional object "meta"; any other key is refused by name (with the key it most likely stands for), unless
+    `strict_keys` is False (the trainer's loader: a file stored before that rule still loads). Blank lines
+    are skipped; a file with no records is an error.
     """
-    errors: list[LineError] = []
-    records = 0
+    records = errors = 0
     for number, raw in enumerate(lines, start=1):
-        record, line_errors = _parse_line(number, raw)
+        record, line_errors = _parse_line(number, raw, strict_keys)
         records += record is not None
-        errors.extend(line_errors)
-        if len(errors) >= max_errors:
-            return errors[:max_errors]
+        errors += len(line_errors)
+        yield from line_errors
     if records == 0 and not errors:
-        errors.append(LineError(0, "empty_file", "the file has no records"))
-    return errors
+        yield LineError(0, "empty_file", "the file has no records")
+
+
+def validate_jsonl_lines(
+    lines: Iterable[bytes], *, max_errors: int = 100, strict_keys: bool = True
+) -> list[LineError]:
+    """The first `max_errors` problems of `jsonl_errors` (scanning stops there); [] means it loads."""
+    return list(itertools.islice(jsonl_errors(lines, strict_keys=strict_keys), max_errors))
 
 
 def load_jsonl(path: str | Path, *, max_errors: int = 20) -> list[Example]:
@@ -276,12 +308,12 @@ def load_jsonl(path: str | Path, *, max_errors: int = 20) -> list[Example]:
     path = Path(path)
     with path.open("rb") as handle:
         lines = handle.readlines()
-    errors = validate_jsonl_lines(lines, max_errors=max_errors)
+    errors = validate_jsonl_lines(lines, max_errors=max_errors, strict_keys=False)
     if errors:
         raise JsonlFormatError(str(path), errors)
     examples = []
     for number, raw in enumerate(lines, start=1):
-        record, _ = _parse_line(number, raw)
+        record, _ = _parse_line(number, raw, strict_keys=False)
         if record is not None:
             meta = record.get("meta") or {}
             examples.append(Example(prompt=record["prompt"], answer=record["answer"], meta=meta))

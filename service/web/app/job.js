@@ -1,5 +1,6 @@
 // The live job page: charts (uPlot) fed by the job's live stream (GET /v1/jobs/{id}/live), checkpoints,
-// pause/resume/cancel, and other jobs overlaid on the same charts. Every call goes to the /v1 API itself,
+// pause/resume/cancel, and other jobs overlaid on the same charts. Where uPlot is not installed on the
+// server (`make web` not run; the page says so) each chart is a table of its latest steps instead. Every call goes to the /v1 API itself,
 // authenticated by the session cookie (writes add the X-CSRF-Token header). window.stare exposes the page's
 // state (the browser test reads the number of points drawn from it).
 "use strict";
@@ -7,6 +8,8 @@
   const COLORS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7f7f7f", "#8c6d1f"];
   const BAND_FILL = "rgba(0, 114, 178, 0.12)";
   const TERMINAL = ["succeeded", "failed", "cancelled"];
+  const HAS_UPLOT = typeof window.uPlot === "function";
+  const TABLE_ROWS = 20; // the newest steps a chart shows as a table
   const groups = JSON.parse(document.getElementById("chart-groups").textContent);
   let job = JSON.parse(document.getElementById("job-data").textContent);
   const jobId = job.id;
@@ -90,7 +93,7 @@
           points: { show: false },
         };
         if (spec.dash || !run.main) line.dash = spec.dash ? [6, 4] : [3 + 2 * index, 3];
-        if (spec.stepped) line.paths = uPlot.paths.stepped({ align: 1 });
+        if (spec.stepped && HAS_UPLOT) line.paths = uPlot.paths.stepped({ align: 1 });
         series.push(line);
         columns.push({ run: run, key: spec.key });
       }
@@ -132,6 +135,10 @@
       const box = chartBox(group);
       const signature = shape.series.map(function (s) { return s.label; }).join("|");
       const values = data(shape.columns);
+      if (!HAS_UPLOT) {
+        charts[group.id] = { plot: tableChart(box, shape.series, values), signature: signature };
+        continue;
+      }
       if (existing && existing.signature === signature) {
         existing.plot.setData(values);
         continue;
@@ -149,6 +156,43 @@
       }, values, box);
       charts[group.id] = { plot: plot, signature: signature };
     }
+  }
+
+  // A chart as a table: a row per step (the newest first, TABLE_ROWS of them), a column per series. It answers
+  // what window.stare reads of a uPlot chart (data, series) and the calls draw() and resize make.
+  function tableChart(box, series, values) {
+    let table = box.querySelector("table.fallback");
+    if (!table) {
+      table = document.createElement("table");
+      table.className = "list fallback";
+      box.appendChild(table);
+    }
+    const rows = [series.map(function (s) { return s.label; })];
+    const xs = values[0];
+    for (let i = xs.length - 1; i >= Math.max(0, xs.length - TABLE_ROWS); i--) {
+      rows.push(values.map(function (column, c) {
+        const v = column[i];
+        if (v === null || v === undefined) return "—";
+        return c === 0 ? String(v) : Number(v).toPrecision(4);
+      }));
+    }
+    table.replaceChildren();
+    rows.forEach(function (cells, r) {
+      const row = document.createElement("tr");
+      for (const text of cells) {
+        const cell = document.createElement(r === 0 ? "th" : "td");
+        cell.textContent = text;
+        row.appendChild(cell);
+      }
+      table.appendChild(row);
+    });
+    return {
+      data: values,
+      series: series,
+      setData: function () {},
+      setSize: function () {},
+      destroy: function () { table.remove(); },
+    };
   }
 
   let pending = false;
