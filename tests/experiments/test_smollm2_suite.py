@@ -85,7 +85,7 @@ def test_entropy_falls_under_grpo_ds_and_the_stability_metrics_equal_the_events(
     target = suite.runs[0].spec["algorithm"]["gate"]["target_entropy"]["relative"] * entropy[0][1]
     assert (summary.hold_fraction, summary.post_gate_steps) == stability.hold_fraction(entropy, target)
     assert summary == an.summarize_run(summary.run, events, arm="grpo_ds", warmup_steps=0, collapse_streak=5,
-                                       wall_seconds=summary.wall_seconds)  # fmt: skip
+                                       wall_seconds=summary.wall_seconds, plan_spec=suite.runs[0].spec)  # fmt: skip
     md = tmp_path / "R.md"
     write_page(reduced_root, [suite], md, tmp_path / "r.html", header="# h", footer="")
     text = md.read_text()

@@ -52,12 +52,14 @@ def test_the_trainers_exit_code_comes_back_unchanged(tmp_path: Path, code: int) 
 
 _STOPPABLE = """import os, signal, sys, time
 job = sys.argv[1]
+rank = os.fork()  # one of its own processes (a torchrun rank): the stop reaches it too
 def stopped(signum, frame):
-    open(os.path.join(job, f"stopped-{os.getpid()}"), "w").write(str(signum))
+    with open(os.path.join(job, f"stopped-{os.getpid()}"), "w") as f:
+        f.write(str(signum))
+    if rank:  # the trainer waits for its rank, as torchrun does: pid 1's exit would kill it mid-write
+        os.waitpid(rank, 0)
     os._exit(75)
 signal.signal(signal.SIGTERM, stopped)
-if os.fork() == 0:  # one of its own processes (a torchrun rank): the stop reaches it too
-    signal.signal(signal.SIGTERM, stopped)
 open(os.path.join(job, f"ready-{os.getpid()}"), "w").close()
 time.sleep(60)
 """
