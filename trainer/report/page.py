@@ -3,205 +3,18 @@
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Iterable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainer.report.charts import (
-    BLUE,
-    GREEN,
-    GREY,
-    ORANGE,
-    PURPLE,
-    VERMILION,
-    Band,
-    Series,
-    Trace,
-    line_chart_svg,
-)
 from trainer.report.notes import notes_html
+from trainer.report.page_charts import report_charts
 from trainer.report.summary import (
-    ACCURACY,
-    BAND_HIGH,
-    BAND_LOW,
-    CONTROL_ACTUATOR,
-    CONTROL_ERROR,
-    CONTROL_INTEGRAL,
-    CONTROL_OUTPUT,
-    ENTROPY,
-    EVAL_AVG,
-    EVAL_PASS,
-    GATE_ON,
-    LENGTH,
     QUADRANT_LABELS,
     QUADRANTS,
-    RESOLVED_TARGET,
-    REWARD_MEAN,
-    REWEIGHT_M,
-    REWEIGHT_W,
-    TARGET,
 )
 
 # ---------------------------------------------------------------------------------------------- HTML
-
-
-def _points(report: Mapping[str, Any], name: str) -> Series:
-    return [(float(x), float(y)) for x, y in report["series"].get(name, [])]
-
-
-def _entropy_bands(report: Mapping[str, Any]) -> list[Band]:
-    """Piecewise-constant bands from the logged band, else the summary's (spec) band over the whole axis."""
-    lows, highs = dict(_points(report, BAND_LOW)), dict(_points(report, BAND_HIGH))
-    pieces: list[tuple[float, float, float]] = []  # (first step, low, high)
-    for step in sorted(lows.keys() & highs.keys()):
-        if not pieces or pieces[-1][1:] != (lows[step], highs[step]):
-            pieces.append((step, lows[step], highs[step]))
-    if not pieces:
-        low, high = report["entropy"]["band_low"], report["entropy"]["band_high"]
-        return [] if low is None or high is None else [Band(-math.inf, math.inf, low, high)]
-    edges = [-math.inf, *(p[0] for p in pieces[1:]), math.inf]
-    return [Band(edges[i], edges[i + 1], low, high) for i, (_, low, high) in enumerate(pieces)]
-
-
-def _entropy_traces(report: Mapping[str, Any]) -> list[Trace]:
-    """The entropy and its controller's target, resolved (a relative target as it resolved on the first
-    step): the logged entropy/target, STARE's logged target, or the spec's absolute one."""
-    entropy = _points(report, ENTROPY)
-    target = report["gate"]["target_entropy"]
-    target_points = _points(report, RESOLVED_TARGET) or _points(report, TARGET)
-    if not target_points and target is not None and entropy:
-        target_points = [(entropy[0][0], target), (entropy[-1][0], target)]
-    traces = [Trace("policy entropy (token mean)", entropy, BLUE)]
-    if target_points or report["job"]["algorithm"] == "stare":
-        label = "STARE target entropy" if report["job"]["algorithm"] == "stare" else "target entropy"
-        traces.append(Trace(label, target_points if entropy else [], VERMILION, dashed=True))
-    return traces
-
-
-def _eval_points(report: Mapping[str, Any]) -> tuple[str, Series]:
-    """The evaluations' k as text and their response lengths by step."""
-    k = report["evaluation"]["k"]
-    history = report["evaluation"]["history"]
-    lengths = [(float(r["step"]), r["response_length"]) for r in history if r["response_length"] is not None]
-    return (str(k) if k is not None else "k"), lengths
-
-
-def _controller_charts(report: Mapping[str, Any], chart: Any) -> list[tuple[str, str, str]]:
-    """The PI law's output, error and integral over the steps, and its actuator; none for a job without
-    a law (it logged none of them)."""
-    keys = (CONTROL_OUTPUT, CONTROL_ERROR, CONTROL_INTEGRAL, CONTROL_ACTUATOR)
-    if not any(report["series"].get(k) for k in keys):
-        return []
-    return [
-        (
-            "Entropy controller",
-            "The PI law (docs/ALGORITHMS.md §11): error e = (H* − H)/H*, integral I, clipped output "
-            "u = clip(Kp·e + Ki·I, ±u_max); u > 0 raises entropy.",
-            chart(
-                [
-                    Trace("output u", _points(report, CONTROL_OUTPUT), BLUE),
-                    Trace("error e (relative)", _points(report, CONTROL_ERROR), VERMILION),
-                    Trace("integral I", _points(report, CONTROL_INTEGRAL), GREEN, dashed=True),
-                ],
-                title="Entropy controller",
-                y_label="u / e / I",
-            ),
-        ),
-        (
-            "Controller actuator",
-            "What the output sets each step: the bonus coefficient α (entropy_pi), W (stare_pi) or "
-            "ε_high (clip_pi).",
-            chart(
-                [Trace("actuator", _points(report, CONTROL_ACTUATOR), ORANGE)],
-                title="Controller actuator",
-                y_label="α, W or ε_high",
-            ),
-        ),
-    ]
-
-
-def _charts(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """(title, caption, svg) for each plot, in page order."""
-    entropy_traces = _entropy_traces(report)
-    bands = _entropy_bands(report) if entropy_traces[0].points else []
-    steps = [x for points in report["series"].values() for x, _ in points]
-    chart = partial(line_chart_svg, x_range=(min(steps), max(steps)) if steps else None)
-    colors = (BLUE, ORANGE, GREEN, VERMILION)
-    k_text, eval_lengths = _eval_points(report)
-    return [
-        (
-            "Policy entropy",
-            "Token-mean entropy of the policy on its own samples; the shaded region is the entropy band.",
-            chart(
-                entropy_traces,
-                title="Policy entropy",
-                y_label="entropy (nats)",
-                bands=bands,
-                band_label="entropy band",
-            ),
-        ),
-        (
-            "Quadrant token fractions",
-            "Share of response tokens by advantage sign and by surprisal relative to the entropy "
-            "(STARE, Fig. 2).",
-            chart(
-                [
-                    Trace(QUADRANT_LABELS[q], _points(report, f"quadrant/{q}_fraction"), color)
-                    for q, color in zip(QUADRANTS, colors)
-                ],
-                title="Quadrant token fractions",
-                y_label="fraction of tokens",
-                y_floor=0.0,
-            ),
-        ),
-        (
-            "Reward and accuracy",
-            "Training reward and accuracy per step; dots are held-out evaluations "
-            f"(avg@{k_text}, pass@{k_text}).",
-            chart(
-                [
-                    Trace("reward mean", _points(report, REWARD_MEAN), BLUE),
-                    Trace("accuracy", _points(report, ACCURACY), ORANGE),
-                    Trace(f"eval avg@{k_text}", _points(report, EVAL_AVG), GREEN, shape="markers"),
-                    Trace(f"eval pass@{k_text}", _points(report, EVAL_PASS), PURPLE, shape="markers"),
-                ],
-                title="Reward and accuracy",
-                y_label="reward / accuracy",
-                y_floor=0.0,
-            ),
-        ),
-        (
-            "Response length",
-            "Mean length of sampled responses in tokens; dots are evaluation responses.",
-            chart(
-                [
-                    Trace("train response length", _points(report, LENGTH), BLUE),
-                    Trace("eval response length", eval_lengths, GREEN, shape="markers"),
-                ],
-                title="Response length",
-                y_label="tokens",
-                y_floor=0.0,
-            ),
-        ),
-        (
-            "STARE gate",
-            "Gate state (1: on, entropy below the target, reweighting active) and the reweighting "
-            "factors W and M.",
-            chart(
-                [
-                    Trace("gate on", _points(report, GATE_ON), GREY, shape="step"),
-                    Trace("W (positive reweight)", _points(report, REWEIGHT_W), BLUE),
-                    Trace("M (negative reweight)", _points(report, REWEIGHT_M), ORANGE),
-                ],
-                title="STARE gate",
-                y_label="gate / factor",
-                y_floor=0.0,
-            ),
-        ),
-        *_controller_charts(report, chart),
-    ]
 
 
 def _fmt(value: Any) -> str:
@@ -377,10 +190,10 @@ def _evaluation_html(report: Mapping[str, Any]) -> str:
     )
 
 
-def _entropy_html(report: Mapping[str, Any]) -> str:
-    ent, gate, quads = report["entropy"], report["gate"], report["quadrants"]
+def _entropy_rows(ent: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The Entropy card's rows: the range, the band and the time in it, collapse and holding."""
     band = "—" if ent["band_low"] is None else f"[{_fmt(ent['band_low'])}, {_fmt(ent['band_high'])}] nats"
-    entropy_rows = [
+    return [
         ("First / last", f"{_fmt(ent['first'])} / {_fmt(ent['last'])}"),
         (
             "Min",
@@ -424,6 +237,11 @@ def _entropy_html(report: Mapping[str, Any]) -> str:
         ),
         ("Current out-of-band run", _count(ent["current_out_of_band_run"], "step")),
     ]
+
+
+def _gate_card(report: Mapping[str, Any]) -> str:
+    """The STARE gate card: the gate's rows, the controller's (if any) and the final quadrants."""
+    gate, quads = report["gate"], report["quadrants"]
     gate_on = (
         _pct(gate["on_fraction"])
         + _muted(
@@ -445,14 +263,20 @@ def _entropy_html(report: Mapping[str, Any]) -> str:
     )
     quad_step = f" (step {quads['step']})" if quads["step"] is not None else ""
     return (
-        '<section class="cols"><div class="card"><h2>Entropy</h2>'
-        f'<table class="kv">{_rows(entropy_rows)}</table></div>'
         f'<div class="card"><h2>STARE gate</h2><table class="kv">{_rows(gate_rows)}</table>'
         f"{_controller_html(report.get('controller'))}"
         f'<h3>Final quadrants{quad_step}</h3><table class="num"><thead><tr><th></th><th>tokens</th>'
         f"<th>predicted drift</th></tr></thead><tbody>{quad_rows}</tbody>"
         "<tfoot><tr><th>total predicted drift</th>"
-        f"<td></td><td>{_fmt(quads['predicted_drift'])}</td></tr></tfoot></table></div></section>"
+        f"<td></td><td>{_fmt(quads['predicted_drift'])}</td></tr></tfoot></table></div>"
+    )
+
+
+def _entropy_html(report: Mapping[str, Any]) -> str:
+    return (
+        '<section class="cols"><div class="card"><h2>Entropy</h2>'
+        f'<table class="kv">{_rows(_entropy_rows(report["entropy"]))}</table></div>'
+        f"{_gate_card(report)}</section>"
     )
 
 
@@ -514,7 +338,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     plots = "".join(
         f'<section class="card"><figure><h2>{html.escape(name)}</h2><figcaption>{html.escape(caption)}'
         f"</figcaption>{svg}</figure></section>"
-        for name, caption, svg in _charts(report)
+        for name, caption, svg in report_charts(report)
     )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
