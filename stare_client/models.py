@@ -228,9 +228,10 @@ class JobError(APIObject):
 
 
 class JobWaiting(APIObject):
-    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+    """Why a queued (or recovering) job is not running: no live worker consumes its queue, or (GET of one
+    job) a job of its queue is cancelling."""
 
-    code: Literal["no_live_worker"]
+    code: Literal["no_live_worker", "behind_cancelling"]
     queue: str
     message: str  # "no live worker serves queue 'training'"
 
@@ -272,6 +273,7 @@ class Job(APIObject):
     waiting: JobWaiting | None = None  # set while no live worker serves the job's queue
     spec: dict[str, Any]
     grader: GraderStatus | None = None
+    disk_bytes: int | None = None  # bytes of the job's files on the server (GET of one job only)
 
     @property
     def is_terminal(self) -> bool:

@@ -30,8 +30,10 @@ from service.schemas import (
 )
 from service.services import Services
 from service.settings import Settings
+from service.storage import job_bytes
 from service.views import FileLike
 from store import repository
+from store.models import WAITING_STATUSES
 
 REPLAYED = {"Idempotent-Replayed": "true"}
 
@@ -224,12 +226,17 @@ def list_jobs(
 async def get_job(job: VisibleJob, services: ServicesDep) -> Response:
     """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
     in_band | below | above, steps out of band), for a job with a grader its health and loophole warnings,
-    for a failed job the error with its category, and for a queued job that no live worker can take, why it
-    waits (`waiting`)."""
-    warnings = None
+    for a failed job the error with its category, for a queued job that no live worker can take or that
+    waits behind a cancelling job, why it waits (`waiting`), and the bytes its files take (`disk_bytes`)."""
+    pool, warnings = services.db.async_pool, None
     if isinstance(job.resolved_spec, dict) and job.resolved_spec.get("grader") is not None:
-        warnings = await repository.grader_warnings(services.db.async_pool, job.id)
-    return model_response(views.job_view(job, await served_queues(services.fleet), warnings))
+        warnings = await repository.grader_warnings(pool, job.id)
+    behind = job.status in WAITING_STATUSES and await repository.cancelling_in_queue(pool, job.queue)
+    disk = await run_in_threadpool(job_bytes, services.storage, job.tenant_id, job.id)
+    view = views.job_view(
+        job, await served_queues(services.fleet), warnings, disk_bytes=disk, behind_cancelling=behind
+    )
+    return model_response(view)
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", response_model=JobObject, responses=errors(404, 409))

@@ -2,7 +2,7 @@
 
     stare jobs submit spec.yaml [--watch] [--idempotency-key K]
     stare jobs list|get|cancel|pause|resume|delete|watch|compare
-    stare checkpoints list JOB | download JOB [latest|best|STEP|ID] [--to DIR] [--merged]
+    stare checkpoints list JOB | download JOB [latest|best|STEP|ID] [--to DIR] [--merged] [--model-only]
     stare report JOB [--html FILE] [--open]
     stare files upload PATH | list | delete ID
     stare keys create|list|revoke
