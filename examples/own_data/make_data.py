@@ -21,7 +21,10 @@ THINGS = ("apples", "pencils", "stickers", "marbles", "books", "coins", "cards",
 TEMPLATES = (
     ("{n} has {a} {t} and gets {b} more. How many {t} does {n} have now?", lambda a, b: a + b),
     ("{n} had {a} {t} and then found {b} more. How many {t} does {n} have?", lambda a, b: a + b),
-    ("There are {a} {t} in one box and {b} {t} in another. How many {t} are there in all?", lambda a, b: a + b),
+    (
+        "There are {a} {t} in one box and {b} {t} in another. How many {t} are there in all?",
+        lambda a, b: a + b,
+    ),
     ("{n} has {c} {t} and gives away {b}. How many {t} are left?", lambda a, b: a),
 )
 
