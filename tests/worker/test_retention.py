@@ -83,17 +83,19 @@ def test_trim_drops_the_training_state_of_the_checkpoints_before_a_step(tmp_path
     assert trim_checkpoints(tmp_path / "none", None) == {}
 
 
-def _recorder(db: Database, client: TestClient, tenant: TenantKey, pg_url: str, root: Path, kept: str | None):  # noqa: F811
-    job_id = create_job(client, tenant.headers)
-    with db.transaction() as session:
+def _recorder(
+    database: Database, http: TestClient, owner: TenantKey, url: str, root: Path, kept: str | None
+) -> Recorder:
+    job_id = create_job(http, owner.headers)
+    with database.transaction() as session:
         claim = repository.claim_job(session, job_id, owner="retention-test", lease_s=60)
     assert claim is not None
     if kept is not None:
         spec = dict(claim.resolved_spec)
         spec["checkpoint"] = {**spec["checkpoint"], "training_state": kept}
         claim = dataclasses.replace(claim, resolved_spec=spec)
-    worker_settings = WorkerSettings(database_url=pg_url, artifact_root=root, db_retry_max_s=5.0)
-    return Recorder(db, claim, worker_settings, open_artifact_storage(root))
+    worker_settings = WorkerSettings(database_url=url, artifact_root=root, db_retry_max_s=5.0)
+    return Recorder(database, claim, worker_settings, open_artifact_storage(root))
 
 
 def _rows(db: Database, job_id: str) -> dict[int, tuple[int | None, str | None]]:  # noqa: F811
