@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from contract import algorithms, graders, safejson, verifiers
+from contract import algorithms, checkpointing, graders, safejson, verifiers
 from contract import control as controllers
 from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_params
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
@@ -119,11 +119,6 @@ class RewardSpec(_Strict):
     overlong: OverlongSpec | None = None  # DAPO soft overlong penalty; on by default for dapo
 
 
-def _without_unset(section: dict[str, Any]) -> dict[str, Any]:
-    """A stored control section from before the declarations wrote every unset gain as null."""
-    return {k: v for k, v in section.items() if v is not None}
-
-
 def _migrate_control(data: Any) -> Any:
     """The one migration of the algorithm section to its single `control` (docs/ALGORITHMS.md §8): specs
     written before it set STARE's gate in `algorithm.gate`, the adaptive coefficient's target in
@@ -161,8 +156,8 @@ def _migrate_control(data: Any) -> Any:
         {"gate"} if law == "entropy_coef" else set()
     ):
         raise ValueError(f"algorithm.{min(legacy)}: set {name!r}'s settings in algorithm.control only")
-    if isinstance(section, dict):
-        section = {"controller": law, **_without_unset(section)}
+    if isinstance(section, dict):  # a stored section from before the declarations wrote unset gains as null
+        section = {"controller": law, **{k: v for k, v in section.items() if v is not None}}
     data["control"] = section
     return data
 
@@ -356,6 +351,8 @@ class EntropyBandSpec(_Strict):
 class CheckpointSpec(_Strict):
     interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 50
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
+    # Which checkpoints keep the optimizer state on the server (contract/checkpointing.py): the job is the same.
+    training_state: checkpointing.TrainingStateKept = checkpointing.DEFAULT_TRAINING_STATE
 
 
 class EvaluationSpec(_Strict):

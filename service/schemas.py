@@ -274,9 +274,10 @@ class JobError(BaseModel):
 
 
 class JobWaiting(BaseModel):
-    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+    """Why a queued (or recovering) job is not running: no live worker serves its queue, or (GET only) a
+    job of its queue is cancelling (its worker is free once that job's trainer has stopped)."""
 
-    code: Literal["no_live_worker"]
+    code: Literal["no_live_worker", "behind_cancelling"]
     queue: str
     message: str = Field(description="e.g. \"no live worker serves queue 'training'\"")
 
@@ -335,6 +336,9 @@ class JobObject(BaseModel):
         "of the queue starts.",
     )
     spec: dict[str, Any] = Field(description="The resolved spec the trainer runs.")
+    disk_bytes: int | None = Field(
+        default=None, description="Bytes of the job's files on the server (GET only)."
+    )
     grader: GraderStatus | None = Field(
         default=None,
         description="A job with a grader (docs/GRADERS.md): its type and name, its health from the latest "
@@ -388,23 +392,6 @@ class MetricsHistory(BaseModel):
     names: list[str] = Field(description="Every metric name present in `data`, sorted.")
     data: list[MetricPoint]
     has_more: bool
-
-
-class CheckpointObject(BaseModel):
-    id: str
-    object: Literal["job.checkpoint"] = "job.checkpoint"
-    job_id: str
-    step: int
-    created_at: datetime
-    bytes: int | None = Field(description="Total size of the checkpoint's files, when recorded.")
-    sha256: str | None = Field(description="SHA-256 of the download's tar stream, once computed.")
-    metrics: MetricValues | None = Field(description="The training metrics of the checkpoint's step.")
-    download_url: str
-
-
-class CheckpointList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[CheckpointObject]
 
 
 # ---------------------------------------------------------------------------------------------- health

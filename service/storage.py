@@ -89,3 +89,10 @@ def archive_digest(storage: ArtifactStorage, files: list[StoredFile], top: str) 
         digest.update(chunk)
         size += len(chunk)
     return digest.hexdigest(), size
+
+
+def job_bytes(storage: ArtifactStorage, tenant_id: str, job_id: str) -> int:
+    """Bytes of the job's files on the server: its run folder (checkpoints, events, report, logs); 0 before
+    a worker made it."""
+    key = f"{tenant_id}/{job_id}"
+    return storage.size(key) if storage.exists(key) else 0

@@ -27,6 +27,7 @@ from contract.metrics import (
 )
 from contract.numbers import finite
 from service import schemas
+from service.checkpoint_schemas import CheckpointObject
 from service.principals import KeyRef, TenantRef
 from store.models import TERMINAL_STATUSES, WAITING_STATUSES, ApiKey, Checkpoint, File, Job, JobEvent, Tenant
 
@@ -134,11 +135,19 @@ def progress(job: JobLike) -> schemas.Progress:
     )
 
 
-def waiting(job: JobLike, served_queues: Collection[str] | None) -> schemas.JobWaiting | None:
+def waiting(
+    job: JobLike, served_queues: Collection[str] | None, behind_cancelling: bool = False
+) -> schemas.JobWaiting | None:
     """Why the job waits, when it waits for a worker (queued, recovering) and no live worker serves its
-    queue (`served_queues`: service.fleet.Fleet.served_queues; None: not known, nothing said)."""
-    if served_queues is None or job.status not in WAITING_STATUSES or job.queue in served_queues:
+    queue (`served_queues`: service.fleet.Fleet.served_queues; None: not known, nothing said), or when a job
+    of its queue is cancelling (`behind_cancelling`: its worker is busy until that trainer has stopped)."""
+    if job.status not in WAITING_STATUSES:
         return None
+    if served_queues is None or job.queue in served_queues:
+        if not behind_cancelling:
+            return None
+        message = "queued behind a job that is cancelling: it starts once that job's trainer has stopped"
+        return schemas.JobWaiting(code="behind_cancelling", queue=job.queue, message=message)
     return schemas.JobWaiting(
         code="no_live_worker", queue=job.queue, message=f"no live worker serves queue '{job.queue}'"
     )
@@ -174,10 +183,14 @@ def job_view(
     grader_warnings: list[dict[str, Any]] | None = None,
     warnings: list[dict[str, Any]] | None = None,
     samples: dict[str, Any] | None = None,
+    *,
+    disk_bytes: int | None = None,
+    behind_cancelling: bool = False,
 ) -> schemas.JobObject:
-    """The API's job object; with the queues live workers serve, a waiting job also says why it waits; a
-    job with a grader carries its health and, where given, its loophole warnings; `warnings` and `samples`
-    (store.repository.JobNotes) where given."""
+    """The API's job object; with the queues live workers serve, a waiting job also says why it waits (and,
+    where known, that it waits behind a cancelling job); a job with a grader carries its health and, where
+    given, its loophole warnings; `warnings` and `samples` (store.repository.JobNotes) where given;
+    `disk_bytes`, where given, what its files take on the server."""
     error = None
     if job.error_code is not None or job.error_message is not None:
         error = schemas.JobError(
@@ -214,8 +227,9 @@ def job_view(
         control=control_status(job),
         latest_metrics=latest,
         error=error,
-        waiting=waiting(job, served_queues),
+        waiting=waiting(job, served_queues, behind_cancelling),
         spec=job.resolved_spec,
+        disk_bytes=disk_bytes,
         grader=grader_status(job, grader_warnings),
         warnings=shown_warnings(warnings or []),
         samples=schemas.JobSamples.model_validate(samples) if samples else None,
@@ -262,8 +276,8 @@ def event_view(event: JobEvent) -> schemas.EventObject:
     )
 
 
-def checkpoint_view(ckpt: Checkpoint, metrics: Mapping[str, Any] | None) -> schemas.CheckpointObject:
-    return schemas.CheckpointObject(
+def checkpoint_view(ckpt: Checkpoint, metrics: Mapping[str, Any] | None) -> CheckpointObject:
+    return CheckpointObject(
         id=ckpt.id,
         job_id=ckpt.job_id,
         step=ckpt.step,

@@ -261,9 +261,10 @@ class JobError(APIObject):
 
 
 class JobWaiting(APIObject):
-    """Why a queued (or recovering) job is not running: no live worker consumes its queue."""
+    """Why a queued (or recovering) job is not running: no live worker consumes its queue, or (GET of one
+    job) a job of its queue is cancelling."""
 
-    code: Literal["no_live_worker"]
+    code: Literal["no_live_worker", "behind_cancelling"]
     queue: str
     message: str  # "no live worker serves queue 'training'"
 
@@ -307,6 +308,7 @@ class Job(APIObject):
     grader: GraderStatus | None = None
     warnings: list[JobWarning] = []
     samples: JobSamples | None = None  # GET of one job only
+    disk_bytes: int | None = None  # bytes of the job's files on the server (GET of one job only)
 
     @property
     def is_terminal(self) -> bool:

@@ -384,20 +384,23 @@ class Checkpoints(Resource[M]):
         base_model: object = None,
         overwrite: bool = False,
         progress: ProgressCallback | None = None,
+        model_only: bool = False,
     ) -> Op[archive.DownloadedCheckpoint]:
         """Download, verify (SHA-256 and size) and unpack a checkpoint into `to` (default
         ./<job>-step-NNNNNN); returns where `from_pretrained` loads it (`.path`). For a LoRA job that is the
         adapter, or with `merged=True` the merged model (stare_client.archive says how). The folder appears
         under its name only once complete; an interrupted or refused download leaves none. The archive is
         held to the client's `archive_limits` (stare_client.unpack) and fetched only from the API's origin
-        or one of `download_origins`. Unpacking and a local merge run in a thread on the async client."""
+        or one of `download_origins`. Unpacking and a local merge run in a thread on the async client.
+        `model_only=True` fetches only what loads (model/, and adapter/ for LoRA): no training state, which
+        the server keeps only where a resume needs it (docs/CLIENT.md, "What a checkpoint holds")."""
         ckpt = yield from self.get.op(job, which)
         target = archive.target_folder(to, ckpt.job_id, ckpt.step)
         archive.check_target(target, overwrite)
         staging = archive.staging_folder(target)
         try:
             tar_path = staging / "checkpoint.tar"
-            sha256 = yield from self._fetch(ckpt, tar_path, progress)
+            sha256 = yield from self._fetch(ckpt, tar_path, progress, model_only)
             limits, announced = self._c.archive_limits, ckpt.bytes
             root: Path = yield Blocking(
                 lambda: archive.safe_extract(
@@ -419,13 +422,15 @@ class Checkpoints(Resource[M]):
             sha256=sha256,
         )
 
-    def _fetch(self, ckpt: models.Checkpoint, tar_path: Path, progress: ProgressCallback | None) -> Op[str]:
+    def _fetch(
+        self, ckpt: models.Checkpoint, tar_path: Path, progress: ProgressCallback | None, model_only: bool
+    ) -> Op[str]:
         """Stream the archive to `tar_path`; a broken connection starts the download again (it is a GET)
         while the retry budget lasts. Returns the verified SHA-256."""
         attempt = 0
         while True:
             try:
-                return (yield from self._fetch_once(ckpt, tar_path, progress))
+                return (yield from self._fetch_once(ckpt, tar_path, progress, model_only))
             except errors.ConnectionError:
                 if attempt >= self._c.retry.max_retries:
                     raise
@@ -433,17 +438,18 @@ class Checkpoints(Resource[M]):
                 yield Sleep(self._c.retry.delay(attempt, None))
 
     def _fetch_once(
-        self, ckpt: models.Checkpoint, tar_path: Path, progress: ProgressCallback | None
+        self, ckpt: models.Checkpoint, tar_path: Path, progress: ProgressCallback | None, model_only: bool
     ) -> Op[str]:
         policy = self._c.download_policy
         url = policy.resolve(ckpt.download_url)
+        params = {"model_only": "true"} if model_only else None
         for _ in range(transport.MAX_REDIRECTS + 1):
-            response = yield from self._c.send.op("GET", url, stream=True)
+            response = yield from self._c.send.op("GET", url, stream=True, params=params)
             location = transport.redirect_target(response)
             if location is None:
                 break
             yield Close(response)
-            url = policy.resolve(location, via=response.url)
+            url, params = policy.resolve(location, via=response.url), None  # the redirect names its own query
         else:
             raise errors.UntrustedOrigin(
                 f"the download redirected more than {transport.MAX_REDIRECTS} times",
@@ -463,7 +469,8 @@ class Checkpoints(Resource[M]):
         finally:
             sink.close()
         archive.verify(sha256, sink.done_bytes, response.headers.get("x-content-sha256"), expected_bytes)
-        if ckpt.sha256 is not None and ckpt.sha256.lower() != sha256:
+        # The listing's digest is the whole folder's; a model-only archive is checked against its header.
+        if not model_only and ckpt.sha256 is not None and ckpt.sha256.lower() != sha256:
             raise errors.ChecksumMismatch(
                 f"SHA-256 of the download is {sha256}, the checkpoint listing says {ckpt.sha256}",
                 code="checksum_mismatch",

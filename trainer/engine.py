@@ -78,7 +78,7 @@ from trainer.rollout.hybrid import Rollouts
 from trainer.rollout.mismatch import corrected_advantages, step_mismatch_metrics
 from trainer.rollout.sampling import SampleStreams
 from trainer.rollout.vllm_engine import build_rollout_engine
-from trainer.run import faults, heap
+from trainer.run import events, faults, heap
 from trainer.run.events import EventCallback, EventLog, StopPolicy, _now, stop_policy, stop_signals
 from trainer.samples import emit_samples, emit_train_samples
 from trainer.sft import run_sft
@@ -86,10 +86,6 @@ from trainer.tasks.sources import Example
 from trainer.warnings import TrainingWarnings
 
 __all__ = ["Engine", "EventCallback", "ExitCode", "NonFiniteError", "seed_everything", "step_seed"]
-
-
-class Interrupted(Exception):
-    pass
 
 
 def seed_everything(seed: int) -> None:
@@ -180,6 +176,7 @@ class Engine:
         self.prompts, self.eval_examples = load_examples(self.spec)
         sandbox.check_python_tool(self.spec.environment)
         self.grading = JobGrading.start(self.spec)
+        faults.before_load()
         self._load_model(checkpoint)
 
     def _load_model(self, checkpoint: Path | None) -> None:
@@ -495,24 +492,24 @@ class Engine:
 
     # ------------------------------------------------------------------ run
     def request_stop(self, signum: int) -> None:
-        """Stops the run after the step in progress, with a checkpoint (what SIGTERM and SIGINT do)."""
+        """SIGTERM, SIGINT: stop after the step in progress, with a checkpoint; while loading, at once."""
         self.stop.request(signum)
+        self.stop.interrupt_while_loading()
 
     def run(self) -> ExitCode:
         spec = self.spec
         ckpt = checkpoints.latest_checkpoint(self.out / CHECKPOINTS_DIR) if self.resume else None
         seed_everything(spec.seed)
         try:
-            self.events.open(int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt else None)
-            self.setup(ckpt)
-            if ckpt is not None:
-                self._restore(ckpt)
-                self.emit({"type": EventType.RESUMED, "step": self.step, "checkpoint": str(ckpt)})
-            else:
-                self.emit(
-                    {"type": EventType.STARTED, "spec": spec.resolved(), "total_steps": spec.optim.steps}
-                )
-            with stop_signals(self.request_stop):
+            with stop_signals(self.request_stop):  # from the start: a stop while the model loads acts at once
+                self.events.open(int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt else None)
+                self.setup(ckpt)
+                if ckpt is not None:
+                    self._restore(ckpt)
+                    self.emit({"type": EventType.RESUMED, "step": self.step, "checkpoint": str(ckpt)})
+                else:
+                    total = spec.optim.steps
+                    self.emit({"type": EventType.STARTED, "spec": spec.resolved(), "total_steps": total})
                 return self._loop(ckpt is not None)
         except NonFiniteError as err:
             self.emit(
@@ -522,7 +519,7 @@ class Engine:
         except GraderFailed as err:  # a user error naming the first failure (trainer.graders.health)
             self.emit(err.event(self.step + 1))
             return ExitCode.GRADER_FAILED
-        except Interrupted:
+        except events.Interrupted:
             return ExitCode.INTERRUPTED
         except StorageError as err:
             return self._storage_failed(err)
@@ -552,9 +549,11 @@ class Engine:
             # π_ref is on disk before the step-0 checkpoint: a run that has a checkpoint has its reference.
             self.init_reference(resumed=False)
             self._run_eval()
+            self.stop.loading = False  # from here a stop request waits for a step's end (and its checkpoint)
             self.save()  # step 0: the starting point (after SFT), so every run has a resumable checkpoint
         else:
             self.init_reference(resumed=True)
+            self.stop.loading = False
         bar = None
         if self.progress and self.is_main:
             from tqdm import tqdm
@@ -584,7 +583,7 @@ class Engine:
                 if last_saved != self.step:
                     self.save()
                 self.emit({"type": EventType.INTERRUPTED, "step": self.step, "signal": signum})
-                raise Interrupted
+                raise events.Interrupted
         if bar is not None:
             bar.close()
         final = self._run_eval()

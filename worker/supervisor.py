@@ -86,6 +86,7 @@ TRAINER_STARE_VARS = frozenset(
         "STARE_INJECT_NAN_STEP",  # trainer/run/faults.py: fault injection (tests)
         "STARE_INJECT_CRASH_STEP",  # trainer/run/faults.py: fault injection (tests)
         "STARE_STEP_DELAY_S",  # trainer/run/faults.py: slow steps (fault tests)
+        "STARE_LOAD_DELAY_S",  # trainer/run/faults.py: a slow model load (fault tests)
     }
 )
 TRAINER_ENV_NAMES = TRAINER_STARE_VARS | frozenset(

@@ -76,6 +76,7 @@ from store.database import Database
 from store.repository import Claim, JobError
 from worker import records
 from worker.isolation import Confinement
+from worker.retention import Retention
 from worker.settings import WorkerSettings
 from worker.supervisor import TrainerProcess, log_tail, ray_command, runs_torchrun, trainer_command
 
@@ -126,6 +127,7 @@ class Recorder:
         self.db, self.claim, self.settings, self.storage = db, claim, settings, storage
         self.last_error: str | None = None
         self.last_error_event: dict[str, Any] | None = None  # the trainer's last `error` event
+        self.retention = Retention(claim, storage, self._retry)  # which checkpoints keep optimizer state
 
     def _retry(self, fn: Callable[[Any], T]) -> T:
         # Back off at most one heartbeat period: the heartbeat is renewed soon after the database returns.
@@ -156,6 +158,7 @@ class Recorder:
         if ops:
             # Every op is fenced; the first one's UPDATE locks the job row, so the rest see the same lease.
             self._fenced(lambda s: all(op(s) for op in ops))
+            self.retention.recorded(events)
 
     def _operations(self, event: dict[str, Any]) -> list[Callable[[Any], Any]]:
         return records.operations(self, event)
@@ -169,6 +172,7 @@ class Recorder:
         c = self.claim
         error = self._shown(error) if error is not None else None
         self._fenced(lambda s: repository.finish_job(s, c.job_id, c.lease_token, status, error=error))
+        self.retention.finished(status)
 
     def retry(self, error: JobError, *, infrastructure: bool = False) -> str:
         c = self.claim
@@ -456,12 +460,8 @@ def _conclude(
     if code == -signal.SIGKILL:  # not ours (we kill only on a lost lease or a stop request, handled above)
         error = JobError(FailureCode.TRAINER_KILLED, _crash_message("was killed by SIGKILL", tail), "system")
         return _retry(recorder, claim, error, resend, infrastructure=True)
-    return _retry(
-        recorder,
-        claim,
-        JobError(FailureCode.TRAINER_CRASHED, _crash_message(_exit(code), tail), "system"),
-        resend,
-    )
+    error = JobError(FailureCode.TRAINER_CRASHED, _crash_message(_exit(code), tail), "system")
+    return _retry(recorder, claim, error, resend)
 
 
 def _exit(code: int) -> str:
@@ -489,9 +489,8 @@ def _storage_error(event: dict[str, Any] | None, tail: str) -> JobError:
     """The job's error for the trainer's exit 74, from its `error` event (code, errno, path, message)."""
     code = str((event or {}).get("code") or "")
     message = str((event or {}).get("message") or "")
-    if (
-        not message
-    ):  # the event was lost: its stderr line says the same ("error: cannot write P: ENOSPC (...)")
+    # the event was lost: its stderr line says the same ("error: cannot write P: ENOSPC (...)")
+    if not message:
         message = _last_line(tail) or "the trainer could not write to the run folder"
         named = _ERRNO_NAME.search(message)
         code = storage_code(getattr(errno, named.group(1), None)) if named else STORAGE_IO_ERROR

@@ -31,8 +31,10 @@ from service.schemas import (
 )
 from service.services import Services
 from service.settings import Settings
+from service.storage import job_bytes
 from service.views import FileLike
 from store import repository
+from store.models import WAITING_STATUSES
 
 REPLAYED = {"Idempotent-Replayed": "true"}
 
@@ -227,12 +229,23 @@ def list_jobs(
 async def get_job(job: VisibleJob, services: ServicesDep) -> Response:
     """Status, progress (step of total, ETA), the latest step's metrics, the entropy status (value, band,
     in_band | below | above, steps out of band), for a job with a grader its health and loophole warnings,
-    for a failed job the error with its category, and for a queued job that no live worker can take, why it
-    waits (`waiting`); its warnings (at submission, and the trainer's latest of each kind) and its latest
-    samples (the evaluation's and training's: prompts, completions, references, rewards)."""
-    notes = await repository.job_notes(services.db.async_pool, job.id)
-    queues = await served_queues(services.fleet)
-    view = views.job_view(job, queues, notes.grader_warnings, notes.warnings, notes.samples)
+    for a failed job the error with its category, for a queued job that no live worker can take or that
+    waits behind a cancelling job, why it waits (`waiting`), the bytes its files take (`disk_bytes`); its
+    warnings (at submission, and the trainer's latest of each kind) and its latest samples (the evaluation's
+    and training's: prompts, completions, references, rewards)."""
+    pool = services.db.async_pool
+    notes = await repository.job_notes(pool, job.id)
+    behind = job.status in WAITING_STATUSES and await repository.cancelling_in_queue(pool, job.queue)
+    disk = await run_in_threadpool(job_bytes, services.storage, job.tenant_id, job.id)
+    view = views.job_view(
+        job,
+        await served_queues(services.fleet),
+        notes.grader_warnings,
+        notes.warnings,
+        notes.samples,
+        disk_bytes=disk,
+        behind_cancelling=behind,
+    )
     return model_response(view)
 
 

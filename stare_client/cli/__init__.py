@@ -4,7 +4,7 @@
     stare jobs validate spec.yaml [--training-file ID|PATH]
     stare jobs list|get|cancel|pause|resume|delete|watch|compare
     stare jobs events JOB [--follow]
-    stare checkpoints list JOB | download JOB [latest|best|STEP|ID] [--to DIR] [--merged]
+    stare checkpoints list JOB | download JOB [latest|best|STEP|ID] [--to DIR] [--merged] [--model-only]
     stare report JOB [--html FILE] [--open]
     stare files upload PATH | list | delete ID
     stare keys create|list|revoke

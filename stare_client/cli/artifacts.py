@@ -68,6 +68,12 @@ def checkpoints_download(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing target folder.")
     ] = False,
+    model_only: Annotated[
+        bool,
+        typer.Option(
+            "--model-only", help="Only model/ (and adapter/): what loads, without the training state."
+        ),
+    ] = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """Download, verify (SHA-256) and unpack a checkpoint; prints the folder from_pretrained loads."""
@@ -89,6 +95,7 @@ def checkpoints_download(
                 merged=merged,
                 base_model=base_model,
                 overwrite=overwrite,
+                model_only=model_only,
                 progress=lambda done, total: bar.update(task, completed=done, total=total or None),
             )
     info = {

@@ -111,6 +111,8 @@ def show_job(job: models.Job) -> None:
         ("attempt", f"{job.attempt} (failures {job.failures}/{job.max_attempts})"),
         ("created / finished", f"{job.created_at:%Y-%m-%d %H:%M:%S} / {job.finished_at or '-'}"),
     ]
+    if job.disk_bytes is not None:
+        rows.append(("disk", f"{job.disk_bytes / 1e6:,.1f} MB on the server"))
     if job.error is not None:
         rows.append(("error", f"[red]{job.error.code}[/]: {job.error.message}"))
     for name, value in rows:

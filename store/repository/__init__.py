@@ -38,6 +38,7 @@ from __future__ import annotations
 from store.models import utcnow  # the clock every write uses (tests pass `now` from it)
 from store.repository._common import db_now
 from store.repository.checkpoints import (
+    checkpoints_trimmed,
     get_checkpoint,
     latest_checkpoint,
     list_checkpoints,
@@ -47,6 +48,7 @@ from store.repository.events import append_event, grader_warnings, list_events
 from store.repository.files import create_file, delete_file, get_file, list_files
 from store.repository.jobs import (
     NewJob,
+    cancelling_in_queue,
     count_active_jobs,
     count_queued,
     count_waiting,
@@ -120,6 +122,8 @@ __all__ = [
     "TenantUsage",
     "add_checkpoint",
     "append_event",
+    "cancelling_in_queue",
+    "checkpoints_trimmed",
     "claim_job",
     "count_active_jobs",
     "count_queued",

@@ -35,3 +35,16 @@ def set_checkpoint_archive(session: Session, checkpoint: Checkpoint, sha256: str
         .execution_options(synchronize_session=False)
     )
     checkpoint.archive_sha256, checkpoint.archive_bytes = sha256, size
+
+
+def checkpoints_trimmed(session: Session, job_id: str, sizes: dict[int, int]) -> bool:
+    """The job's checkpoints at these steps lost their training state (worker/retention.py): their new
+    sizes; their archive digests are computed again at the next download."""
+    for step, size in sizes.items():
+        session.execute(
+            sa.update(Checkpoint)
+            .where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+            .values(bytes=size, archive_sha256=None, archive_bytes=None)
+            .execution_options(synchronize_session=False)
+        )
+    return True

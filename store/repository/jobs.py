@@ -133,6 +133,19 @@ _READ_JOB = sa.select(*_JOB_VIEW_COLUMNS).where(
 )
 _JOB_VIEW_KEYS = [column.key for column in _JOB_VIEW_COLUMNS]
 
+# A job of the queue that is cancelling: its worker is busy until its trainer has stopped.
+_CANCELLING_IN_QUEUE = sa.select(
+    sa.exists()
+    .where(Job.queue == sa.bindparam("queue"), Job.status == sa.literal_column("'cancelling'"))
+    .label("found")
+)
+
+
+async def cancelling_in_queue(pool: StatementPool, queue: str) -> bool:
+    """Whether a job of `queue` (any tenant's) is cancelling: a job queued there may wait behind it."""
+    row = await pool.fetch_one(_CANCELLING_IN_QUEUE, {"queue": queue}, idempotent=True)
+    return bool(row and row["found"])
+
 
 async def read_job(pool: StatementPool, tenant_id: str, job_id: str) -> SimpleNamespace | None:
     """The job's shown columns as a read-only object, in one autocommit statement (no ORM identity map, no

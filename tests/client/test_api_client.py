@@ -158,6 +158,24 @@ def _best_checkpoint_downloaded_and_loaded(
     assert logits.shape[-1] == model.config.vocab_size and logits.shape[1] == batch["input_ids"].shape[1]
 
 
+def _model_only_download_and_disk(stack: Stack, client: Client, job: Any, tmp_path: Path) -> None:
+    """Issue 46: the succeeded job's checkpoints keep model/ only on the server (the default
+    checkpoint.training_state), a model-only download holds model/ alone and loads, and the job view says
+    what the job's files take."""
+    run_dir = stack.artifact_root / stack.tenant_id / job.id / "run"
+    folders = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert folders and all((f / "model").is_dir() and not (f / "sharded").exists() for f in folders)
+    got = client.checkpoints.download(job, "latest", tmp_path / "model-only", model_only=True)
+    assert got.kind == "model" and got.path == tmp_path / "model-only" / "model"
+    assert sorted(p.name for p in got.root.iterdir()) == ["model"]
+    server_copy = folders[-1] / "model" / "model.safetensors"
+    assert _sha256(got.path / "model.safetensors") == _sha256(server_copy)
+    on_disk = sum(
+        p.stat().st_size for p in (stack.artifact_root / stack.tenant_id / job.id).rglob("*") if p.is_file()
+    )
+    assert client.jobs.get(job).disk_bytes == on_disk
+
+
 def _async_client_sees_the_same(
     stack: Stack, client: Client, job: Any, ids: list[int], tmp_path: Path
 ) -> None:
@@ -197,6 +215,7 @@ def test_job_lifecycle_events_across_restart_metrics_report_and_checkpoints(
 
     report = _metrics_and_report(client, job, tmp_path)
     _best_checkpoint_downloaded_and_loaded(stack, client, job, report, tmp_path)
+    _model_only_download_and_disk(stack, client, job, tmp_path)
     _async_client_sees_the_same(stack, client, job, ids, tmp_path)
 
 

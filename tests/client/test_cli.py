@@ -160,6 +160,11 @@ def test_watch_exit_codes_and_json_output(
     assert report["job"]["id"] == submitted.full and "<svg" in (tmp_path / "r.html").read_text()
     got = run_json(capsys, "checkpoints", "download", submitted.full, "2", "--to", str(tmp_path / "ck"))
     assert got["step"] == 2 and got["kind"] == "model" and Path(got["path"], "config.json").is_file()
+    only = run_json(
+        capsys, "checkpoints", "download", submitted.full, "4", "--model-only", "--to", str(tmp_path / "m")
+    )
+    assert only["step"] == 4 and [p.name for p in (tmp_path / "m").iterdir()] == ["model"]
+    assert run_json(capsys, "jobs", "get", submitted.full)["disk_bytes"] > 0
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n')

@@ -174,3 +174,48 @@ def test_a_digest_precomputed_by_the_worker_matches_the_download(
     response = client.get(f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download", headers=tenant.headers)
     assert response.headers["X-Content-SHA256"] == sha256 == hashlib.sha256(response.content).hexdigest()
     assert len(response.content) == size
+
+
+def test_a_model_only_download_holds_model_and_adapter_alone_and_the_job_says_its_disk(
+    client: TestClient, tenant: TenantKey, db: Database, artifact_root: Path
+) -> None:
+    """Issue 46: `?model_only=true` streams model/ (and adapter/) without the training state; its digest is
+    its own (the row keeps the whole folder's), and a checkpoint without either is 404."""
+    job_id = create_job(client, tenant.headers)
+    worker = FakeWorker(db, job_id)
+    files = {
+        **FILES,
+        "adapter/adapter_config.json": b"{}",
+        "sharded/__0_0.distcp": os.urandom(5000),
+        "rng/rank-00000.pt": b"rng",
+    }
+    checkpoint_id = worker.checkpoint(artifact_root, 5, files)
+    url = f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}/download"
+    whole = client.get(url, headers=tenant.headers)
+    response = client.get(url, params={"model_only": "true"}, headers=tenant.headers)
+    assert response.status_code == 200, response.text
+    body = response.content
+    assert response.headers["X-Content-SHA256"] == hashlib.sha256(body).hexdigest()
+    assert int(response.headers["Content-Length"]) == len(body) < len(whole.content)
+    top = f"{job_id}-step-000005"
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    wanted = ("model/model.safetensors", "model/config.json", "adapter/adapter_config.json")
+    assert members == {f"{top}/{name}": files[name] for name in wanted}
+    listed = client.get(f"/v1/jobs/{job_id}/checkpoints/{checkpoint_id}", headers=tenant.headers).json()
+    assert listed["sha256"] == whole.headers["X-Content-SHA256"]  # the row keeps the whole folder's digest
+
+    bare = worker.checkpoint(artifact_root, 6, {"state.json": b"{}"})
+    missing = client.get(
+        f"/v1/jobs/{job_id}/checkpoints/{bare}/download",
+        params={"model_only": "true"},
+        headers=tenant.headers,
+    )
+    assert_error(missing, 404, "not_found", param="model_only")
+    # The job view says what the job's files take on the server (the one job's GET; not in lists).
+    job = client.get(f"/v1/jobs/{job_id}", headers=tenant.headers).json()
+    assert job["disk_bytes"] == sum(len(data) for data in files.values()) + len(b"{}")
+    listed_jobs = client.get("/v1/jobs", headers=tenant.headers).json()["data"]
+    assert next(j for j in listed_jobs if j["id"] == job_id)["disk_bytes"] is None
+    fresh = create_job(client, tenant.headers)  # no worker made its folder yet
+    assert client.get(f"/v1/jobs/{fresh}", headers=tenant.headers).json()["disk_bytes"] == 0

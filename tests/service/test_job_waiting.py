@@ -140,3 +140,28 @@ def _orphan_samples(db: Database) -> dict[str, float]:
     families = {family.name: family for family in FleetCollector(db, None, ("training",)).collect()}
     family = families["stare_jobs_without_worker"]
     return {sample.labels["queue"]: sample.value for sample in family.samples}
+
+
+def test_a_job_queued_behind_a_cancelling_one_says_so(
+    make_client: Callable[..., TestClient], tenant: TenantKey, db: Database
+) -> None:
+    """Issue 46: a worker of the queue is busy with a job that is cancelling; a job queued behind it says
+    why it waits (GET of the one job: the reason needs a query of its own), until that job has ended."""
+    client, queue = _queue_client(make_client)
+    worker_id = _register(db, queue)
+    try:
+        first = create_job(client, tenant.headers)
+        running = FakeWorker(db, first)
+        assert (
+            client.post(f"/v1/jobs/{first}/cancel", headers=tenant.headers).json()["status"] == "cancelling"
+        )
+        second = create_job(client, tenant.headers)
+        message = "queued behind a job that is cancelling: it starts once that job's trainer has stopped"
+        job = _get(client, tenant, second)
+        assert job["waiting"] == {"code": "behind_cancelling", "queue": queue, "message": message}
+        assert f"waiting: {message}" in job_status_text(client_models.Job.model_validate(job))
+        assert _get(client, tenant, first)["waiting"] is None  # the cancelling job itself does not wait
+        running.finish("cancelled")
+        assert _get(client, tenant, second)["waiting"] is None
+    finally:
+        _unregister(db, worker_id)

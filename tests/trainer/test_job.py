@@ -14,7 +14,7 @@ import torch
 from trainer.launch.command import Refused, add_run_arguments, load_job_spec
 from trainer.launch.job import run_job
 from trainer.launch.ray_driver import _parser as ray_parser
-from trainer.run.events import AgreedStop, StopPolicy, stop_policy
+from trainer.run.events import AgreedStop, Interrupted, StopPolicy, stop_policy
 from worker.supervisor import ray_command, run_arguments, trainer_command
 
 
@@ -87,3 +87,18 @@ def test_stop_policies() -> None:
     interrupted = AgreedStop()
     interrupted.request(signal.SIGINT)
     assert interrupted.agreed(other_asked) == signal.SIGINT
+
+
+def test_a_stop_while_the_run_loads_interrupts_at_once_and_after_it_waits_for_the_step() -> None:
+    """Issue 46: the signal handler (Engine.request_stop) stops a run that still loads where it is; once the
+    engine starts its step-0 checkpoint (`loading` off) a request waits for the step's end. Interrupted is a
+    BaseException, so a loader's `except Exception` cannot swallow it."""
+    assert issubclass(Interrupted, BaseException) and not issubclass(Interrupted, Exception)
+    policy = StopPolicy()
+    policy.interrupt_while_loading()  # nothing requested: nothing happens
+    policy.request(signal.SIGTERM)  # a watcher thread's request only sets it
+    with pytest.raises(Interrupted):
+        policy.interrupt_while_loading()
+    policy.loading = False
+    policy.interrupt_while_loading()  # training: the step's end decides
+    assert policy.agreed(lambda values, op, dtype: values) == signal.SIGTERM

@@ -3,14 +3,19 @@
 - Cancel of a running job is cooperative: the worker sees `cancelling` at its next heartbeat, the trainer
   finishes its step, writes a checkpoint at that step and exits; the job ends cancelled.
 - Cancel of a queued job: it never starts (no claim, no trainer), even though its message is delivered.
+- Cancel while the trainer loads its model (issue 46): the trainer stops at once, with nothing to save;
+  the job is cancelled within 15 s of the request, with no step and no checkpoint.
 - Pause of a running job: paused with a checkpoint at the step it stopped; resume continues from that
   checkpoint, and the resumed run is exact: its per-step metrics (except timings, perf/*) equal those of an
-  uninterrupted run of the same spec and seed.
+  uninterrupted run of the same spec and seed. Only the checkpoint it resumes from keeps its optimizer state
+  while it is paused, and none once it has succeeded (worker/retention.py).
 """
 
 from __future__ import annotations
 
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +28,8 @@ from tests.worker.harness import (
     record_figures,
     tiny_spec,
 )
+from trainer.run.faults import LOAD_DELAY_ENV
+from worker.supervisor import _catches
 
 pytestmark = pytest.mark.slow  # real servers, workers and trainers: the suite takes minutes
 
@@ -68,6 +75,41 @@ def test_cancel_running_job_stops_at_a_checkpoint(harness: Harness) -> None:
         checkpoint_interval=interval,
         request_to_cancelled_s=round(cancelled_after, 2),
     )
+
+
+def test_cancel_while_the_model_loads_ends_within_15_s(harness: Harness) -> None:
+    h = harness
+    worker = h.start_worker(env={LOAD_DELAY_ENV: "600"})  # a model that takes ten minutes to load
+    job_id = h.post_job(tiny_spec(4, 2))
+    # Loading: the trainer is past its imports (its SIGTERM handler is installed) and in the load delay.
+    h.wait_for(
+        "the trainer to load its model",
+        lambda: [p for p in worker.trainers() if _catches(p.pid, signal.SIGTERM)],
+        timeout=120,
+        job_id=job_id,
+    )
+    requested_at = time.time()
+    response = h.api("POST", f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "cancelling"
+    h.wait_status(job_id, "cancelled", timeout=30)
+    cancelled_after = time.time() - requested_at
+    context = h.diagnostics(job_id)
+    assert cancelled_after <= 15, f"cancelled {cancelled_after:.1f} s after the request\n{context}"
+    h.wait_for("the trainer to exit", lambda: not worker.trainers(), timeout=30, job_id=job_id)
+    assert h.metric_rows(job_id) == [] and h.checkpoints(job_id) == [], context
+    assert h.job(job_id)["error"] is None, context
+    assert [e["type"] for e in h.events(job_id)][-1] == "job.cancelled", context
+    assert "started" not in [e["type"] for e in h.trainer_events(job_id)], "it never finished loading"
+    record_figures(
+        "test_cancel_while_the_model_loads_ends_within_15_s", request_to_cancelled_s=round(cancelled_after, 2)
+    )
+
+
+def _with_training_state(run_dir: Path) -> list[int]:
+    """Steps of the run's checkpoints that still hold their optimizer state (sharded/)."""
+    folders = sorted((run_dir / "checkpoints").glob("step-*"))
+    return [int(f.name.removeprefix("step-")) for f in folders if (f / "sharded").is_dir()]
 
 
 def test_cancel_queued_job_never_starts(harness: Harness) -> None:
@@ -116,6 +158,7 @@ def test_pause_then_resume_continues_exactly(harness: Harness) -> None:
     paused_at = h.max_step(paused)
     assert paused_at < steps, context
     assert max(c["step"] for c in h.checkpoints(paused)) == paused_at, f"paused with a checkpoint\n{context}"
+    assert _with_training_state(h.run_dir(paused)) == [paused_at], context  # what the resume reads
     time.sleep(UNCLAIMED_AFTER_S + 1)
     assert h.job_row(paused)["status"] == "paused", "a paused job stays paused (the sweeper leaves it)"
 
@@ -135,6 +178,11 @@ def test_pause_then_resume_continues_exactly(harness: Harness) -> None:
     row = h.job_row(paused)
     assert row["attempt"] == 2 and row["failures"] == 0, context
 
+    assert _with_training_state(h.run_dir(paused)) == [], context  # succeeded: model/ only
+    assert all(
+        (h.run_dir(paused) / "checkpoints" / f"step-{c['step']:06d}" / "model").is_dir()
+        for c in h.checkpoints(paused)
+    )
     rows = h.metric_rows(paused)
     assert_steps_exactly_once(rows, steps, context)
     assert [a for _, a, _ in rows] == [1] * paused_at + [2] * (steps - paused_at), context

@@ -122,19 +122,37 @@ def stop_signals(request_stop: Callable[[int], None]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+class Interrupted(BaseException):
+    """The run stops: after a step's checkpoint, or where it is while it loads (`StopPolicy.loading`). A
+    BaseException, as KeyboardInterrupt: raised from a signal handler, it must not be taken for an error by
+    an `except Exception` in the code it interrupts (a model loader's fallback, say)."""
+
+
 class StopPolicy:
     """When the run stops after the step in progress, with a checkpoint. `request(signum)` comes from a
     signal handler (`stop_signals`) or a watcher thread (the Ray worker's relay poll); the engine calls
     `agreed(reduce)` once at every step's end, in every process at the same point (`reduce`: the runtime's
     reduction over the processes), and stops where it returns a signal number. This one answers from its
-    own process: the right answer for one process."""
+    own process: the right answer for one process.
+
+    While the run loads (`loading`: reading the data and the model, the first evaluation, until the engine
+    starts the step-0 checkpoint or, resumed, its first step) there is nothing to save (a fresh run has no
+    checkpoint yet, a resumed one is at its last), so the signal handler stops the run at once
+    (`interrupt_while_loading`) instead of after step 1: a job cancelled while its model loads ends in
+    seconds (issue 46)."""
 
     def __init__(self) -> None:
         self.requested: int | None = None
+        self.loading = True
 
     def request(self, signum: int) -> None:
         if self.requested is None:
             self.requested = int(signum)
+
+    def interrupt_while_loading(self) -> None:
+        """Raises Interrupted when a stop was requested and the run still loads (from the signal handler)."""
+        if self.loading and self.requested is not None:
+            raise Interrupted
 
     def agreed(self, reduce: Reduce) -> int | None:
         return self.requested
