@@ -291,7 +291,20 @@ class TrainerProcess:
         self.log_error: OSError | None = None  # why the copy to the log stopped, if it did
         self.stderr_tail = OutputTail()
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        child_env = trainer_environment(os.environ, env)
+        # Confined: the trainer is the init of its PID namespace, and the leader of its process group.
+        self._init_pid: int | None = None
+        self._init_fd: int | None = None
+        self._start(command, trainer_environment(os.environ, env), confinement)
+        self._reader = threading.Thread(target=self._read, name="trainer-stdout", daemon=True)
+        self._reader.start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, name="trainer-stderr", daemon=True)
+        self._stderr_reader.start()
+        self.stop_requested = False
+        self._stop_delivered = False
+
+    def _start(self, command: list[str], child_env: dict[str, str], confinement: Confinement | None) -> None:
+        """Start the trainer (confined: under bwrap, as its own uid, with a private keyring) and, confined,
+        hold its PID namespace's init."""
         if confinement is not None:
             # Under bwrap a missing interpreter would be bwrap's exit 1, read as a crash of the trainer:
             # checked here, it is the same OSError as an unconfined start (the worker's "cannot start").
@@ -321,21 +334,12 @@ class TrainerProcess:
         finally:
             if seccomp >= 0:
                 os.close(seccomp)
-        # Confined: the trainer is the init of its PID namespace, and the leader of its process group.
-        self._init_pid: int | None = None
-        self._init_fd: int | None = None
         if confinement is not None:
             os.close(info_write)
             try:
                 self._hold_init(read_child_pid(info_read))
             finally:
                 os.close(info_read)
-        self._reader = threading.Thread(target=self._read, name="trainer-stdout", daemon=True)
-        self._reader.start()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, name="trainer-stderr", daemon=True)
-        self._stderr_reader.start()
-        self.stop_requested = False
-        self._stop_delivered = False
 
     def _hold_init(self, pid: int | None) -> None:
         """A pidfd of the confined trainer (opened while bwrap is its parent: not a reused pid)."""

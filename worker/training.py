@@ -46,39 +46,31 @@ import logging
 import os
 import queue
 import re
-import shutil
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy.exc
-import yaml
 from pydantic import ValidationError
 
 from contract.protocol import (
-    CHECKPOINT_GLOB,
-    CHECKPOINTS_DIR,
     ErrorCode,
     EventType,
     ExitCode,
     FailureCode,
-    checkpoint_step,
 )
-from contract.spec import TrainSpec
-from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code, storage_writes
+from contract.storage import STORAGE_CODES, STORAGE_IO_ERROR, StorageError, storage_code
 from store import repository
 from store.artifacts import ArtifactStorage, open_artifact_storage
 from store.database import Database
 from store.repository import Claim, JobError
 from worker import records
-from worker.isolation import Confinement
+from worker.launching import NoCluster, spec_refusal, start_trainer
 from worker.retention import Retention
 from worker.settings import WorkerSettings
-from worker.supervisor import TrainerProcess, log_tail, ray_command, runs_torchrun, trainer_command
+from worker.supervisor import TrainerProcess, log_tail
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -186,109 +178,6 @@ class Recorder:
         )
 
 
-def prepare_run(claim: Claim, storage: ArtifactStorage) -> tuple[Path, Path, bool]:
-    """Writes the resolved spec next to the run's output; returns (spec path, out dir, resume?). A failed
-    write raises contract.storage.StorageError."""
-    out_dir = storage.local_path(claim.run_dir)
-    with storage_writes(out_dir):
-        return _prepare(claim, storage, out_dir)
-
-
-def _prepare(claim: Claim, storage: ArtifactStorage, out_dir: Path) -> tuple[Path, Path, bool]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec = dict(claim.resolved_spec)
-    task = dict(spec.get("task") or {})
-    if task.get("path"):
-        task["path"] = str(storage.local_path(task["path"]))  # stored as a key
-        spec["task"] = task
-    spec_path = out_dir / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(spec, sort_keys=True))
-    discard_unrecorded_checkpoints(out_dir / CHECKPOINTS_DIR, claim.latest_checkpoint_step)
-    resume = any((out_dir / CHECKPOINTS_DIR).glob(CHECKPOINT_GLOB))
-    return spec_path, out_dir, resume
-
-
-def discard_unrecorded_checkpoints(folder: Path, recorded_step: int | None) -> None:
-    """Removes checkpoint folders newer than the latest checkpoint row (all of them when there is none).
-
-    "Latest checkpoint" is the latest row. A newer folder was written by a trainer whose worker died before
-    recording it (during a database outage, say), so steps before it may have no metric rows: resuming from
-    it would leave a gap in the history. The trainer resumes from the newest folder left (or starts over).
-    """
-    if not folder.is_dir():
-        return
-    for child in folder.iterdir():
-        step = checkpoint_step(child.name)
-        if step is None or not child.is_dir():
-            continue
-        if recorded_step is None or step > recorded_step:
-            logger.warning("discarding checkpoint %s: written after the latest recorded checkpoint", child)
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def trainer_python(resolved_spec: dict[str, Any], settings: WorkerSettings) -> str:
-    """The interpreter of the job's trainer: vllm_python for rollout.engine vllm when set, else python,
-    else this one."""
-    engine = (resolved_spec.get("rollout") or {}).get("engine", "hf")
-    if engine == "vllm" and settings.vllm_python:
-        return settings.vllm_python
-    return settings.python or sys.executable
-
-
-class NoCluster(Exception):
-    """A multi-node job reached a worker that serves no Ray cluster."""
-
-
-def job_command(
-    claim: Claim, settings: WorkerSettings, spec_path: Path, out_dir: Path, *, resume: bool
-) -> list[str]:
-    """The child to supervise: the trainer on this host (torchrun above one process) for a one-node job,
-    the Ray driver for a job over several nodes. Raises NoCluster for the latter without STARE_RAY_ADDRESS."""
-    dist = TrainSpec.model_validate(claim.resolved_spec).distributed
-    python = trainer_python(claim.resolved_spec, settings)
-    if dist.nodes == 1:
-        return trainer_command(
-            python,
-            spec_path,
-            out_dir,
-            resume=resume,
-            num_processes=dist.world_size,
-            stop_grace_s=settings.cancel_grace_s,
-        )
-    if not settings.ray_address:
-        raise NoCluster(
-            f"the job asks for distributed.nodes = {dist.nodes} and this worker serves no Ray cluster "
-            "(STARE_RAY_ADDRESS is unset)"
-        )
-    return ray_command(python, spec_path, out_dir, resume=resume, settings=settings)
-
-
-def job_confinement(
-    claim: Claim, settings: WorkerSettings, storage: ArtifactStorage, out_dir: Path
-) -> Confinement | None:
-    """What the job's trainer may see (worker/isolation.py): its run folder and its uploaded task file; the
-    host's network and PID namespace only for a Ray driver. None when the operator turned it off."""
-    if not settings.trainer_isolation:
-        return None
-    task = claim.resolved_spec.get("task") or {}
-    read_only = (storage.local_path(task["path"]),) if task.get("path") else ()
-    ray = TrainSpec.model_validate(claim.resolved_spec).distributed.nodes > 1
-    return Confinement(
-        artifact_root=Path(settings.artifact_root),
-        job_dir=out_dir,
-        read_only=read_only,
-        network=ray,
-        own_pids=not ray,
-        run_as=settings.trainer_uid if os.geteuid() == 0 else None,  # never root in the trainer
-    )
-
-
-def spec_refusal(err: ValidationError) -> str:
-    """`invalid job spec: <field>: <why>` for each field, as the trainer says it (exit 2)."""
-    fields = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(spec)'}: {e['msg']}" for e in err.errors())
-    return f"invalid job spec: {fields}"[:1000]
-
-
 def run_claimed(
     db: Database, claim: Claim, settings: WorkerSettings, resend: Callable[[str, str], None]
 ) -> str:
@@ -296,20 +185,7 @@ def run_claimed(
     storage = open_artifact_storage(settings.artifact_root)
     recorder = Recorder(db, claim, settings, storage)
     try:
-        spec_path, out_dir, resume = prepare_run(claim, storage)
-        command = job_command(claim, settings, spec_path, out_dir, resume=resume)
-        log_path = out_dir / f"trainer-attempt-{claim.attempt}.log"
-        # torchrun's error file: its first failed process's exit code and reason (worker/supervisor.py)
-        error_file = (
-            out_dir / f"trainer-attempt-{claim.attempt}.error.json" if runs_torchrun(command) else None
-        )
-        child = TrainerProcess(
-            command,
-            log_path=log_path,
-            env={"PYTHONUNBUFFERED": "1"},
-            error_file=error_file,
-            confinement=job_confinement(claim, settings, storage, out_dir),
-        )
+        child, log_path = start_trainer(claim, settings, storage)
     except StorageError as err:  # our own write failed: the trainer would meet the same disk
         logger.error("job %s: %s", claim.job_id, err)
         return _finish(recorder, "failed", JobError(err.code, str(err)[:1000], "system"))
@@ -322,32 +198,10 @@ def run_claimed(
         return _finish(recorder, "failed", JobError(FailureCode.INVALID_JOB, message, "user"))
     except OSError as err:  # the trainer could not be started (no such interpreter, no memory to fork)
         logger.error("job %s: cannot start the trainer: %s", claim.job_id, err)
-        return _retry(
-            recorder,
-            claim,
-            JobError(FailureCode.TRAINER_CRASHED, f"cannot start the trainer: {err}", "system"),
-            resend,
-        )
-    stop_reason: str | None = None
-    stop_sent_at = 0.0
-    last_beat = time.monotonic()
+        error = JobError(FailureCode.TRAINER_CRASHED, f"cannot start the trainer: {err}", "system")
+        return _retry(recorder, claim, error, resend)
     try:
-        finished_output = False
-        while not finished_output:
-            batch, finished_output = _next_events(child, wait_s=min(1.0, settings.heartbeat_s))
-            if batch:
-                recorder.record_batch(batch)
-            if time.monotonic() - last_beat >= settings.heartbeat_s:
-                status = recorder.heartbeat()
-                last_beat = time.monotonic()
-                if status in ("cancelling", "pausing") and stop_reason is None:
-                    stop_reason = "cancelled" if status == "cancelling" else "paused"
-                    stop_sent_at = time.monotonic()
-            if stop_reason:  # until the trainer can take it (TrainerProcess.request_stop), then a no-op
-                child.request_stop()
-                if child.poll() is None and time.monotonic() - stop_sent_at > settings.cancel_grace_s:
-                    child.kill()
-        code = child.wait(timeout=60)
+        code, stop_reason = _supervise(child, recorder, settings)
     except LeaseLost:
         logger.warning("lease lost for job %s; stopping its trainer", claim.job_id)
         child.kill()
@@ -357,11 +211,34 @@ def run_claimed(
         child.kill()
         child.wait(timeout=60)
         raise
-
     # Under torchrun its stderr ends with its own failure summary: the failed process's report says why.
     report = child.exit_report
     tail = report.text if report is not None else child.stderr_tail.text() or log_tail(log_path)
     return _conclude(recorder, claim, code, stop_reason, tail, resend)
+
+
+def _supervise(child: TrainerProcess, recorder: Recorder, settings: WorkerSettings) -> tuple[int, str | None]:
+    """Records the trainer's events until its output ends, heartbeats the lease, passes a cancel or pause on
+    (killing the trainer past the grace); returns (exit code, "cancelled" | "paused" | None)."""
+    stop_reason: str | None = None
+    stop_sent_at = 0.0
+    last_beat = time.monotonic()
+    finished_output = False
+    while not finished_output:
+        batch, finished_output = _next_events(child, wait_s=min(1.0, settings.heartbeat_s))
+        if batch:
+            recorder.record_batch(batch)
+        if time.monotonic() - last_beat >= settings.heartbeat_s:
+            status = recorder.heartbeat()
+            last_beat = time.monotonic()
+            if status in ("cancelling", "pausing") and stop_reason is None:
+                stop_reason = "cancelled" if status == "cancelling" else "paused"
+                stop_sent_at = time.monotonic()
+        if stop_reason:  # until the trainer can take it (TrainerProcess.request_stop), then a no-op
+            child.request_stop()
+            if child.poll() is None and time.monotonic() - stop_sent_at > settings.cancel_grace_s:
+                child.kill()
+    return child.wait(timeout=60), stop_reason
 
 
 def _next_events(child: TrainerProcess, wait_s: float) -> tuple[list[dict[str, Any]], bool]:

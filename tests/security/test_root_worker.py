@@ -137,9 +137,9 @@ def test_the_keyring_filter_refuses_exactly_the_keyring_calls_and_foreign_abis()
 
 
 def test_a_root_worker_confines_its_trainer_as_the_trainer_uid(tmp_path: Path) -> None:
-    """worker/training.py: under root the confinement switches to STARE_TRAINER_UID; never uid 0."""
+    """worker/launching.py: under root the confinement switches to STARE_TRAINER_UID; never uid 0."""
+    from worker.launching import job_confinement
     from worker.settings import WorkerSettings
-    from worker.training import job_confinement
 
     settings = WorkerSettings(artifact_root=tmp_path, trainer_uid=4242)
     claim: Any = type("Claim", (), {"resolved_spec": {"task": {}}})()

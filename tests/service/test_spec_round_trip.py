@@ -2,7 +2,7 @@
 
 Each edge value goes through the real path on PostgreSQL and on SQLite: POST /v1/jobs (validated by
 contract.spec.TrainSpec), the job row, the worker's claim and the spec file it writes for the trainer
-(worker.training.prepare_run), and the trainer's own loader (contract.spec.load_spec). A value the API
+(worker.launching.prepare_run), and the trainer's own loader (contract.spec.load_spec). A value the API
 refuses is a 422 naming the field (the numeric bounds of contract/spec.py); a value it accepts comes back to
 the trainer exactly as validated (the spec is stored as written: PostgreSQL `json`, not `jsonb`).
 """
@@ -24,7 +24,7 @@ from store.artifacts import open_artifact_storage
 from store.database import Database
 from tests.service.conftest import TenantKey
 from tests.service.helpers import TINY_SPEC
-from worker.training import prepare_run
+from worker.launching import prepare_run
 
 EDGE_FLOATS = [1e70, 1e-300, 5e-324, 1.7976931348623157e308, 2.0**-1074 * 3]
 BIG_INTS = [2**53 + 1, 2**63 + 1, 10**60 + 7]

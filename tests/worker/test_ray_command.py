@@ -21,8 +21,9 @@ from contract.spec import TrainSpec
 from store.repository import Claim
 from tests.worker.harness import REPO_ROOT, tiny_spec
 from trainer.launch.ray_driver import CONNECT_BACKSTOP_S, job_runtime_env
+from worker.launching import NoCluster, job_command
 from worker.settings import WorkerSettings
-from worker.training import NoCluster, _marked_line, job_command
+from worker.training import _marked_line
 
 
 def _claim(nodes: int, processes: int) -> Claim:
