@@ -30,9 +30,9 @@ from contract.algorithms import CONTROLLED_PARAMS, SPEC_FREE_PARAMS, make_loss_p
 from contract.catalog import BUILTIN_MODELS, TINY_ARITH
 from contract.control import ControlSettings
 from contract.control.base import MAX_ENTROPY_NATS
-from contract.control.stare_gate import StareGateSettings
 from contract.distributed import DistributedSpec
 from contract.hyperparams import BAND_AROUND_TARGET, EntropyTarget
+from contract.spec_migration import closed_loop_laws, migrate_control
 
 # Numeric bounds: every number field of a spec has a finite range, stated here or in its annotation below.
 # The API validates a job with this model (service/job_specs.py) and the trainer loads the stored spec with
@@ -119,76 +119,6 @@ class RewardSpec(_Strict):
     overlong: OverlongSpec | None = None  # DAPO soft overlong penalty; on by default for dapo
 
 
-def _migrate_control(data: Any) -> Any:
-    """The one migration of the algorithm section to its single `control` (docs/ALGORITHMS.md §8): specs
-    written before it set STARE's gate in `algorithm.gate`, the adaptive coefficient's target in
-    `algorithm.entropy_control` (or, before that, in `gate`), and a PI law's settings in `control` without
-    naming the controller; every stored spec also carries a `gate` section (with its defaults) whatever its
-    algorithm. Each is read once into `control`, keyed by the algorithm's controller; a `gate` that did
-    nothing (an algorithm other than STARE and adaptive_entropy) is dropped. `control` set and no algorithm
-    named: the law it names when that law is an algorithm, else the default law."""
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    section = data.get("control")
-    named = str(section.get("controller")) if isinstance(section, dict) else ""
-    if "name" not in data and section is not None:
-        own = named in controllers.CONTROLLERS and controllers.get(named).own_algorithm is not None
-        data["name"] = named if own else controllers.DEFAULT_LAW
-    try:
-        law = algorithms.get(data.get("name", "stare")).controller
-    except ValueError:
-        return data  # the name's own validator says what is wrong
-    legacy = {k: v for k in ("gate", "entropy_control") if (v := data.pop(k, None)) is not None}
-    name = data.get("name", "stare")
-    if "entropy_control" in legacy and law != "entropy_coef":
-        raise ValueError(f"algorithm.entropy_control: algorithm {name!r} has no entropy coefficient")
-    if law is None:
-        if section is not None:
-            raise ValueError(
-                f"algorithm.control: algorithm {name!r} has no controller; name a law ({', '.join(_laws())}), "
-                f"or leave algorithm.name unset for the default ({controllers.DEFAULT_LAW})"
-            )
-        return data
-    if section is None:
-        section = _legacy_section(law, legacy)
-    elif law in ("stare_gate", "entropy_coef") and legacy.keys() & {"entropy_control", "gate"} - (
-        {"gate"} if law == "entropy_coef" else set()
-    ):
-        raise ValueError(f"algorithm.{min(legacy)}: set {name!r}'s settings in algorithm.control only")
-    if isinstance(section, dict):  # a stored section from before the declarations wrote unset gains as null
-        section = {"controller": law, **{k: v for k, v in section.items() if v is not None}}
-    data["control"] = section
-    return data
-
-
-def _legacy_section(law: str, legacy: dict[str, Any]) -> Any:
-    """The control section an older spec's gate or entropy_control section stands for."""
-    if law == "entropy_coef":
-        if "entropy_control" in legacy:
-            return legacy["entropy_control"]
-        gate = legacy.get("gate", {})
-        if isinstance(gate, dict) and set(gate) - {"target_entropy"} and not _all_gate_defaults(gate):
-            raise ValueError(
-                "algorithm.gate: adaptive_entropy has no gate; set its target with "
-                "algorithm.control.target_entropy"
-            )
-        return (
-            {"target_entropy": gate["target_entropy"]}
-            if isinstance(gate, dict) and "target_entropy" in gate
-            else gate
-        )
-    if law == "stare_gate":
-        return legacy.get("gate", {})
-    return {}
-
-
-def _all_gate_defaults(gate: dict[str, Any]) -> bool:
-    """A stored spec's gate section as every spec carried it: the gate's settings at their defaults."""
-    defaults = StareGateSettings().model_dump()
-    return all(defaults.get(k) == v for k, v in gate.items() if k != "target_entropy")
-
-
 class AlgorithmSpec(_Strict):
     name: str = "stare"
     advantage: str | None = None  # default: the estimator the method is defined with
@@ -202,7 +132,7 @@ class AlgorithmSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _migrate(cls, data: Any) -> Any:
-        return _migrate_control(data)
+        return migrate_control(data)
 
     @field_validator("name")
     @classmethod
@@ -228,7 +158,7 @@ class AlgorithmSpec(_Strict):
         if self.control is not None and law is None:
             raise ValueError(
                 f"algorithm.control: algorithm {self.name!r} has no controller; name a law "
-                f"({', '.join(_laws())}), or leave algorithm.name unset for the default ({controllers.DEFAULT_LAW})"
+                f"({', '.join(closed_loop_laws())}), or leave algorithm.name unset for the default ({controllers.DEFAULT_LAW})"
             )
         if self.control is not None and self.control.controller != law:
             raise ValueError(
@@ -265,14 +195,6 @@ class AlgorithmSpec(_Strict):
         for name in SPEC_FREE_PARAMS:
             params.pop(name, None)
         return params
-
-
-def _laws() -> list[str]:
-    return [
-        n
-        for n in algorithms.names()
-        if (c := algorithms.get(n).controller) and controllers.get(c).closed_loop
-    ]
 
 
 class SamplingSpec(_Strict):
