@@ -157,7 +157,7 @@ def _unknown(field: str, message: str, name: str, valid: list[str]) -> SpecProbl
 
 def _problems_of(item: dict[str, Any], model: type[BaseModel]) -> list[SpecProblem]:
     loc = [part for part in item.get("loc", ()) if not (isinstance(part, str) and "[" in part)]
-    field = _dotted(loc)
+    field = dotted(loc)
     kind = str(item.get("type", ""))
     value = item.get("input")
     ctx: Mapping[str, Any] = item.get("ctx") or {}
@@ -231,7 +231,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _dotted(loc: Iterable[Any]) -> str:
+def dotted(loc: Iterable[Any]) -> str:
+    """A pydantic error location as a field path: ('optim', 'lr') → 'optim.lr', ('rows', 3) → 'rows[3]'."""
     parts: list[str] = []
     for part in loc:
         if isinstance(part, int) and parts:

@@ -34,7 +34,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
 from contract.spec import TrainSpec
-from contract.spec_problems import plain_words
+from contract.spec_problems import dotted, plain_words
 from service import __version__
 from service.boundary import RequestBoundary
 from service.dependencies import (
@@ -44,7 +44,6 @@ from service.dependencies import (
     spend_address_token,
 )
 from service.errors import ServiceError, error_body, http_error
-from service.job_specs import dotted
 from service.routers import (
     api_keys,
     checkpoints,

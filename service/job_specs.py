@@ -232,16 +232,6 @@ def pool_refusal(err: QueueBusy | PoolUnavailable) -> ServiceError:
     return Unavailable(str(err), code="task_checks_unavailable", retry_after_s=60)
 
 
-def dotted(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts: list[str] = []
-    for part in loc:
-        if isinstance(part, int) and parts:
-            parts[-1] += f"[{part}]"
-        else:
-            parts.append(str(part))
-    return ".".join(parts)
-
-
 def canonical_hash(value: Any) -> str:
     return hashlib.sha256(
         json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
