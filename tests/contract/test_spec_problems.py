@@ -88,6 +88,6 @@ def test_unknown_names_are_split_per_name_each_with_its_suggestion() -> None:
 def test_an_unknown_field_lists_the_valid_ones_when_none_is_close() -> None:
     code, message, suggestion = problems_of({"checkpoint": {"colour": 1}})["checkpoint.colour"]
     assert (code, suggestion) == ("unknown_field", None)
-    assert message == "unknown field; valid: interval, keep_last"
+    assert message == "unknown field; valid: interval, keep_last, training_state"
     assert fields_of(TrainSpec, ["task", "params"]) is None  # a free-form map has no field list
     assert fields_of(TrainSpec, ["algorithm", "control"]) is None  # the controller's settings class varies
