@@ -6,10 +6,11 @@ in pyproject.toml, and no import cycle: tests/test_package_shape.py):
 
 - `launch/`: the command line, the `run` command's arguments, the one job entry (`job.run_job`), the Ray
   driver and what runs inside the cluster;
-- `engine.py`: one training run, its numbered `train_step`;
+- `engine.py`: one training run (`Engine`: the loop, checkpoints, the report, exit codes);
+- `step.py`: one optimiser step (`StepEngine`: the setup, the numbered `train_step`), which `Engine` extends;
 - the step's parts: `policy/` (where the policy lives, its scoring pass, its update), `data.py` (the prompt
   order and each step's rollouts), `evaluation.py`, `sft.py` (the warm start), `controllers.py`, and
-  `run/` (the event log and stop policies, fault injection, the heap setting);
+  `run/` (the event log and stop policies, the step's event metrics, fault injection, the heap setting);
 - `rollout/`: sampling streams, the rollout engines (HF generate, vLLM), the mode switch between training
   and sampling, the rollout batch, the sampler/trainer mismatch;
 - `envs/`: the tool-use environment and its sandbox;

@@ -1,2 +1,3 @@
-"""The run around its steps: the event log and the stop policies (`events`), the fault injection the tests
-drive from environment variables (`faults`), and the process's heap setting (`heap`)."""
+"""The run around its steps: the event log and the stop policies (`events`), a step's event metrics
+(`metrics`), the fault injection the tests drive from environment variables (`faults`), and the process's
+heap setting (`heap`)."""
