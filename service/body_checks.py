@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
+import sys
 import threading
 from concurrent.futures.process import BrokenProcessPool
 
@@ -40,6 +44,19 @@ def check(body: bytes, max_values: int) -> safejson.Problem | None:
     return None
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_the_api() -> None:
+    """In each checking process: SIGKILL when the API process that started it ends, however it ends (a
+    SIGKILL or a hung shutdown included); a pool child otherwise waits on its queue forever."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the API ended before the line above ran
+        os._exit(0)
+
+
 class BodyChecks:
     def __init__(self, *, processes: int, max_values: int) -> None:
         self.processes, self.max_values = processes, max_values
@@ -49,8 +66,12 @@ class BodyChecks:
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
+                # Started from the event loop's thread (the first large body), which lives as long as the
+                # API: the death signal follows the thread that forked.
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    self.processes, mp_context=multiprocessing.get_context("spawn")
+                    self.processes,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_end_with_the_api,
                 )
             return self._pool
 
