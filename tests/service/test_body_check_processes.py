@@ -36,11 +36,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_checking_processes_end_with_a_killed_api() -> None:
-    done = subprocess.run([sys.executable, "-c", API], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == -9, done.stderr
-    pids = [int(p) for p in done.stdout.split()]
-    assert len(pids) >= 1, done.stdout
+def test_the_checking_processes_end_with_a_killed_api(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with out.open("w") as stdout:  # a file, not a pipe: a surviving child would hold a pipe open
+        done = subprocess.run(
+            [sys.executable, "-c", API], cwd=ROOT, stdout=stdout, stderr=stdout, timeout=120
+        )
+    assert done.returncode == -9, out.read_text()
+    pids = [int(p) for p in out.read_text().split()]
+    assert len(pids) >= 1, out.read_text()
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
