@@ -37,12 +37,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_checking_processes_end_with_a_killed_api(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    with out.open("w") as stdout:  # a file, not a pipe: a surviving child would hold a pipe open
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:  # files: a surviving child would hold a pipe open
         done = subprocess.run(
-            [sys.executable, "-c", API], cwd=ROOT, stdout=stdout, stderr=stdout, timeout=120
+            [sys.executable, "-c", API], cwd=ROOT, stdout=stdout, stderr=stderr, timeout=120
         )
-    assert done.returncode == -9, out.read_text()
+    assert done.returncode == -9, err.read_text()
     pids = [int(p) for p in out.read_text().split()]
     assert len(pids) >= 1, out.read_text()
     deadline = time.monotonic() + 10
