@@ -7,7 +7,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from stare_client import errors, models
@@ -242,23 +242,33 @@ def _eta(job: models.Job) -> str:
     return f"eta {minutes}:{seconds:02d}"
 
 
+WIDE_WATCH = 110  # columns from which the bar also shows the gate and the reward
+
+
+def watch_columns(width: int) -> list[ProgressColumn]:
+    """The live bar's columns for a terminal `width` wide: below WIDE_WATCH a shorter bar and no gate or
+    reward, so that status, step, ETA and entropy fit whole in 80 columns."""
+    wide = width >= WIDE_WATCH
+    columns: list[ProgressColumn] = [
+        TextColumn("{task.fields[status]}"),
+        BarColumn(bar_width=20 if wide else 8),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[steps]}"),
+        TextColumn("{task.fields[eta]}"),
+        TextColumn("entropy {task.fields[entropy]}"),
+    ]
+    if wide:
+        columns += [TextColumn("{task.fields[gate]}"), TextColumn("{task.fields[reward]}")]
+    return columns
+
+
 def watch_job(
     stare: Client, job_id: str, output: Output, timeout: float | None, poll_s: float = 1.0
 ) -> NoReturn:
     """Follow a job with a live bar until it is terminal or paused; exit with the outcome's code."""
     quiet = output is Output.json
-    progress = Progress(
-        TextColumn("{task.fields[status]}"),
-        BarColumn(bar_width=20),
-        TaskProgressColumn(),
-        TextColumn("{task.fields[steps]}"),
-        TextColumn("{task.fields[eta]}"),
-        TextColumn("entropy {task.fields[entropy]}"),
-        TextColumn("{task.fields[gate]}"),
-        TextColumn("{task.fields[reward]}"),
-        console=err if quiet else out,
-        disable=quiet,
-    )
+    console = err if quiet else out
+    progress = Progress(*watch_columns(console.width), console=console, disable=quiet)
 
     def update(job: models.Job) -> None:
         progress.update(

@@ -85,3 +85,29 @@ def test_compare_labels_avg_at_k_with_its_k_and_keeps_the_ids_whole(
         assert f"#{number}  {job_id}" in text, text
     row = next(line for line in text.splitlines() if "avg@k after" in line)
     assert "0.500 (@2)" in row and "0.500 (@4)" in row  # several k: each value says its own
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_watch_bar_fits_its_terminal_with_step_eta_and_entropy_whole(width: int) -> None:
+    """`stare jobs watch` (issue 46, item 6): at 80 columns the bar drops the gate and the reward and
+    shortens, so status, step, ETA and entropy with its band fit whole; at 120 it shows all of them."""
+    from rich.progress import Progress
+
+    console = Console(record=True, width=width, highlight=False)
+    progress = Progress(*cli_jobs.watch_columns(width), console=console, auto_refresh=False)
+    task = progress.add_task("job", total=500, completed=250)
+    fields = {
+        "status": "running",
+        "steps": "step 250/500",
+        "eta": "eta 12:34",
+        "entropy": "0.177 in_band [0.10, 1.00]",
+        "gate": "gate on",
+        "reward": "reward 0.85",
+    }
+    progress.update(task, **fields)
+    console.print(progress.make_tasks_table(progress.tasks))
+    lines = [line for line in console.export_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and len(lines[0]) <= width, lines
+    for key in ("status", "steps", "eta", "entropy"):
+        assert fields[key] in lines[0], (key, lines)
+    assert ("gate on" in lines[0] and "reward 0.85" in lines[0]) is (width >= cli_jobs.WIDE_WATCH), lines
