@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from contract.protocol import CHECKPOINT_GLOB, CHECKPOINTS_DIR, checkpoint_step
 from contract.spec import TrainSpec
+from contract.spec_problems import spec_problems
 from contract.storage import storage_writes
 from store.artifacts import ArtifactStorage
 from store.repository import Claim
@@ -145,6 +146,7 @@ def job_confinement(
 
 
 def spec_refusal(err: ValidationError) -> str:
-    """`invalid job spec: <field>: <why>` for each field, as the trainer says it (exit 2)."""
-    fields = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(spec)'}: {e['msg']}" for e in err.errors())
+    """`invalid job spec: <field>: <why>` for each problem, in the words the API and the trainer use
+    (contract.spec_problems)."""
+    fields = "; ".join(f"{p.field or '(spec)'}: {p.message}" for p in spec_problems(err, TrainSpec))
     return f"invalid job spec: {fields}"[:1000]

@@ -60,6 +60,25 @@ def test_a_bad_spec_is_refused_by_the_one_entry(tmp_path: Path) -> None:
         run_job(tmp_path / "missing.yaml", tmp_path / "out", resume=False)
 
 
+def test_a_local_spec_gets_every_problem_at_once_in_plain_words(tmp_path: Path) -> None:
+    """`python -m trainer run` says what the API says (contract.spec_problems): each problem on its own line
+    at its field path, the name meant for an unknown one, no pydantic wording."""
+    bad = tmp_path / "spec.yaml"
+    bad.write_text("optim: {learning_rate: 0.001}\nevaluation: {k: 2}\nalgorithm: {name: grop}\n")
+    with pytest.raises(Refused) as refused:
+        load_job_spec(bad)
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "invalid job spec:"
+    assert {line.split(":")[0].strip() for line in lines[1:]} == {
+        "algorithm.name",
+        "optim.learning_rate",
+        "evaluation.k",
+    }
+    assert "optim.learning_rate: unknown field; did you mean `lr`?" in str(refused.value)
+    assert "did you mean `grpo`?" in str(refused.value)
+    assert "Extra inputs" not in str(refused.value) and "Value error" not in str(refused.value)
+
+
 def _one_process(values: list[float], reduction: str, dtype: torch.dtype) -> torch.Tensor:
     """The reduction over a group of one: this process's own values."""
     return torch.tensor(values, dtype=dtype)

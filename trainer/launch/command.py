@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from contract.protocol import EVENT_PREFIX
 from contract.spec import TrainSpec, load_spec
+from contract.spec_problems import spec_problems
 
 
 class Refused(Exception):
@@ -24,10 +25,10 @@ class Refused(Exception):
 
 
 def _format_validation(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(spec)"
-        lines.append(f"  {loc}: {e['msg']}")
+    """Every problem of the spec on its own line, at its field path, in the API's plain words (with the
+    name meant for an unknown field or value: contract.spec_problems)."""
+    problems = spec_problems(err, TrainSpec)
+    lines = [f"  {p.field or '(spec)'}: {p.message}" for p in problems]
     return "invalid job spec:\n" + "\n".join(lines)
 
 
