@@ -9,8 +9,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 
 API = textwrap.dedent(
@@ -35,7 +33,6 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_checking_processes_end_with_a_killed_api(tmp_path: Path) -> None:
     out, err = tmp_path / "out", tmp_path / "err"
     with out.open("w") as stdout, err.open("w") as stderr:  # files: a surviving child would hold a pipe open
