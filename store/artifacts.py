@@ -177,7 +177,9 @@ class LocalArtifactStorage:
     def size(self, key: str) -> int:
         path = self.resolve(key)
         if path.is_file():
-            return path.stat().st_size
+            with contextlib.suppress(FileNotFoundError):  # removed since (a pruned checkpoint's file)
+                return path.stat().st_size
+            return 0
         return sum(f.size for f in self.walk(key))
 
     def walk(self, key: str) -> list[StoredFile]:
@@ -190,8 +192,12 @@ class LocalArtifactStorage:
             dirnames.sort()
             for name in sorted(filenames):
                 path = Path(dirpath) / name
-                info = path.lstat()
-                if not stat.S_ISREG(info.st_mode) or not path.resolve().is_relative_to(self.root):
+                try:
+                    info = path.lstat()
+                    inside = path.resolve(strict=True).is_relative_to(self.root)
+                except FileNotFoundError:  # removed while we walked (the worker pruning a checkpoint)
+                    continue
+                if not stat.S_ISREG(info.st_mode) or not inside:
                     continue
                 relative = path.relative_to(base).as_posix()
                 file_key = f"{key.rstrip('/')}/{relative}"

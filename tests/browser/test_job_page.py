@@ -170,7 +170,9 @@ class _Tour:
     theirs: str
 
     def status(self, job_id: str) -> str:
-        return str(self.api.get(f"/v1/jobs/{job_id}").json()["status"])
+        answer = self.api.get(f"/v1/jobs/{job_id}")
+        assert answer.status_code == 200, (answer.status_code, answer.text[:2000])
+        return str(answer.json()["status"])
 
 
 def _sign_in(page: Any, context: Any, tour: _Tour, url: str) -> None:
