@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.control import pi as law
-from contract.stability import HOLD_TOLERANCE, collapse_step, holding, moving_average
+from contract.stability import HOLD_TOLERANCE, collapse_step, holding, moving_average, step_noise
 from experiments import analysis as an
 
 EVAL = "eval/avg@k"
@@ -66,6 +66,10 @@ class Row:
     end_ratio: float | None  # mean H̄ of the last 10 steps over the target
     start_avg: float | None
     final_avg: float | None
+    cpu: str | None = None  # the CPU the run ran on (its result.json)
+    noise: float | None = (
+        None  # step noise of the batch entropy from settling on, relative (contract.stability)
+    )
 
     def missed(self) -> list[str]:
         """The hold bounds this run missed, each with its figure."""
@@ -119,6 +123,7 @@ def row_of(suite: str, arm: str, seed: int, folder: Path, steps_planned: int) ->
     rate = [v for _, v in an.metric_series(events, "control/rate_limited")]
     evals = an.eval_series(events, EVAL)
     last = [h for _, h in entropies[-10:]]
+    settled = [h for s, h in entropies if held.settling_step is None or s >= held.settling_step]
     return Row(
         suite,
         arm,
@@ -139,7 +144,18 @@ def row_of(suite: str, arm: str, seed: int, folder: Path, steps_planned: int) ->
         statistics.fmean(last) / target if last and target else None,
         evals[0][1] if evals and evals[0][0] == 0 else None,
         evals[-1][1] if evals and evals[-1][0] > 0 else None,
+        _cpu(folder),
+        step_noise(settled, target) if target else None,
     )
+
+
+def _cpu(folder: Path) -> str | None:
+    try:
+        cpu = json.loads((folder / "result.json").read_text()).get("cpu") or {}
+    except (OSError, ValueError):
+        return None
+    wide = "AVX-512" if "avx512f" in cpu.get("vector_extensions", []) else "AVX2"
+    return f"{cpu.get('model', '?')} ({wide})"
 
 
 def collect(root: Path, steps_of: dict[str, int]) -> list[Row]:
@@ -218,6 +234,50 @@ def cell_markdown(suite: str, rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The 4 × samples cell and the cell it repeats at 4 × the samples per step (issue 48, item 5).
+SAMPLES_PAIR = ("ctl2-t1.0", "ctl2-x4")
+
+
+def samples_markdown(rows: list[Row]) -> str:
+    """`hold` on the same seeds at 1 × and 4 × the samples: the batch entropy's step noise and the moving
+    average's holding figures side by side, with the ratio of the means where both have finished seeds."""
+    base, more = (
+        {r.seed: r for r in rows if r.suite == s and r.arm == "hold" and r.finished} for s in SAMPLES_PAIR
+    )
+    seeds = sorted(set(base) & set(more))
+    if not seeds:
+        return ""
+    lines = [
+        f"### 4 × the samples: {SAMPLES_PAIR[0]} `hold` (32 responses a step) beside {SAMPLES_PAIR[1]} (128)",
+        "",
+        "| seed | step noise 1× → 4× | MA deviation 1× → 4× | MA in band 1× → 4× | excursion 1× → 4× | "
+        "settled 1× → 4× |",
+        "|" + "---|" * 6,
+    ]
+    for s in seeds:
+        a, b = base[s], more[s]
+        lines.append(
+            f"| {s} | {_f(a.noise)} → {_f(b.noise)} | {_f(a.ma_deviation)} → {_f(b.ma_deviation)} | "
+            f"{_pct(a.ma_share)} → {_pct(b.ma_share)} | {_f(a.excursion, '{:+.0%}')} → {_f(b.excursion, '{:+.0%}')} "
+            f"| {a.settling or '–'} → {b.settling or '–'} |"
+        )
+    lines.append("")
+    cpus = sorted({r.cpu or "?" for r in (*base.values(), *more.values()) if r.seed in seeds})
+    lines.append(
+        f"- CPUs: {'; '.join(cpus)} (step noise: √(mean squared step-to-step change / 2) / H* from settling on)."
+    )
+    for label, field in (("step noise", "noise"), ("MA deviation", "ma_deviation")):
+        one = [getattr(base[s], field) for s in seeds if getattr(base[s], field) is not None]
+        four = [getattr(more[s], field) for s in seeds if getattr(more[s], field) is not None]
+        if one and four and statistics.fmean(one) > 0:
+            ratio = statistics.fmean(four) / statistics.fmean(one)
+            lines.append(
+                f"- {label}: mean {statistics.fmean(one):.3f} at 1 ×, {statistics.fmean(four):.3f} at 4 × "
+                f"(ratio {ratio:.2f}; a figure made of sampling noise alone would halve: 0.50), {len(seeds)} seed(s)."
+            )
+    return "\n".join(lines) + "\n"
+
+
 def page(rows: list[Row]) -> str:
     b = BOUNDS
     out = [
@@ -233,6 +293,9 @@ def page(rows: list[Row]) -> str:
     ]
     for suite in sorted({r.suite for r in rows}):
         out.append(cell_markdown(suite, [r for r in rows if r.suite == suite]))
+    samples = samples_markdown(rows)
+    if samples:
+        out.append(samples)
     return "\n".join(out)
 
 

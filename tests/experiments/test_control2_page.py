@@ -1,0 +1,70 @@
+"""The second-generation law's page (experiments/control2_page.py): the 4 × samples section sets the cell's
+`hold` beside the cell it repeats, per seed, with the batch entropy's step noise computed from the events."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments import control2_page as page
+
+TARGET = 1.0
+STEPS = 40
+
+
+def _events(amplitude: float) -> list[dict[str, Any]]:
+    """A held run whose batch entropy alternates target ± amplitude: step-to-step change 2a, so its step noise
+    is √((2a)² / 2) / H* = a·√2."""
+    spec = {"algorithm": {"name": "entropy_split", "control": {"target_entropy": {"relative": 0.7}}}}
+    events: list[dict[str, Any]] = [{"type": "started", "spec": spec}]
+    for step in range(1, STEPS + 1):
+        h = TARGET + (amplitude if step % 2 else -amplitude)
+        metrics = {"entropy/mean": h, "entropy/target": TARGET, "control/output": 0.1}
+        events.append({"type": "step", "step": step, "metrics": metrics})
+    events.append({"type": "eval", "step": STEPS, "metrics": {"eval/avg@k": 0.5, "eval/k": 2.0}})
+    return events
+
+
+def _write(folder: Path, events: list[dict[str, Any]], cpu: dict[str, Any]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (folder / "result.json").write_text(json.dumps({"exit_code": 0, "cpu": cpu}))
+
+
+XEON = {"model": "Xeon", "vector_extensions": ["avx2", "avx512f"]}
+EPYC = {"model": "EPYC", "vector_extensions": ["avx2"]}
+
+
+@pytest.fixture
+def rows(tmp_path: Path) -> list[page.Row]:
+    for seed, (one, four) in enumerate([(0.2, 0.1), (0.1, 0.05)]):
+        _write(tmp_path / "ctl2-t1.0" / "hold" / f"seed{seed}", _events(one), XEON)
+        _write(tmp_path / "ctl2-x4" / "hold" / f"seed{seed}", _events(four), EPYC)
+    _write(tmp_path / "ctl2-t1.0" / "hold" / "seed2", _events(0.2), XEON)  # no 4 × run for seed 2
+    return page.collect(tmp_path, {"ctl2-t1.0": STEPS, "ctl2-x4": STEPS})
+
+
+def test_step_noise_per_run_from_the_events(rows: list[page.Row]) -> None:
+    noise = {(r.suite, r.seed): r.noise for r in rows}
+    assert noise[("ctl2-t1.0", 0)] == pytest.approx(0.2 * math.sqrt(2))
+    assert noise[("ctl2-x4", 1)] == pytest.approx(0.05 * math.sqrt(2))
+    assert {r.cpu for r in rows} == {"Xeon (AVX-512)", "EPYC (AVX2)"}
+
+
+def test_the_four_times_section_pairs_seeds_and_states_the_ratio(rows: list[page.Row]) -> None:
+    md = page.samples_markdown(rows)
+    table = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [line.split("|")[1].strip() for line in table] == ["0", "1"]  # seed 2 has no 4 × run
+    assert table[0].split("|")[2].strip() == f"{0.2 * math.sqrt(2):.3f} → {0.1 * math.sqrt(2):.3f}"
+    # mean noise 0.212 → 0.106 and the same deviation halving: both ratios 0.50
+    assert md.count("(ratio 0.50;") == 2
+    assert "EPYC (AVX2); Xeon (AVX-512)" in md
+    assert "4 × the samples" in page.page(rows)
+
+
+def test_no_section_without_a_finished_pair(rows: list[page.Row]) -> None:
+    assert page.samples_markdown([r for r in rows if r.suite != "ctl2-x4"]) == ""
