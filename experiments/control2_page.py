@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from contract.control import pi as law
-from contract.stability import HOLD_TOLERANCE, collapse_step, holding, moving_average, step_noise
+from contract.stability import HOLD_TOLERANCE, MA_WINDOW, collapse_step, holding, moving_average, step_noise
 from experiments import analysis as an
 
 EVAL = "eval/avg@k"
@@ -87,6 +88,16 @@ class Row:
         if (self.excursion or 0) > BOUNDS.excursion:
             out.append(f"excursion +{self.excursion:.0%}")
         return out
+
+
+def noise_floor_of_holding(noise: float) -> tuple[float, float]:
+    """What a perfect law would show at a run's measured step noise σ (relative to the target): with the batch
+    entropy the target plus white noise, M is normal with sd σ/√5, so mean |M − H*|/H* = σ/√5 · √(2/π) and M's
+    share in ±25 % is erf(0.25 / (σ/√5) / √2). (deviation, band share)."""
+    sd = noise / math.sqrt(MA_WINDOW)
+    if sd <= 0:
+        return 0.0, 1.0
+    return sd * math.sqrt(2 / math.pi), math.erf(HOLD_TOLERANCE / sd / math.sqrt(2))
 
 
 def read_events(folder: Path) -> list[dict[str, Any]]:
@@ -196,6 +207,14 @@ def _cost_text(d: an.PairedDiff) -> str:
     return f"{d.mean:+.3f}{interval}, n = {d.n}{verdict}"
 
 
+def _floor_text(r: Row) -> str:
+    deviation, share = noise_floor_of_holding(r.noise or 0.0)
+    return (
+        f"seed {r.seed}: σ {r.noise:.3f}, MA deviation ≥ {deviation:.3f} (measured {_f(r.ma_deviation)}), "
+        f"in band ≤ {share:.0%} (measured {_pct(r.ma_share)})"
+    )
+
+
 HEADER = (
     "| arm | seed | steps | collapse | settled | MA in band | MA deviation | excursion | above / below | "
     "saturated | rate-held | u > 0 | end / target | avg@k start → end |"
@@ -226,6 +245,13 @@ def cell_markdown(suite: str, rows: list[Row]) -> str:
                 "; held on every seed"
                 if not misses
                 else "; missed: " + "; ".join(f"seed {s}: {', '.join(m)}" for s, m in sorted(misses.items()))
+            )
+            lines.append(text + ".")
+            text = (
+                "- `hold`'s noise floor (a perfect law at each seed's measured step noise σ): "
+                + "; ".join(
+                    _floor_text(r) for r in sorted(arm_rows, key=lambda r: r.seed) if r.noise is not None
+                )
             )
         lines.append(text + ".")
     base = [r for r in rows if r.arm == "grpo_ds" and r.finished]

@@ -68,3 +68,21 @@ def test_the_four_times_section_pairs_seeds_and_states_the_ratio(rows: list[page
 
 def test_no_section_without_a_finished_pair(rows: list[page.Row]) -> None:
     assert page.samples_markdown([r for r in rows if r.suite != "ctl2-x4"]) == ""
+
+
+def test_noise_floor_of_holding_by_hand() -> None:
+    deviation, share = page.noise_floor_of_holding(0.2)
+    sd = 0.2 / math.sqrt(5)  # M averages 5 steps of white noise
+    assert deviation == pytest.approx(sd * math.sqrt(2 / math.pi))
+    assert share == pytest.approx(math.erf(0.25 / sd / math.sqrt(2)))
+    assert 0.994 < share < 0.996  # at σ 0.2 a perfect law still leaves M in ±25 % on 99.5 % of steps
+    assert page.noise_floor_of_holding(0.0) == (0.0, 1.0)
+
+
+def test_each_hold_seed_is_set_against_its_noise_floor(rows: list[page.Row]) -> None:
+    md = page.cell_markdown("ctl2-t1.0", [r for r in rows if r.suite == "ctl2-t1.0"])
+    floor = next(line for line in md.splitlines() if "noise floor" in line)
+    sigma = 0.2 * math.sqrt(2)
+    deviation, _ = page.noise_floor_of_holding(sigma)
+    assert f"seed 0: σ {sigma:.3f}, MA deviation ≥ {deviation:.3f} (measured 0.040)" in floor
+    assert floor.count("seed ") == 3
