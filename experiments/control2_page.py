@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.control import pi as law
+from contract.control import split
 from contract.stability import HOLD_TOLERANCE, MA_WINDOW, collapse_step, holding, moving_average, step_noise
 from experiments import analysis as an
 
@@ -221,7 +222,24 @@ HEADER = (
 )
 
 
+# A second-round suite (experiments/control2_suite.py SECOND) reuses its cell's first-round grpo_ds runs.
+SECOND = "ctl2-r2-"
+
+
+def _baseline(suite: str) -> str | None:
+    """The suite whose grpo_ds runs `suite`'s arms are set against, where it is another one."""
+    return "ctl2-" + suite.removeprefix(SECOND) if suite.startswith(SECOND) else None
+
+
 def cell_markdown(suite: str, rows: list[Row]) -> str:
+    """A cell's table and verdicts; rows may hold the grpo_ds runs of its baseline suite (a second round)."""
+    base_suite = _baseline(suite)
+    if base_suite is not None:
+        rows = [
+            r
+            for r in rows
+            if (r.suite == base_suite) == (r.arm == "grpo_ds") and r.suite in (suite, base_suite)
+        ]
     lines = [f"### {suite}", "", HEADER, "|" + "---|" * 14]
     for r in sorted(rows, key=lambda r: (r.arm != "grpo_ds", r.arm, r.seed)):
         mark = "" if r.finished else " (running)"
@@ -256,25 +274,26 @@ def cell_markdown(suite: str, rows: list[Row]) -> str:
         lines.append(text + ".")
     base = [r for r in rows if r.arm == "grpo_ds" and r.finished]
     if base:
-        lines.append(f"- grpo_ds: {sum(r.collapse is not None for r in base)} of {len(base)} collapsed.")
+        whose = f" ({base_suite}'s runs)" if base_suite else ""
+        lines.append(
+            f"- grpo_ds{whose}: {sum(r.collapse is not None for r in base)} of {len(base)} collapsed."
+        )
     return "\n".join(lines) + "\n"
 
 
 # The 4 × samples cell and the cell it repeats at 4 × the samples per step (issue 48, item 5).
-SAMPLES_PAIR = ("ctl2-t1.0", "ctl2-x4")
+SAMPLES_PAIRS = (("ctl2-t1.0", "ctl2-x4"), ("ctl2-r2-t1.0", "ctl2-r2-x4"))
 
 
-def samples_markdown(rows: list[Row]) -> str:
+def samples_markdown(rows: list[Row], pair: tuple[str, str] = SAMPLES_PAIRS[0]) -> str:
     """`hold` on the same seeds at 1 × and 4 × the samples: the batch entropy's step noise and the moving
     average's holding figures side by side, with the ratio of the means where both have finished seeds."""
-    base, more = (
-        {r.seed: r for r in rows if r.suite == s and r.arm == "hold" and r.finished} for s in SAMPLES_PAIR
-    )
+    base, more = ({r.seed: r for r in rows if r.suite == s and r.arm == "hold" and r.finished} for s in pair)
     seeds = sorted(set(base) & set(more))
     if not seeds:
         return ""
     lines = [
-        f"### 4 × the samples: {SAMPLES_PAIR[0]} `hold` (32 responses a step) beside {SAMPLES_PAIR[1]} (128)",
+        f"### 4 × the samples: {pair[0]} `hold` (32 responses a step) beside {pair[1]} (128)",
         "",
         "| seed | step noise 1× → 4× | MA deviation 1× → 4× | MA in band 1× → 4× | excursion 1× → 4× | "
         "settled 1× → 4× |",
@@ -304,6 +323,15 @@ def samples_markdown(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _settings(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {values[k]:g}" for k in ("kp", "ki", "filter", "rate"))
+
+
+def _second() -> dict[str, float]:
+    fields = split.SplitSettings.model_fields
+    return {k: float(fields[k].default) for k in split.FIRST_DEFAULTS}
+
+
 def page(rows: list[Row]) -> str:
     b = BOUNDS
     out = [
@@ -316,12 +344,14 @@ def page(rows: list[Row]) -> str:
         f"{b.ma_deviation} and M never more than {b.excursion:.0%} above the target. Saturated: the law's output "
         "at a clip; rate-held: held by its rate limit; u > 0: the bonus acting (floor's only side).",
         "",
+        f"Two rounds: `ctl2-CELL` ran the law's first defaults ({_settings(split.FIRST_DEFAULTS)}); "
+        f"`{SECOND}CELL` runs the cell again with the second, committed defaults ({_settings(_second())}), set "
+        "against the first round's grpo_ds runs of the cell (grpo_ds does not read the law's settings).",
+        "",
     ]
     for suite in sorted({r.suite for r in rows}):
-        out.append(cell_markdown(suite, [r for r in rows if r.suite == suite]))
-    samples = samples_markdown(rows)
-    if samples:
-        out.append(samples)
+        out.append(cell_markdown(suite, [r for r in rows if r.suite == suite or r.suite == _baseline(suite)]))
+    out.extend(text for pair in SAMPLES_PAIRS if (text := samples_markdown(rows, pair)))
     return "\n".join(out)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from contract.control.split import FIRST_DEFAULTS
 from experiments.smollm2 import base_spec
 from experiments.suites import Run, Suite, merge
 
@@ -47,7 +48,16 @@ PLANT_ARMS: dict[str, list[list[float]] | None] = {
 }
 # The loss parameters an arm changes (the lowering actuator's confidence threshold).
 ARM_PARAMS: dict[str, dict[str, Any]] = {"down_p05": {"p_conf": 0.5}}
-CLOSED_ARMS: dict[str, dict[str, Any]] = {"hold": {"mode": "hold"}, "floor": {"mode": "floor"}}
+# The closed arms of the first round ran the law's first defaults, pinned here so that their specs keep
+# meaning what ran; the second round's arms (SECOND_ARMS) run the committed defaults.
+CLOSED_ARMS: dict[str, dict[str, Any]] = {
+    "hold": {"mode": "hold", **FIRST_DEFAULTS},
+    "floor": {"mode": "floor", **FIRST_DEFAULTS},
+}
+SECOND_ARMS: dict[str, dict[str, Any]] = {"hold": {"mode": "hold"}, "floor": {"mode": "floor"}}
+# The second round's suites: ctl2-r2-CELL repeats CELL with the second defaults; its grpo_ds runs are the
+# first round's (grpo_ds does not read the law's settings).
+SECOND = "ctl2-r2-"
 
 
 def _smollm2(lr: float = 2e-5, steps: int = 100) -> dict[str, Any]:
@@ -94,6 +104,11 @@ def plant_suite() -> Suite:
 
 def tune_suite() -> Suite:
     return _suite("ctl2-tune", "SmolLM2 a+b, lr 2e-5, target 0.7 × H₀ (tuning)", _smollm2(), CLOSED_ARMS, 3)
+
+
+def second_tune_suite() -> Suite:
+    title = "SmolLM2 a+b, lr 2e-5, target 0.7 × H₀ (tuning, second defaults)"
+    return _suite(SECOND + "tune", title, _smollm2(), SECOND_ARMS, 3)
 
 
 HELD_OUT_ARMS: dict[str, dict[str, Any] | None] = {"grpo_ds": None, **CLOSED_ARMS}
@@ -154,6 +169,14 @@ def held_out_suite(name: str) -> Suite:
     return _suite(name, title, base, arms, 3, target=CELL_TARGET.get(name, RELATIVE))
 
 
+def second_held_out_suite(cell: str) -> Suite:
+    """A held-out cell again with the second defaults: `hold` and `floor` (x4: `hold`), seeds 0-2."""
+    title, base, arms = held_out_cells()[cell]
+    second = {arm: SECOND_ARMS[arm] for arm in arms if arm in SECOND_ARMS}
+    return _suite(SECOND + cell.removeprefix("ctl2-"), title + " (second defaults)", base, second, 3,
+                  target=CELL_TARGET.get(cell, RELATIVE))  # fmt: skip
+
+
 def regression_suite() -> Suite:
     """Last turn's cells (experiments/control_suite.py) with the law's `hold` at their own targets, seed 0."""
     from experiments.control_suite import CELLS, _cell
@@ -164,7 +187,7 @@ def regression_suite() -> Suite:
             continue  # clip_pi's plant check, not a cell of the default law
         _title, base, target, _arms = _cell(cell)
         spec = merge(base, {"name": f"ctl2-regress-{cell}-seed0", "seed": 0})
-        spec["algorithm"] = _arm_algorithm("hold", target, CLOSED_ARMS["hold"])
+        spec["algorithm"] = _arm_algorithm("hold", target, SECOND_ARMS["hold"])
         smollm2 = base.get("model", {}).get("name") == "smollm2-135m-instruct"
         runs.append(
             Run("ctl2-regress", f"{cell}/seed0", spec, arm="hold", seed=0, keep_checkpoints=not smollm2)
@@ -178,12 +201,18 @@ def _held_out(name: str) -> Callable[[], Suite]:
     return lambda: held_out_suite(name)
 
 
+def _second(name: str) -> Callable[[], Suite]:
+    return lambda: second_held_out_suite(name)
+
+
+CELLS = ("ctl2-gym2", "ctl2-t1.0", "ctl2-g4", "ctl2-long", "ctl2-lora", "ctl2-tiny05", "ctl2-x4")
+
+
 OPTIONAL: dict[str, Callable[[], Suite]] = {
     "ctl2-plant": plant_suite,
     "ctl2-tune": tune_suite,
-    **{
-        name: _held_out(name)
-        for name in ("ctl2-gym2", "ctl2-t1.0", "ctl2-g4", "ctl2-long", "ctl2-lora", "ctl2-tiny05", "ctl2-x4")
-    },
+    **{name: _held_out(name) for name in CELLS},
+    SECOND + "tune": second_tune_suite,
+    **{SECOND + name.removeprefix("ctl2-"): _second(name) for name in CELLS},
     "ctl2-regress": regression_suite,
 }

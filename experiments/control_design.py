@@ -1,17 +1,19 @@
 """The entropy laws on the simulated plant (experiments/plant_model.py; docs/ALGORITHMS.md §12.2–12.4): the
-first-generation default law (`entropy_pi`) against `entropy_split` at its defaults, on the tuning plant and on
-plants whose gains, lag, drift and noise are moved away from it (the held-out cells differ from the tuning
-cell in all of them). Per plant and law, over `seeds` simulated runs of `steps` steps at the target 0.7 × H₀,
+first-generation default law (`entropy_pi`) against `entropy_split` at its first and at its committed
+defaults, on the tuning plant and on plants whose gains, lag, drift and noise are moved away from it (the
+held-out cells differ from the tuning cell in all of them). Per plant and law, over `seeds` simulated runs of `steps` steps at the target 0.7 × H₀,
 the holding statistics users see (contract/stability.py: settling step, the 5-step moving average's share in
 ±25 %, its mean deviation and largest excursion above the target) and the overshoot cycle's signature: the
 share of post-settling steps with the moving average above the band against below it.
 
-Usage: python -m experiments.control_design [--seeds 40] [--steps 100]
+Usage: python -m experiments.control_design [--seeds 40] [--steps 100] [--grid]
+(--grid: the search the committed defaults came from, `--grid --seeds 20` about 2 min on one core.)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import control
+from contract.control.split import FIRST_DEFAULTS
 from contract.stability import HOLD_TOLERANCE, holding, moving_average
 from experiments.plant_model import Plant, Trace, run
 
@@ -116,20 +119,67 @@ def summary(rows: list[Holding]) -> dict[str, float]:
     }
 
 
+# The rows: the first-generation law, entropy_split at its first defaults (the first held-out round) and at
+# its committed defaults.
+LAWS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("entropy_pi", "entropy_pi", {}),
+    ("entropy_split, first defaults", "entropy_split", dict(FIRST_DEFAULTS)),
+    ("entropy_split", "entropy_split", {}),
+)
+
+
+# The search the committed defaults came from (docs/ALGORITHMS.md §12.4): every combination, on every plant.
+GRID: dict[str, tuple[float, ...]] = {
+    "kp": (1.0, 1.5, 2.0, 2.5, 3.0),
+    "ki": (0.02, 0.05, 0.1),
+    "filter": (0.1, 0.3),
+    "rate": (0.35, 0.7),
+}
+
+
+def grid(seeds: int, steps: int) -> list[tuple[float, dict[str, float], list[dict[str, float]]]]:
+    """(mean over the plants of the moving average's mean deviation, settings, per-plant summaries) for every
+    combination of GRID, best first; a plant where a seed never settles counts as deviation 1."""
+    out = []
+    for values in itertools.product(*GRID.values()):
+        settings = dict(zip(GRID, values, strict=True))
+        per = [
+            summary(evaluate("entropy_split", plant, seeds=seeds, steps=steps, **settings))
+            for plant in PLANTS.values()
+        ]
+        score = statistics.fmean(p["ma_deviation"] if p["settled"] == 1.0 else 1.0 for p in per)
+        out.append((score, settings, per))
+    return sorted(out, key=lambda row: row[0])
+
+
+def print_grid(seeds: int, steps: int, top: int = 12) -> None:
+    print("| mean MA deviation | kp | ki | filter | rate | " + " | ".join(PLANTS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(PLANTS))
+    rows = grid(seeds, steps)
+    first = next(r for r in rows if all(r[1][k] == v for k, v in FIRST_DEFAULTS.items()))
+    for score, settings, per in [*rows[:top], first]:
+        cells = " | ".join(f"{p.get('ma_deviation', 1.0):.3f} ({p.get('ma_share', 0.0):.2f})" for p in per)
+        print(f"| {score:.3f} | " + " | ".join(f"{settings[k]:g}" for k in GRID) + f" | {cells} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.control_design", description=__doc__)
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--grid", action="store_true", help="the search over GRID instead (ranked)")
     args = parser.parse_args(argv)
+    if args.grid:
+        print_grid(args.seeds, args.steps)
+        return 0
     print(
         "| plant | law | settled (last step) | MA in ±25 % (min) | MA deviation | excursion (max) | above / below |"
     )
     print("|---|---|---|---|---|---|---|")
     for plant_name, plant in PLANTS.items():
-        for name in ("entropy_pi", "entropy_split"):
-            s = summary(evaluate(name, plant, seeds=args.seeds, steps=args.steps))
+        for label, name, settings in LAWS:
+            s = summary(evaluate(name, plant, seeds=args.seeds, steps=args.steps, **settings))
             print(
-                f"| {plant_name} | {name} | {s['settled']:.2f} ({s.get('settling_max', 0):.0f}) "
+                f"| {plant_name} | {label} | {s['settled']:.2f} ({s.get('settling_max', 0):.0f}) "
                 f"| {s.get('ma_share', 0):.2f} ({s.get('ma_share_min', 0):.2f}) | {s.get('ma_deviation', 0):.3f} "
                 f"| {s.get('excursion', 0):.2f} ({s.get('excursion_max', 0):.2f}) "
                 f"| {s.get('above', 0):.2f} / {s.get('below', 0):.2f} |"

@@ -52,6 +52,8 @@ NAME = "entropy_split"
 # 0.35 to 0.14 nats (−60 %), and at a floor of 0.35 × H₀ the law, acting only below it, let entropy sit at
 # 0.1–0.2 × H₀ for seven steps before it came back (ctl2-tune, docs/ALGORITHMS.md §12.4).
 FLOOR = 0.5
+# The law's first defaults (the first held-out round of experiments/control2_suite.py ran with them).
+FIRST_DEFAULTS = {"kp": 1.0, "ki": 0.1, "filter": 0.3, "rate": 0.35}
 Step = Annotated[int, Field(ge=1, le=10_000_000)]
 Schedule = Annotated[
     list[tuple[Step, Annotated[float, Field(ge=-1.0, le=1.0)]]], Field(min_length=1, max_length=100)
@@ -63,10 +65,12 @@ class SplitSettings(ControlSettings):
 
     controller: Literal["entropy_split"] = "entropy_split"
     mode: Literal["hold", "floor"] = "hold"
-    kp: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0
-    ki: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.1
-    filter: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.3  # λ of the proportional term's error filter
-    rate: Annotated[float, Field(gt=0.0, le=100.0)] = 0.35  # the most |u| may grow in one step
+    # The second defaults (docs/ALGORITHMS.md §12.4): the first ones (kp 1, ki 0.1, λ 0.3, rate 0.35) are
+    # FIRST_DEFAULTS, what the first held-out round ran with.
+    kp: Annotated[float, Field(ge=0.0, le=1000.0)] = 2.0
+    ki: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.05
+    filter: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1  # λ of the proportional term's error filter
+    rate: Annotated[float, Field(gt=0.0, le=100.0)] = 0.7  # the most |u| may grow in one step
     u_max: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0  # the raising side's clip
     u_min: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0  # the lowering side's clip (u ≥ −u_min)
     span_up: Annotated[float, Field(ge=0.0, le=1000.0)] = 1.0  # α per unit u

@@ -16,7 +16,7 @@ TARGET = 1.0
 STEPS = 40
 
 
-def _events(amplitude: float) -> list[dict[str, Any]]:
+def _events(amplitude: float, final: float = 0.5) -> list[dict[str, Any]]:
     """A held run whose batch entropy alternates target ± amplitude: step-to-step change 2a, so its step noise
     is √((2a)² / 2) / H* = a·√2."""
     spec = {"algorithm": {"name": "entropy_split", "control": {"target_entropy": {"relative": 0.7}}}}
@@ -25,7 +25,7 @@ def _events(amplitude: float) -> list[dict[str, Any]]:
         h = TARGET + (amplitude if step % 2 else -amplitude)
         metrics = {"entropy/mean": h, "entropy/target": TARGET, "control/output": 0.1}
         events.append({"type": "step", "step": step, "metrics": metrics})
-    events.append({"type": "eval", "step": STEPS, "metrics": {"eval/avg@k": 0.5, "eval/k": 2.0}})
+    events.append({"type": "eval", "step": STEPS, "metrics": {"eval/avg@k": final, "eval/k": 2.0}})
     return events
 
 
@@ -86,3 +86,15 @@ def test_each_hold_seed_is_set_against_its_noise_floor(rows: list[page.Row]) -> 
     deviation, _ = page.noise_floor_of_holding(sigma)
     assert f"seed 0: σ {sigma:.3f}, MA deviation ≥ {deviation:.3f} (measured 0.040)" in floor
     assert floor.count("seed ") == 3
+
+
+def test_a_second_round_cell_is_set_against_its_first_rounds_grpo_ds(tmp_path: Path) -> None:
+    for seed, (base, hold) in enumerate([(0.60, 0.50), (0.70, 0.62)]):
+        _write(tmp_path / "ctl2-g4" / "grpo_ds" / f"seed{seed}", _events(0.1, base), XEON)
+        _write(tmp_path / "ctl2-r2-g4" / "hold" / f"seed{seed}", _events(0.1, hold), EPYC)
+    _write(tmp_path / "ctl2-r2-g4" / "grpo_ds" / "seed9", _events(0.1, 0.0), EPYC)  # not the baseline's
+    text = page.page(page.collect(tmp_path, {"ctl2-g4": STEPS, "ctl2-r2-g4": STEPS}))
+    second = text[text.index("### ctl2-r2-g4") :]
+    assert "avg@k against grpo_ds -0.090 [" in second  # (−0.10 − 0.08) / 2, paired by seed
+    assert "grpo_ds (ctl2-g4's runs): 0 of 2 collapsed" in second
+    assert "kp 2, ki 0.05, filter 0.1, rate 0.7" in text and "kp 1, ki 0.1, filter 0.3, rate 0.35" in text
