@@ -8,7 +8,9 @@ arm and seed, what the issue's acceptance reads, from the runs' events alone.
 - `floor`: collapse, the share of steps the law acted (u > 0), where the run's entropy ended.
 - every arm: final avg@k, and against grpo_ds on the same seeds a paired difference with a 95 % t interval
   (experiments/analysis.py).
-- ctl2-x4 beside ctl2-t1.0's `hold`: the same statistics at 4 × the samples.
+- ctl2-x4 beside ctl2-t1.0's `hold` (and ctl2-r2-x4 beside ctl2-r2-t1.0's): the same statistics at 4 × the
+  samples, over the steps both runs have; each `hold` seed beside its noise floor (what a perfect law would
+  show at the run's measured step noise).
 
 Usage: python -m experiments.control2_page RUNS_ROOT [--md docs/RESULTS-control2.md]
 RUNS_ROOT holds SUITE/ARM/seedN/events.jsonl (or events.jsonl.gz), as `python -m experiments run --root`
@@ -69,9 +71,8 @@ class Row:
     start_avg: float | None
     final_avg: float | None
     cpu: str | None = None  # the CPU the run ran on (its result.json)
-    noise: float | None = (
-        None  # step noise of the batch entropy from settling on, relative (contract.stability)
-    )
+    noise: float | None = None  # the batch entropy's step noise from settling on, over the target
+    series: tuple[tuple[int, float], ...] = ()  # (step, H̄) of every step, for comparisons over equal spans
 
     def missed(self) -> list[str]:
         """The hold bounds this run missed, each with its figure."""
@@ -158,6 +159,7 @@ def row_of(suite: str, arm: str, seed: int, folder: Path, steps_planned: int) ->
         evals[-1][1] if evals and evals[-1][0] > 0 else None,
         _cpu(folder),
         step_noise(settled, target) if target else None,
+        tuple(entropies),
     )
 
 
@@ -285,26 +287,60 @@ def cell_markdown(suite: str, rows: list[Row]) -> str:
 SAMPLES_PAIRS = (("ctl2-t1.0", "ctl2-x4"), ("ctl2-r2-t1.0", "ctl2-r2-x4"))
 
 
+@dataclass(frozen=True)
+class Figures:
+    """A run's holding figures over a span of its steps (the 4 × samples comparison)."""
+
+    settling: int | None
+    ma_share: float | None
+    ma_deviation: float | None
+    excursion: float | None
+    noise: float | None
+
+
+def figures(series: tuple[tuple[int, float], ...], target: float | None) -> Figures:
+    held = holding(list(series), target)
+    settled = [h for s, h in series if held.settling_step is None or s >= held.settling_step]
+    noise = step_noise(settled, target) if target else None
+    return Figures(held.settling_step, held.ma_hold_fraction, held.ma_mean_abs_deviation, held.ma_max_excursion,
+                   noise)  # fmt: skip
+
+
+# Below this many steps a running 4 × run is not compared yet.
+MIN_COMPARED_STEPS = 30
+
+
 def samples_markdown(rows: list[Row], pair: tuple[str, str] = SAMPLES_PAIRS[0]) -> str:
     """`hold` on the same seeds at 1 × and 4 × the samples: the batch entropy's step noise and the moving
-    average's holding figures side by side, with the ratio of the means where both have finished seeds."""
-    base, more = ({r.seed: r for r in rows if r.suite == s and r.arm == "hold" and r.finished} for s in pair)
+    average's holding figures side by side, over the steps both runs have (a 4 × run still running is compared
+    over its steps so far, and says so), with the ratio of the means."""
+    base = {r.seed: r for r in rows if r.suite == pair[0] and r.arm == "hold" and r.finished}
+    more = {
+        r.seed: r
+        for r in rows
+        if r.suite == pair[1] and r.arm == "hold" and (r.finished or r.steps >= MIN_COMPARED_STEPS)
+    }
     seeds = sorted(set(base) & set(more))
     if not seeds:
         return ""
     lines = [
         f"### 4 × the samples: {pair[0]} `hold` (32 responses a step) beside {pair[1]} (128)",
         "",
-        "| seed | step noise 1× → 4× | MA deviation 1× → 4× | MA in band 1× → 4× | excursion 1× → 4× | "
-        "settled 1× → 4× |",
-        "|" + "---|" * 6,
+        "| seed | steps compared | step noise 1× → 4× | MA deviation 1× → 4× | MA in band 1× → 4× | "
+        "excursion 1× → 4× | settled 1× → 4× |",
+        "|" + "---|" * 7,
     ]
+    one: dict[int, Figures] = {}
+    four: dict[int, Figures] = {}
     for s in seeds:
-        a, b = base[s], more[s]
+        n = min(len(base[s].series), len(more[s].series))
+        a = one[s] = figures(base[s].series[:n], base[s].target)
+        b = four[s] = figures(more[s].series[:n], more[s].target)
+        running = "" if more[s].finished else " (4 × still running)"
         lines.append(
-            f"| {s} | {_f(a.noise)} → {_f(b.noise)} | {_f(a.ma_deviation)} → {_f(b.ma_deviation)} | "
-            f"{_pct(a.ma_share)} → {_pct(b.ma_share)} | {_f(a.excursion, '{:+.0%}')} → {_f(b.excursion, '{:+.0%}')} "
-            f"| {a.settling or '–'} → {b.settling or '–'} |"
+            f"| {s} | 1–{n}{running} | {_f(a.noise)} → {_f(b.noise)} | {_f(a.ma_deviation)} → "
+            f"{_f(b.ma_deviation)} | {_pct(a.ma_share)} → {_pct(b.ma_share)} | {_f(a.excursion, '{:+.0%}')} → "
+            f"{_f(b.excursion, '{:+.0%}')} | {a.settling or '–'} → {b.settling or '–'} |"
         )
     lines.append("")
     cpus = sorted({r.cpu or "?" for r in (*base.values(), *more.values()) if r.seed in seeds})
@@ -312,12 +348,12 @@ def samples_markdown(rows: list[Row], pair: tuple[str, str] = SAMPLES_PAIRS[0]) 
         f"- CPUs: {'; '.join(cpus)} (step noise: √(mean squared step-to-step change / 2) / H* from settling on)."
     )
     for label, field in (("step noise", "noise"), ("MA deviation", "ma_deviation")):
-        one = [getattr(base[s], field) for s in seeds if getattr(base[s], field) is not None]
-        four = [getattr(more[s], field) for s in seeds if getattr(more[s], field) is not None]
-        if one and four and statistics.fmean(one) > 0:
-            ratio = statistics.fmean(four) / statistics.fmean(one)
+        x = [v for s in seeds if (v := getattr(one[s], field)) is not None]
+        y = [v for s in seeds if (v := getattr(four[s], field)) is not None]
+        if x and y and statistics.fmean(x) > 0:
+            ratio = statistics.fmean(y) / statistics.fmean(x)
             lines.append(
-                f"- {label}: mean {statistics.fmean(one):.3f} at 1 ×, {statistics.fmean(four):.3f} at 4 × "
+                f"- {label}: mean {statistics.fmean(x):.3f} at 1 ×, {statistics.fmean(y):.3f} at 4 × "
                 f"(ratio {ratio:.2f}; a figure made of sampling noise alone would halve: 0.50), {len(seeds)} seed(s)."
             )
     return "\n".join(lines) + "\n"

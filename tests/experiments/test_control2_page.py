@@ -16,13 +16,15 @@ TARGET = 1.0
 STEPS = 40
 
 
-def _events(amplitude: float, final: float = 0.5) -> list[dict[str, Any]]:
+def _events(
+    amplitude: float, final: float = 0.5, steps: int = STEPS, jump: float = 0.0
+) -> list[dict[str, Any]]:
     """A held run whose batch entropy alternates target ± amplitude: step-to-step change 2a, so its step noise
     is √((2a)² / 2) / H* = a·√2."""
     spec = {"algorithm": {"name": "entropy_split", "control": {"target_entropy": {"relative": 0.7}}}}
     events: list[dict[str, Any]] = [{"type": "started", "spec": spec}]
-    for step in range(1, STEPS + 1):
-        h = TARGET + (amplitude if step % 2 else -amplitude)
+    for step in range(1, steps + 1):
+        h = TARGET + (amplitude if step % 2 else -amplitude) + (jump if step > 35 else 0.0)
         metrics = {"entropy/mean": h, "entropy/target": TARGET, "control/output": 0.1}
         events.append({"type": "step", "step": step, "metrics": metrics})
     events.append({"type": "eval", "step": STEPS, "metrics": {"eval/avg@k": final, "eval/k": 2.0}})
@@ -59,7 +61,8 @@ def test_the_four_times_section_pairs_seeds_and_states_the_ratio(rows: list[page
     md = page.samples_markdown(rows)
     table = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [line.split("|")[1].strip() for line in table] == ["0", "1"]  # seed 2 has no 4 × run
-    assert table[0].split("|")[2].strip() == f"{0.2 * math.sqrt(2):.3f} → {0.1 * math.sqrt(2):.3f}"
+    assert table[0].split("|")[2].strip() == f"1–{STEPS}"
+    assert table[0].split("|")[3].strip() == f"{0.2 * math.sqrt(2):.3f} → {0.1 * math.sqrt(2):.3f}"
     # mean noise 0.212 → 0.106 and the same deviation halving: both ratios 0.50
     assert md.count("(ratio 0.50;") == 2
     assert "EPYC (AVX2); Xeon (AVX-512)" in md
@@ -98,3 +101,21 @@ def test_a_second_round_cell_is_set_against_its_first_rounds_grpo_ds(tmp_path: P
     assert "avg@k against grpo_ds -0.090 [" in second  # (−0.10 − 0.08) / 2, paired by seed
     assert "grpo_ds (ctl2-g4's runs): 0 of 2 collapsed" in second
     assert "kp 2, ki 0.05, filter 0.1, rate 0.7" in text and "kp 1, ki 0.1, filter 0.3, rate 0.35" in text
+
+
+def test_a_running_four_times_run_is_compared_over_the_steps_it_has(tmp_path: Path) -> None:
+    # Both runs jump 50 % above the target after step 35; the 4 × run has 33 steps so far (no result.json):
+    # over steps 1-33 neither has the jump, so both sit in the band and the excursion is the noise alone.
+    _write(tmp_path / "ctl2-r2-t1.0" / "hold" / "seed0", _events(0.2, jump=0.5), XEON)
+    folder = tmp_path / "ctl2-r2-x4" / "hold" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "events.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in _events(0.1, steps=33, jump=0.5)[:-1])
+    )
+    rows = page.collect(tmp_path, {"ctl2-r2-t1.0": STEPS, "ctl2-r2-x4": STEPS})
+    md = page.samples_markdown(rows, ("ctl2-r2-t1.0", "ctl2-r2-x4"))
+    row = next(line for line in md.splitlines() if line.startswith("| 0 "))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2] == "1–33 (4 × still running)"
+    assert cells[5] == "100% → 100%"  # the whole 40-step 1 × run would leave the band after step 35
+    assert page.samples_markdown([r for r in rows if r.suite != "ctl2-r2-x4" or r.steps >= 40]) == ""
