@@ -343,7 +343,7 @@ def samples_markdown(rows: list[Row], pair: tuple[str, str] = SAMPLES_PAIRS[0]) 
             f"{_f(b.excursion, '{:+.0%}')} | {a.settling or '–'} → {b.settling or '–'} |"
         )
     lines.append("")
-    cpus = sorted({r.cpu or "?" for r in (*base.values(), *more.values()) if r.seed in seeds})
+    cpus = sorted({r.cpu for r in (*base.values(), *more.values()) if r.seed in seeds and r.cpu})
     lines.append(
         f"- CPUs: {'; '.join(cpus)} (step noise: √(mean squared step-to-step change / 2) / H* from settling on)."
     )
