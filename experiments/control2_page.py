@@ -210,6 +210,32 @@ def _cost_text(d: an.PairedDiff) -> str:
     return f"{d.mean:+.3f}{interval}, n = {d.n}{verdict}"
 
 
+def descent_step(series: tuple[tuple[int, float], ...], target: float) -> int | None:
+    """The first step whose 5-step moving average is within +25 % of the target (from above)."""
+    ma = moving_average([h for _, h in series])
+    return next(
+        (s for (s, _), m in zip(series, ma, strict=True) if m is not None and m <= 1.25 * target), None
+    )
+
+
+def _descent_text(rows: list[Row]) -> str:
+    """Where `hold` settled late: the step grpo_ds's own entropy came down to the band on the same seed (the
+    law does not lower before the entropy first reaches the target: arming, docs/ALGORITHMS.md §12.1)."""
+    late = [r for r in rows if r.arm == "hold" and r.finished and (r.settling or 0) > BOUNDS.settling]
+    base = {r.seed: r for r in rows if r.arm == "grpo_ds" and r.finished}
+    pairs = [(r, base[r.seed]) for r in sorted(late, key=lambda r: r.seed) if r.seed in base and r.target]
+    if not pairs:
+        return ""
+    return (
+        "- settled late: grpo_ds's own moving average first came within +25 % of the target at "
+        + ", ".join(
+            f"step {descent_step(b.series, h.target or 0.0) or '–'} (seed {h.seed}, `hold` settled at {h.settling})"
+            for h, b in pairs
+        )
+        + "; the law does not lower before the entropy first reaches the target (arming)."
+    )
+
+
 def _floor_text(r: Row) -> str:
     deviation, share = noise_floor_of_holding(r.noise or 0.0)
     return (
@@ -274,6 +300,9 @@ def cell_markdown(suite: str, rows: list[Row]) -> str:
                 )
             )
         lines.append(text + ".")
+    late = _descent_text(rows)
+    if late:
+        lines.append(late)
     base = [r for r in rows if r.arm == "grpo_ds" and r.finished]
     if base:
         whose = f" ({base_suite}'s runs)" if base_suite else ""

@@ -119,3 +119,29 @@ def test_a_running_four_times_run_is_compared_over_the_steps_it_has(tmp_path: Pa
     assert cells[2] == "1–33 (4 × still running)"
     assert cells[5] == "100% → 100%"  # the whole 40-step 1 × run would leave the band after step 35
     assert page.samples_markdown([r for r in rows if r.suite != "ctl2-r2-x4" or r.steps >= 40]) == ""
+
+
+def _descending(steps: int, law: bool) -> list[dict[str, Any]]:
+    """Entropy falling linearly from 2 × the target to it over 40 steps, then flat at it."""
+    spec = {"algorithm": {"name": "entropy_split" if law else "grpo_ds"}}
+    events: list[dict[str, Any]] = [{"type": "started", "spec": spec}]
+    for step in range(1, steps + 1):
+        metrics = {"entropy/mean": TARGET * max(1.0, 2.0 - (step - 1) / 39)}
+        if law:
+            metrics["entropy/target"] = TARGET
+        events.append({"type": "step", "step": step, "metrics": metrics})
+    return events
+
+
+def test_a_late_settling_is_set_beside_grpo_dss_own_descent(tmp_path: Path) -> None:
+    _write(tmp_path / "ctl2-tiny05" / "grpo_ds" / "seed0", _descending(60, law=False), EPYC)
+    _write(tmp_path / "ctl2-tiny05" / "hold" / "seed0", _descending(60, law=True), EPYC)
+    rows = page.collect(tmp_path, {"ctl2-tiny05": 60})
+    hold = next(r for r in rows if r.arm == "hold")
+    # the 5-step mean of the linear fall first reaches 1.25 × the target at step 33; within ±25 % from there
+    assert hold.settling == 33 and page.descent_step(hold.series, TARGET) == 33
+    md = page.cell_markdown("ctl2-tiny05", rows)
+    assert (
+        "settled late: grpo_ds's own moving average first came within +25 % of the target at step 33 " in md
+    )
+    assert "(seed 0, `hold` settled at 33)" in md
