@@ -26,7 +26,10 @@ from experiments.runner import events_of, run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 KEPT = {".gitignore", COMPRESSED_EVENTS, "result.json", "noise_floor.json"}
-LIMIT_BYTES = 8 * 1024 * 1024
+# What results/ may take in git. 8 MiB until the entropy law's second held-out round (issue 48) added six
+# 500-step tiny-cell runs (~165 KB each, their per-step metrics); past 10 MiB, compaction should drop the
+# per-step metrics no page reads rather than this budget grow again.
+LIMIT_BYTES = 10 * 1024 * 1024
 EVENTS = [
     {"type": "started", "spec": {"seed": 3}},
     {"type": "step", "step": 1, "metrics": {"entropy/mean": 0.5}},
